@@ -1,0 +1,155 @@
+"""Small helpers shared by the benchmarks: timing with warm-up and medians, throughput, tables, progress.
+
+Why medians: the benchmark machines are small and noisy (2 cores shared by the client, the daemon and whatever
+else runs), so one slow iteration says more about the neighbours than about the code. Every measurement runs a
+few untimed warm-up iterations (connections, caches, lazy imports, first-touch of pages), then timed iterations
+until both a minimum count and a time budget are reached, and reports the median (plus p90 for context).
+Per-iteration setup/teardown (fresh keys, releasing leases) runs outside the timed region.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Samples", "measure", "gbs", "fmt_bytes", "print_table", "progress"]
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Wall-clock seconds of each timed iteration."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def p90(self) -> float:
+        s = sorted(self.seconds)
+        return s[min(len(s) - 1, int(0.9 * len(s)))]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.seconds)
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+
+def measure(fn: Callable[[Any], object], *, setup: Callable[[], Any] | None = None,
+            teardown: Callable[[Any], object] | None = None, warmup: int = 3, min_iters: int = 5,
+            max_iters: int = 10_000, budget_s: float = 1.0) -> Samples:
+    """Time `fn(setup())` per iteration; setup and teardown are not timed.
+
+    Stops after `max_iters`, or once `min_iters` ran and `budget_s` of timed work elapsed.
+    """
+    def one() -> float:
+        arg = setup() if setup is not None else None
+        t0 = time.perf_counter()
+        fn(arg)
+        dt = time.perf_counter() - t0
+        if teardown is not None:
+            teardown(arg)
+        return dt
+
+    for _ in range(warmup):
+        one()
+    out: list[float] = []
+    spent = 0.0
+    while len(out) < max_iters and (len(out) < min_iters or spent < budget_s):
+        dt = one()
+        out.append(dt)
+        spent += dt
+    return Samples(tuple(out))
+
+
+def gbs(nbytes: int, seconds: float) -> float:
+    """Decimal GB/s, as the design notes quote them."""
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A table on stdout: rich when available, else aligned plain text (same content either way)."""
+    cells = [[str(c) for c in r] for r in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+        print(f"\n{title}")
+        print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+        for r in cells:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        return
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in cells:
+        table.add_row(*r)
+    Console(file=sys.stdout, width=140).print(table)
+
+
+class _NoProgress:
+    """Stand-in when rich is missing: one line per step on stderr."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def step(self, what: str) -> None:
+        print(f"[{self.done}/{self.total}] {what}", file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        self.done += 1
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class _RichProgress(_NoProgress):
+    def __init__(self, total: int) -> None:
+        super().__init__(total)
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        # stderr, so stdout keeps only the tables and the final JSON line
+        self._p = Progress(TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                           TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._task = self._p.add_task("starting", total=total)
+
+    def step(self, what: str) -> None:
+        self._p.update(self._task, description=what)
+
+    def advance(self) -> None:
+        self._p.advance(self._task)
+
+    def __enter__(self) -> _RichProgress:
+        self._p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._p.stop()
+
+
+def progress(total: int) -> _NoProgress:
+    """A progress bar on stderr (rich if installed); `.step(text)` names the current step, `.advance()` ends it."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return _NoProgress(total)
+    return _RichProgress(total)

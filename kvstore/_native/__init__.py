@@ -1,0 +1,85 @@
+"""Native helpers for kvstore: the batched gather/scatter copy.
+
+Moving a KV-cache block means moving many small pieces (one per layer and per K/V) plus whole 2 MiB
+blocks. Doing that with a Python loop costs microseconds per piece and holds the GIL; the C extension
+``kvstore._native._copy`` validates a whole batch of ``(dst_offset, src_offset, length)`` triples up
+front, then copies with the GIL released (so the gRPC server and other threads keep running), optionally
+on several threads with the work split by bytes.
+
+These wrappers only normalise the index arguments (lists, tuples, numpy arrays of any integer dtype) to
+C-contiguous ``np.uint64`` arrays; all checking happens in C. There is deliberately no pure-Python
+fallback: a missing build fails loudly at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+try:
+    from kvstore._native import _copy
+except ImportError as exc:  # pragma: no cover - only hit on a broken/missing build
+    raise ImportError(
+        "kvstore's native extension kvstore._native._copy is not built or failed to load "
+        f"({exc}). Build it with `pip install -e .` (or `make setup`) from the repository root."
+    ) from exc
+
+__all__ = ["copy_batch", "copy_addrs", "IndexArray"]
+
+#: Anything np.ascontiguousarray(x, dtype=np.uint64) accepts: a sequence of ints or an integer array.
+IndexArray = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+
+
+def _u64(x: IndexArray) -> npt.NDArray[np.uint64]:
+    return np.ascontiguousarray(x, dtype=np.uint64)
+
+
+def copy_batch(
+    dst: Any,
+    src: Any,
+    dst_offsets: IndexArray,
+    src_offsets: IndexArray,
+    lengths: IndexArray,
+    *,
+    threads: int = 1,
+) -> int:
+    """Copy ``src[src_offsets[i]:+lengths[i]]`` to ``dst[dst_offsets[i]:+lengths[i]]`` for every ``i``.
+
+    Offsets and lengths are in BYTES. ``dst`` must be a writable C-contiguous buffer (bytearray,
+    numpy array, writable memoryview, mmap, shared memory); ``src`` any readable C-contiguous buffer
+    and may be the same object as ``dst`` (ranges must not overlap).
+
+    Everything is validated before the first byte moves, so a rejected call leaves ``dst`` unchanged:
+    read-only ``dst`` or a non-uint64 index array raises ``TypeError``; unequal index lengths, an
+    out-of-bounds range or offset+length overflow raises ``ValueError`` naming the triple index.
+    The copy runs with the GIL released; ``threads`` (clamped to 1..64) splits the work by bytes and
+    is ignored below 512 KiB per thread.
+
+    Returns:
+        The total number of bytes copied.
+    """
+    return int(_copy.copy_batch(dst, src, _u64(dst_offsets), _u64(src_offsets), _u64(lengths), threads))
+
+
+def copy_addrs(
+    dst_addrs: IndexArray,
+    src_addrs: IndexArray,
+    lengths: IndexArray,
+    *,
+    threads: int = 1,
+) -> int:
+    """UNCHECKED raw-pointer batch copy: ``memcpy(dst_addrs[i], src_addrs[i], lengths[i])`` for every ``i``.
+
+    WARNING: only equal lengths, non-null addresses and address+length wrap-around are checked. A wrong
+    address or length corrupts memory or crashes the process, and the caller must keep the owning
+    objects (tensors, arrays, mmaps) alive for the duration of the call. Intended for the vLLM connector,
+    which gathers one block's pieces from many per-layer tensors (``torch.Tensor.data_ptr()``,
+    ``ndarray.ctypes.data``) into one arena slot. GIL released; ``threads`` as in :func:`copy_batch`.
+
+    Returns:
+        The total number of bytes copied.
+    """
+    return int(_copy.copy_addrs(_u64(dst_addrs), _u64(src_addrs), _u64(lengths), threads))

@@ -1,0 +1,294 @@
+"""`kvstore.Client`: the Python API of the store.
+
+On the daemon's host the client maps the arena and copies bytes itself (Reserve -> copy -> Commit,
+Lookup -> copy -> Release); elsewhere, or with mode="stream", bytes go through the streaming Put/Get RPCs.
+Both paths give the same results, so callers never choose.
+
+High-level calls (put, put_many, get, get_many, get_into, get_many_into, lookup_prefix, exists, delete, pin,
+unpin, clear, stats, keys) split batches larger than the daemon's max_batch_keys. Low-level calls (reserve,
+commit, abort, lookup, release) are the two-phase primitives the vLLM connector drives directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.arena.shm import ArenaLayout
+from kvstore.client import stream_path
+from kvstore.client.arena_path import ArenaPath
+from kvstore.client.rpc import Rpc
+from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
+from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
+from kvstore.paths import default_address
+
+__all__ = ["Client"]
+
+log = logging.getLogger(__name__)
+_MODES = ("auto", "arena", "stream")
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+class Client:
+    """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`."""
+
+    def __init__(self, address: str | None = None, *, mode: str = "auto", timeout_s: float = 10.0,
+                 copy_threads: int = 1) -> None:
+        if mode not in _MODES:
+            raise ConfigError(f"mode={mode!r}: use one of {', '.join(_MODES)}")
+        self.address = address or default_address()
+        self._rpc = Rpc(self.address, timeout_s)
+        self._copy_threads = copy_threads
+        self._requested_mode = mode
+        self._arena: ArenaPath | None = None
+        self._pending: list[grpc.Future] = []
+        try:
+            self._connect()
+        except BaseException:
+            self._rpc.close()
+            raise
+
+    # -- connection -------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        h = self._rpc.call("Health", pb.HealthRequest())
+        self._health = h
+        self.max_batch_keys = h.max_batch_keys or 4096
+        self.max_block_bytes = h.max_block_bytes
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        if self._requested_mode == "stream":
+            return
+        same_host = h.hostname == socket.gethostname() and h.boot_id == _boot_id()
+        a = h.arena
+        if same_host:
+            layout = ArenaLayout(a.shm_name, a.size_bytes, a.data_offset, a.size_bytes - a.data_offset,
+                                 a.page_bytes, a.gen_table_offset)
+            try:
+                self._arena = ArenaPath(layout, a.incarnation, self._copy_threads)
+                return
+            except OSError as exc:
+                why = f"cannot map arena {a.shm_name}: {exc.strerror or exc}"
+        else:
+            why = f"daemon runs on {h.hostname}, not on this host"
+        if self._requested_mode == "arena":
+            raise StoreUnavailableError(f"mode='arena' but {why}; use mode='auto' or 'stream'")
+        log.info("kvstore client using streaming gRPC: %s", why)
+
+    def _check_incarnation(self, incarnation: int) -> None:
+        """The daemon restarted since we mapped its arena: map the new one before using any offset."""
+        if self._arena is not None and incarnation != self._arena.incarnation:
+            log.warning("kvstore daemon at %s restarted; remapping its arena", self.address)
+            self._connect()
+
+    @property
+    def mode(self) -> str:
+        """'arena' when bytes move through shared memory, else 'stream'."""
+        return "arena" if self._arena is not None else "stream"
+
+    def health(self) -> Health:
+        return Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
+
+    def close(self) -> None:
+        for fut in self._pending:
+            try:
+                fut.result(timeout=self._rpc.timeout_s)
+            except grpc.RpcError:
+                pass  # a lost release only delays reclamation until the lease TTL
+        self._pending.clear()
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        self._rpc.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- namespaces -------------------------------------------------------------------------------------
+    def register_namespace(self, name: str, *, model: str = "", layout_digest: str = "", tenant: str = "") -> bool:
+        """Declare a namespace (idempotent). True when this call created it."""
+        req = pb.RegisterNamespaceRequest(name=name, model=model, layout_digest=layout_digest, tenant=tenant)
+        return self._rpc.call("RegisterNamespace", req).created
+
+    # -- two-phase primitives ---------------------------------------------------------------------------
+    def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
+        r = self._rpc.call("Reserve", pb.ReserveRequest(namespace=namespace, keys=keys, sizes=sizes))
+        self._check_incarnation(r.incarnation)
+        return Reservation(namespace, list(keys), r.reservation_id, list(r.outcomes), list(r.offsets), r.incarnation)
+
+    def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int:
+        if not reservation.id:
+            return 0
+        return self._rpc.call("Commit", pb.CommitRequest(reservation_id=reservation.id, checksums=checksums)).committed
+
+    def abort(self, reservation: Reservation) -> int:
+        if not reservation.id:
+            return 0
+        return self._rpc.call("Abort", pb.AbortRequest(reservation_id=reservation.id)).aborted
+
+    def lookup(self, namespace: str, keys: Sequence[bytes], *, prefix: bool = False, lease: bool = True) -> Lease:
+        r = self._rpc.call("Lookup", pb.LookupRequest(namespace=namespace, keys=keys, prefix=prefix, lease=lease))
+        self._check_incarnation(r.incarnation)
+        return Lease(namespace, r.num_prefix, list(r.present), list(r.offsets), list(r.sizes), list(r.generations),
+                     list(r.checksums), r.lease_id, r.incarnation)
+
+    def release(self, leases: Sequence[Lease], *, wait: bool = False) -> None:
+        """Give leases back. Asynchronous by default: the caller has its bytes and need not wait."""
+        ids = [lease.id for lease in leases if lease.id]
+        if not ids:
+            return
+        req = pb.ReleaseRequest(lease_ids=ids)
+        if wait:
+            self._rpc.call("Release", req)
+            return
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._rpc.future("Release", req))
+
+    # -- puts -------------------------------------------------------------------------------------------
+    def put(self, namespace: str, key: bytes, value: object) -> bool:
+        """Store one block; False when it was already present (or being written by someone else)."""
+        return self.put_many(namespace, [key], [value]).stored == 1
+
+    def put_many(self, namespace: str, keys: Sequence[bytes], values: Sequence[object]) -> PutResult:
+        if len(keys) != len(values):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(values)} values")
+        stored = present = busy = 0
+        for part in _chunks(len(keys), self.max_batch_keys):
+            ks, vs = list(keys[part]), list(values[part])
+            if self._arena is None:
+                s, p = stream_path.put(self._rpc, namespace, ks, vs)
+                stored, present = stored + s, present + p
+                continue
+            sizes = [memoryview(v).nbytes for v in vs]
+            res = self.reserve(namespace, ks, sizes)
+            try:
+                written = self._arena.write(res, vs)  # type: ignore[union-attr]
+            except BaseException:
+                self.abort(res)
+                raise
+            stored += self.commit(res) if written else 0
+            present += res.outcomes.count(1)
+            busy += res.outcomes.count(2)
+        return PutResult(stored, present, busy)
+
+    # -- gets -------------------------------------------------------------------------------------------
+    def get(self, namespace: str, key: bytes) -> bytes | None:
+        return self.get_many(namespace, [key])[0]
+
+    def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for part in _chunks(len(keys), self.max_batch_keys):
+            ks = list(keys[part])
+            if self._arena is None:
+                out.extend(stream_path.get(self._rpc, namespace, ks))
+                continue
+            lease = self.lookup(namespace, ks)
+            try:
+                blocks = self._arena.read_bytes(lease)
+            finally:
+                self.release([lease])
+            out.extend(_scatter(lease.present, blocks, len(ks)))
+        return out
+
+    def get_into(self, namespace: str, key: bytes, buffer: object) -> int | None:
+        """Copy a block into `buffer` (writable, large enough); its size, or None on a miss."""
+        return self.get_many_into(namespace, [key], [buffer])[0]
+
+    def get_many_into(self, namespace: str, keys: Sequence[bytes], buffers: Sequence[object]) -> list[int | None]:
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        out: list[int | None] = []
+        for part in _chunks(len(keys), self.max_batch_keys):
+            ks, bs = list(keys[part]), list(buffers[part])
+            if self._arena is None:
+                out.extend(stream_path.get_into(self._rpc, namespace, ks, bs))
+                continue
+            lease = self.lookup(namespace, ks)
+            hit_buffers = [b for b, p in zip(bs, lease.present) if p]
+            try:
+                sizes = self._arena.read_into(lease, hit_buffers)
+            finally:
+                self.release([lease])
+            out.extend(_scatter(lease.present, sizes, len(ks)))
+        return out
+
+    def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
+        """How many leading keys of a chain are stored (no lease taken)."""
+        total = 0
+        for part in _chunks(len(keys), self.max_batch_keys):
+            n = self.lookup(namespace, list(keys[part]), prefix=True, lease=False).num_prefix
+            total += n
+            if n < part.stop - part.start:
+                break
+        return total
+
+    # -- management -------------------------------------------------------------------------------------
+    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        out: list[bool] = []
+        for part in _chunks(len(keys), self.max_batch_keys):
+            out.extend(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys[part])).present)
+        return out
+
+    def _count(self, rpc: str, namespace: str, keys: Sequence[bytes]) -> int:
+        return sum(self._rpc.call(rpc, pb.KeysRequest(namespace=namespace, keys=keys[p])).count
+                   for p in _chunks(len(keys), self.max_batch_keys))
+
+    def delete(self, namespace: str, keys: Sequence[bytes]) -> int:
+        return self._count("Delete", namespace, keys)
+
+    def pin(self, namespace: str, keys: Sequence[bytes]) -> int:
+        return self._count("Pin", namespace, keys)
+
+    def unpin(self, namespace: str, keys: Sequence[bytes]) -> int:
+        return self._count("Unpin", namespace, keys)
+
+    def clear(self, namespace: str) -> int:
+        return self._rpc.call("ClearNamespace", pb.ClearNamespaceRequest(namespace=namespace)).count
+
+    def stats(self) -> Stats:
+        return Stats.from_pb(self._rpc.call("Stats", pb.StatsRequest()))
+
+    def keys(self, namespace: str, *, limit: int | None = None, page_size: int = 1000) -> Iterator[KeyInfo]:
+        """Keys of a namespace in byte order, fetched page by page."""
+        cursor, seen = b"", 0
+        while True:
+            want = page_size if limit is None else min(page_size, limit - seen)
+            if want <= 0:
+                return
+            r = self._rpc.call("ListKeys", pb.ListKeysRequest(namespace=namespace, cursor=cursor, limit=want))
+            for k in r.keys:
+                yield KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum)
+            seen += len(r.keys)
+            if not r.next_cursor:
+                return
+            cursor = r.next_cursor
+
+
+def _scatter(present: list[bool], hits: list[Any], n: int) -> list[Any]:
+    """Spread per-hit results over the requested keys (None for misses and keys past a prefix stop)."""
+    out: list[Any] = [None] * n
+    it = iter(hits)
+    for i, p in enumerate(present):
+        if p:
+            out[i] = next(it)
+    return out

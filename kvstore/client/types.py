@@ -1,0 +1,146 @@
+"""Typed results of the client API (no protobuf leaks into user code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvstore._proto import kvstore_pb2 as pb
+
+__all__ = ["Health", "Stats", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str
+    node_id: str
+    version: str
+    hostname: str
+    pid: int
+    arena_name: str
+    arena_bytes: int
+    arena_locked: bool
+    max_block_bytes: int
+    max_batch_keys: int
+    uptime_s: float
+
+    @staticmethod
+    def from_pb(m: pb.HealthResponse) -> Health:
+        return Health(m.status, m.node_id, m.version, m.hostname, m.pid, m.arena.shm_name, m.arena.size_bytes,
+                      m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s)
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    name: str
+    model: str
+    layout_digest: str
+    tenant: str
+    blocks: int
+    bytes: int
+    lookup_keys: int
+    hit_keys: int
+    puts: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_keys / self.lookup_keys if self.lookup_keys else 0.0
+
+
+@dataclass(frozen=True)
+class SizeClassInfo:
+    slot_bytes: int
+    slabs: int
+    used_slots: int
+    free_slots: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    node_id: str
+    policy: str
+    arena_name: str
+    arena_locked: bool
+    capacity_bytes: int
+    slab_bytes: int
+    slabs_total: int
+    slabs_free: int
+    allocated_bytes: int
+    stored_bytes: int
+    reserved_bytes: int
+    leased_bytes: int
+    pinned_bytes: int
+    fragmentation: float
+    blocks: int
+    leases_active: int
+    reservations_active: int
+    high_watermark: float
+    low_watermark: float
+    uptime_s: float
+    counters: dict[str, int] = field(default_factory=dict)
+    namespaces: list[NamespaceInfo] = field(default_factory=list)
+    size_classes: list[SizeClassInfo] = field(default_factory=list)
+
+    @staticmethod
+    def from_pb(m: pb.StatsResponse) -> Stats:
+        return Stats(
+            m.node_id, m.policy, m.arena.shm_name, m.arena.locked, m.capacity_bytes, m.slab_bytes, m.slabs_total,
+            m.slabs_free, m.allocated_bytes, m.stored_bytes, m.reserved_bytes, m.leased_bytes, m.pinned_bytes,
+            m.fragmentation, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
+            m.low_watermark, m.uptime_s, dict(m.counters),
+            [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
+                           n.hit_keys, n.puts) for n in m.namespaces],
+            [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
+        )
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key: bytes
+    size: int
+    tier: str
+    age_s: float
+    pins: int
+    leases: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class PutResult:
+    stored: int
+    already_present: int
+    in_flight: int
+
+
+@dataclass
+class Reservation:
+    """Slots to fill before `Client.commit`. `offsets[i]` is 0 unless `outcomes[i]` is RESERVED (0)."""
+
+    namespace: str
+    keys: list[bytes]
+    id: int
+    outcomes: list[int]
+    offsets: list[int]
+    incarnation: int
+
+    @property
+    def reserved_indices(self) -> list[int]:
+        return [i for i, o in enumerate(self.outcomes) if o == 0]
+
+
+@dataclass
+class Lease:
+    """Found blocks, leased for reading. Index i of offsets/sizes/generations is the i-th *hit*."""
+
+    namespace: str
+    num_prefix: int
+    present: list[bool]
+    offsets: list[int]
+    sizes: list[int]
+    generations: list[int]
+    checksums: list[int]
+    id: int
+    incarnation: int
+
+    @property
+    def hits(self) -> int:
+        return len(self.offsets)

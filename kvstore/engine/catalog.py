@@ -1,0 +1,163 @@
+"""The catalog: which blocks exist, where they are, and in what state.
+
+Memory is the design constraint: a daemon may hold millions of small blocks and must stay under ~256 bytes of
+RSS per block. So an entry is not a Python object: entries are rows in numpy columns indexed by a dense entry
+id (reused after removal), and each namespace keeps a plain dict key -> entry id. Per block that is a dict
+slot, the key's bytes object, an int, one list slot for the reverse map and ~37 bytes of columns.
+
+States of an entry (the engine moves them; the catalog only stores them)::
+
+    RESERVED --commit--> COMMITTED --delete while leased--> DOOMED --last release--> (freed)
+        |                    |--evict / delete--> (freed)
+        |--abort--> (freed)
+        `--reservation TTL--> QUARANTINED --grace--> (freed)
+
+Only RESERVED and COMMITTED entries are in a namespace's index; DOOMED and QUARANTINED ones are invisible
+and wait for readers or late writers to be gone before their slot is reused.
+
+Not thread-safe: the engine calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+__all__ = ["Catalog", "EntryState", "Namespace"]
+
+
+class EntryState(IntEnum):
+    FREE = 0
+    RESERVED = 1
+    COMMITTED = 2
+    DOOMED = 3
+    QUARANTINED = 4
+
+
+@dataclass(eq=False)
+class Namespace:
+    """A namespace's index and its counters. `name` is what RPCs use; the rest describes it."""
+
+    id: int
+    name: str
+    model: str = ""
+    layout_digest: str = ""
+    tenant: str = ""
+    index: dict[bytes, int] = field(default_factory=dict)
+    blocks: int = 0
+    bytes: int = 0
+    lookup_keys: int = 0
+    hit_keys: int = 0
+    puts: int = 0
+
+
+_COLUMNS: tuple[tuple[str, type], ...] = (
+    ("offset", np.int64),
+    ("size", np.int64),
+    ("checksum", np.uint64),
+    ("leases", np.int32),
+    ("created", np.float32),
+    ("pins", np.uint16),
+    ("ns", np.uint16),
+    ("state", np.uint8),
+)
+
+
+class Catalog:
+    """Entry columns plus the namespaces' indexes. Columns are public for vectorized reads by the engine."""
+
+    MAX_NAMESPACES = 65535
+
+    offset: np.ndarray
+    size: np.ndarray
+    checksum: np.ndarray
+    leases: np.ndarray
+    created: np.ndarray
+    pins: np.ndarray
+    ns: np.ndarray
+    state: np.ndarray
+
+    def __init__(self, initial_capacity: int = 1024) -> None:
+        self._capacity = max(16, initial_capacity)
+        for name, dtype in _COLUMNS:
+            setattr(self, name, np.zeros(self._capacity, dtype=dtype))
+        self.keys: list[bytes | None] = []
+        self._free_ids: list[int] = []
+        self.namespaces: list[Namespace] = []
+        self.by_name: dict[str, Namespace] = {}
+        self._epoch = time.monotonic()
+
+    # -- namespaces -------------------------------------------------------------------------------------
+    def add_namespace(self, name: str, model: str, layout_digest: str, tenant: str) -> Namespace:
+        if len(self.namespaces) >= self.MAX_NAMESPACES:
+            raise OverflowError(f"more than {self.MAX_NAMESPACES} namespaces")
+        ns = Namespace(len(self.namespaces), name, model, layout_digest, tenant)
+        self.namespaces.append(ns)
+        self.by_name[name] = ns
+        return ns
+
+    # -- entries ----------------------------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the catalog was created (what the `created` column holds)."""
+        return time.monotonic() - self._epoch
+
+    def add(self, ns: Namespace, key: bytes, offset: int, size: int) -> int:
+        """A new RESERVED entry, indexed under `key`."""
+        if self._free_ids:
+            eid = self._free_ids.pop()
+            self.keys[eid] = key
+        else:
+            eid = len(self.keys)
+            if eid == self._capacity:
+                self._grow()
+            self.keys.append(key)
+        self.offset[eid] = offset
+        self.size[eid] = size
+        self.checksum[eid] = 0
+        self.leases[eid] = 0
+        self.pins[eid] = 0
+        self.ns[eid] = ns.id
+        self.state[eid] = EntryState.RESERVED
+        self.created[eid] = self.now()
+        ns.index[key] = eid
+        return eid
+
+    def unindex(self, eid: int) -> None:
+        """Make the entry invisible to lookups (its slot stays allocated)."""
+        key = self.keys[eid]
+        ns = self.namespaces[int(self.ns[eid])]
+        if key is not None and ns.index.get(key) == eid:
+            del ns.index[key]
+
+    def drop(self, eid: int) -> None:
+        """Forget an unindexed entry whose slot the engine has already freed; its id is reused."""
+        self.state[eid] = EntryState.FREE
+        self.keys[eid] = None
+        self._free_ids.append(eid)
+
+    def namespace_of(self, eid: int) -> Namespace:
+        return self.namespaces[int(self.ns[eid])]
+
+    def __len__(self) -> int:
+        return len(self.keys) - len(self._free_ids)
+
+    def live_ids(self) -> np.ndarray:
+        """Ids of every entry that is not FREE (for stats; O(entries))."""
+        n = len(self.keys)
+        return np.flatnonzero(self.state[:n] != EntryState.FREE)
+
+    def _grow(self) -> None:
+        new = self._capacity * 2
+        for name, _ in _COLUMNS:
+            old = getattr(self, name)
+            col = np.zeros(new, dtype=old.dtype)
+            col[: self._capacity] = old
+            setattr(self, name, col)
+        self._capacity = new
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the columns (not the dicts); for tests and the RSS budget."""
+        return sum(getattr(self, name).nbytes for name, _ in _COLUMNS)

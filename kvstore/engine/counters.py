@@ -1,0 +1,38 @@
+"""Named monotonic counters of the engine, reported by Stats (and later exported to Prometheus).
+
+A fixed set of names, so a typo is an AttributeError in tests rather than a silently new counter.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Counters", "COUNTER_NAMES"]
+
+COUNTER_NAMES: tuple[str, ...] = (
+    "reserve_calls",
+    "reserved_blocks",
+    "committed_blocks",
+    "committed_bytes",
+    "aborted_blocks",
+    "lookup_calls",
+    "lookup_keys",
+    "hit_keys",
+    "evictions",
+    "evicted_bytes",
+    "deleted_blocks",
+    "lease_expirations",
+    "reservation_expirations",
+    "quarantine_freed",
+    "store_full",
+    "checksum_failures",
+)
+
+
+class Counters:
+    __slots__ = COUNTER_NAMES
+
+    def __init__(self) -> None:
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTER_NAMES}

@@ -1,0 +1,445 @@
+"""The RAM-tier engine: reservations, commits, leases, eviction. Metadata only; clients move the bytes.
+
+Primitives and their contracts (statuses are exceptions from kvstore.errors; see each method):
+
+- reserve(ns, keys, sizes): slots for every key not present yet, all or nothing (StoreFullError). Reserved
+  slots are invisible until commit and never evicted.
+- commit(rid, checksums) / abort(rid): end a reservation (ReservationClosedError if it already ended,
+  UnknownReservationError if it never existed). A reservation that outlives its TTL is expired: its slots go
+  to a quarantine for `quarantine_s` before reuse, so a slow writer cannot scribble over a new owner's block.
+- lookup(ns, keys, prefix, lease): present keys, with their slots leased. A leased slot is never evicted or
+  reused. A lease that outlives its TTL is dropped; a reader that copied past that point sees the slot's
+  generation changed (bumped on every free) and treats its copy as a miss.
+- release(lease_ids), exists, delete (a leased block is hidden at once, freed at its last release),
+  pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys, stats, sweep(now).
+
+Eviction: a reserve that finds no slot asks the policy for victims among committed, unleased, unpinned
+entries until the allocation succeeds. After a commit that leaves allocated bytes above the high watermark,
+victims are evicted down to the low watermark.
+
+Locking: one lock, `self._lock`, around every public method; the policy, allocator and catalog have none.
+Every method does O(batch) Python work under it and no I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvstore.arena.allocator import SlabAllocator
+from kvstore.arena.shm import ArenaLayout
+from kvstore.engine.catalog import Catalog, EntryState, Namespace
+from kvstore.engine.counters import Counters
+from kvstore.engine.results import (
+    ALREADY_PRESENT,
+    IN_FLIGHT,
+    RESERVED,
+    EngineConfig,
+    EngineStats,
+    KeyRecord,
+    LookupResult,
+    NamespaceUsage,
+    ReserveResult,
+)
+from kvstore.engine.ttl import TtlTable
+from kvstore.errors import (
+    ConflictError,
+    InvalidRequestError,
+    ReservationClosedError,
+    StoreFullError,
+    UnknownNamespaceError,
+    UnknownReservationError,
+)
+from kvstore.policies import EvictionPolicy
+from kvstore.validation import check_keys, check_namespace_name, check_sizes
+
+__all__ = ["Engine"]
+
+_COMMITTED = EntryState.COMMITTED
+_RESERVED = EntryState.RESERVED
+_RECENT_CLOSED = 8192
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        layout: ArenaLayout,
+        generations: np.ndarray,
+        allocator: SlabAllocator,
+        policy: EvictionPolicy,
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self._gens = generations
+        self._alloc = allocator
+        self._policy = policy
+        self._cat = Catalog()
+        self._leases: TtlTable[np.ndarray] = TtlTable(config.lease_ttl_s)
+        self._reservations: TtlTable[tuple[Namespace, list[int]]] = TtlTable(config.reservation_ttl_s)
+        self._closed: OrderedDict[int, str] = OrderedDict()  # recently ended reservations -> how
+        self._quarantine: deque[tuple[float, int]] = deque()
+        self.counters = Counters()
+        self._lock = threading.Lock()
+
+    # -- namespaces -------------------------------------------------------------------------------------
+    def register_namespace(self, name: str, model: str = "", layout_digest: str = "", tenant: str = "") -> bool:
+        """True when created; False when it existed with the same description (ConflictError otherwise)."""
+        check_namespace_name(name)
+        with self._lock:
+            ns = self._cat.by_name.get(name)
+            if ns is None:
+                self._cat.add_namespace(name, model, layout_digest, tenant)
+                return True
+            if (ns.model, ns.layout_digest, ns.tenant) != (model, layout_digest, tenant):
+                raise ConflictError(
+                    f"namespace {name!r} is registered as model={ns.model!r} layout={ns.layout_digest!r} "
+                    f"tenant={ns.tenant!r}: a different layout needs a different namespace name"
+                )
+            return False
+
+    def _namespace(self, name: str) -> Namespace:
+        ns = self._cat.by_name.get(name)
+        if ns is None:
+            check_namespace_name(name)
+            raise UnknownNamespaceError(f"unknown namespace {name!r}: register it first (RegisterNamespace)")
+        return ns
+
+    def _check_keys(self, keys: Sequence[bytes], unique: bool = False) -> None:
+        cfg = self.config
+        check_keys(keys, cfg.max_batch_keys, max_key_bytes=cfg.max_key_bytes, unique=unique)
+
+    # -- writes -----------------------------------------------------------------------------------------
+    def reserve(self, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
+        self._check_keys(keys, unique=True)
+        check_sizes(sizes, len(keys), self.config.max_block_bytes)
+        with self._lock:
+            ns = self._namespace(ns_name)
+            cat, index = self._cat, ns.index
+            self.counters.reserve_calls += 1
+            outcomes = [RESERVED] * len(keys)
+            offsets = [0] * len(keys)
+            todo: list[int] = []
+            for i, key in enumerate(keys):
+                eid = index.get(key)
+                if eid is None:
+                    todo.append(i)
+                else:
+                    outcomes[i] = ALREADY_PRESENT if cat.state[eid] == _COMMITTED else IN_FLIGHT
+            if not todo:
+                return ReserveResult(0, outcomes, offsets, 0)
+            for i in todo:
+                off = self._allocate(sizes[i])
+                if off is None:
+                    for j in todo:
+                        if offsets[j]:
+                            self._alloc.free(offsets[j])
+                    self.counters.store_full += 1
+                    raise StoreFullError(self._full_message(sum(sizes[j] for j in todo)))
+                offsets[i] = off
+            eids = [cat.add(ns, keys[i], offsets[i], sizes[i]) for i in todo]
+            rid = self._reservations.add((ns, eids))
+            self.counters.reserved_blocks += len(eids)
+            return ReserveResult(rid, outcomes, offsets, int(self.config.reservation_ttl_s * 1000))
+
+    def _full_message(self, wanted: int) -> str:
+        alloc = self._alloc
+        return (
+            f"store full: cannot place {wanted} bytes; {alloc.allocated_bytes} of {alloc.capacity} arena bytes are "
+            f"allocated, {alloc.free_slabs} of {alloc.n_slabs} slabs ({alloc.slab_bytes} bytes each) free, and "
+            "nothing else is evictable (leased, pinned or reserved). Release leases, unpin blocks, use fewer "
+            "distinct block sizes per batch (each size class needs a slab), or give the daemon a larger arena_bytes"
+        )
+
+    def _allocate(self, size: int) -> int | None:
+        off = self._alloc.allocate(size)
+        while off is None:
+            victim = self._policy.choose_victim(self._evictable)
+            if victim is None:
+                return None
+            self._evict(victim)
+            off = self._alloc.allocate(size)
+        return off
+
+    def _evictable(self, eid: int) -> bool:
+        cat = self._cat
+        return cat.state[eid] == _COMMITTED and cat.leases[eid] == 0 and cat.pins[eid] == 0
+
+    def _evict(self, eid: int) -> None:
+        """Drop a committed entry the policy has already forgotten."""
+        size = int(self._cat.size[eid])
+        self._forget_committed(eid)
+        self._free(eid)
+        self.counters.evictions += 1
+        self.counters.evicted_bytes += size
+
+    def _forget_committed(self, eid: int) -> None:
+        cat = self._cat
+        ns = cat.namespace_of(eid)
+        ns.blocks -= 1
+        ns.bytes -= int(cat.size[eid])
+        cat.unindex(eid)
+
+    def _free(self, eid: int) -> None:
+        """Return an entry's slot. The generation bump is what makes any outstanding copy of it a miss."""
+        off = int(self._cat.offset[eid])
+        self._gens[self.layout.generation_index(off)] += 1
+        self._alloc.free(off)
+        self._cat.drop(eid)
+
+    def commit(self, reservation_id: int, checksums: Sequence[int] = ()) -> int:
+        with self._lock:
+            payload = self._reservations.get(reservation_id)
+            if payload is None:
+                self._raise_closed(reservation_id)
+            ns, eids = payload
+            if checksums and len(checksums) != len(eids):
+                raise InvalidRequestError(
+                    f"{len(checksums)} checksums for a reservation of {len(eids)} blocks: send none or one each"
+                )
+            self._reservations.pop(reservation_id)
+            self._close(reservation_id, "committed")
+            cat, policy = self._cat, self._policy
+            now = cat.now()
+            for i, eid in enumerate(eids):
+                cat.state[eid] = _COMMITTED
+                cat.created[eid] = now
+                if checksums:
+                    cat.checksum[eid] = checksums[i]
+                size = int(cat.size[eid])
+                ns.blocks += 1
+                ns.bytes += size
+                self.counters.committed_bytes += size
+                policy.on_insert(eid, hash(cat.keys[eid]) ^ ns.id)
+            ns.puts += len(eids)
+            self.counters.committed_blocks += len(eids)
+            self._enforce_watermarks()
+            return len(eids)
+
+    def _enforce_watermarks(self) -> None:
+        alloc, cfg = self._alloc, self.config
+        if alloc.allocated_bytes <= cfg.high_watermark * alloc.capacity:
+            return
+        target = cfg.low_watermark * alloc.capacity
+        while alloc.allocated_bytes > target:
+            victim = self._policy.choose_victim(self._evictable)
+            if victim is None:
+                return
+            self._evict(victim)
+
+    def abort(self, reservation_id: int) -> int:
+        with self._lock:
+            payload = self._reservations.pop(reservation_id)
+            if payload is None:
+                self._raise_closed(reservation_id)
+            self._close(reservation_id, "aborted")
+            _, eids = payload
+            for eid in eids:
+                self._cat.unindex(eid)
+                self._free(eid)
+            self.counters.aborted_blocks += len(eids)
+            return len(eids)
+
+    def _close(self, reservation_id: int, how: str) -> None:
+        self._closed[reservation_id] = how
+        if len(self._closed) > _RECENT_CLOSED:
+            self._closed.popitem(last=False)
+
+    def _raise_closed(self, reservation_id: int) -> None:
+        how = self._closed.get(reservation_id)
+        if how is None:
+            raise UnknownReservationError(
+                f"reservation {reservation_id} is unknown to this daemon (never issued, or issued before a restart)"
+            )
+        hint = " (reservation_ttl_s is %gs; commit sooner or raise it)" % self.config.reservation_ttl_s
+        raise ReservationClosedError(
+            f"reservation {reservation_id} was already {how}" + (hint if how == "expired" else "")
+        )
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def lookup(self, ns_name: str, keys: Sequence[bytes], prefix: bool = False, lease: bool = True) -> LookupResult:
+        self._check_keys(keys)
+        with self._lock:
+            ns = self._namespace(ns_name)
+            cat, index, policy = self._cat, ns.index, self._policy
+            state = cat.state
+            present: list[bool] = []
+            hits: list[int] = []
+            for key in keys:
+                eid = index.get(key)
+                if eid is not None and state[eid] == _COMMITTED:
+                    present.append(True)
+                    hits.append(eid)
+                    policy.on_access(eid)
+                else:
+                    present.append(False)
+                    if prefix:
+                        break
+            num_prefix = present.index(False) if False in present else len(present)
+            ns.lookup_keys += len(keys)
+            ns.hit_keys += num_prefix if prefix else len(hits)
+            self.counters.lookup_calls += 1
+            self.counters.lookup_keys += len(keys)
+            self.counters.hit_keys += len(hits)
+            if not hits:
+                return LookupResult(num_prefix, present, [], [], [], [], 0, 0)
+            ids = np.fromiter(hits, dtype=np.int64, count=len(hits))
+            offsets = cat.offset[ids]
+            gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
+            lease_id = 0
+            if lease:
+                np.add.at(cat.leases, ids, 1)
+                lease_id = self._leases.add(ids)
+            return LookupResult(
+                num_prefix,
+                present,
+                offsets.tolist(),
+                cat.size[ids].tolist(),
+                gens.tolist(),
+                cat.checksum[ids].tolist(),
+                lease_id,
+                int(self.config.lease_ttl_s * 1000) if lease else 0,
+            )
+
+    def release(self, lease_ids: Sequence[int]) -> int:
+        released = 0
+        with self._lock:
+            for lid in lease_ids:
+                ids = self._leases.pop(lid)
+                if ids is not None:
+                    self._unlease(ids)
+                    released += 1
+        return released
+
+    def _unlease(self, ids: np.ndarray) -> None:
+        cat = self._cat
+        np.subtract.at(cat.leases, ids, 1)
+        for eid in ids[cat.state[ids] == EntryState.DOOMED].tolist():
+            if cat.leases[eid] == 0 and cat.state[eid] == EntryState.DOOMED:
+                self._free(eid)
+
+    def exists(self, ns_name: str, keys: Sequence[bytes]) -> list[bool]:
+        self._check_keys(keys)
+        with self._lock:
+            index, state = self._namespace(ns_name).index, self._cat.state
+            return [(eid := index.get(k)) is not None and state[eid] == _COMMITTED for k in keys]
+
+    # -- management -------------------------------------------------------------------------------------
+    def delete(self, ns_name: str, keys: Sequence[bytes]) -> int:
+        self._check_keys(keys)
+        with self._lock:
+            ns = self._namespace(ns_name)
+            return sum(self._delete_one(ns.index.get(k)) for k in keys)
+
+    def _delete_one(self, eid: int | None) -> int:
+        cat = self._cat
+        if eid is None or cat.state[eid] != _COMMITTED:
+            return 0
+        self._policy.on_remove(eid)
+        self._forget_committed(eid)
+        self.counters.deleted_blocks += 1
+        if cat.leases[eid] > 0:
+            cat.state[eid] = EntryState.DOOMED
+        else:
+            self._free(eid)
+        return 1
+
+    def clear_namespace(self, ns_name: str) -> int:
+        with self._lock:
+            ns = self._namespace(ns_name)
+            return sum(self._delete_one(eid) for eid in list(ns.index.values()))
+
+    def pin(self, ns_name: str, keys: Sequence[bytes], delta: int) -> int:
+        """delta=+1 pins, -1 unpins; returns how many keys changed (unpin of an unpinned key changes none)."""
+        self._check_keys(keys)
+        with self._lock:
+            index, cat = self._namespace(ns_name).index, self._cat
+            changed = 0
+            for key in keys:
+                eid = index.get(key)
+                if eid is None or cat.state[eid] != _COMMITTED:
+                    continue
+                pins = int(cat.pins[eid]) + delta
+                if 0 <= pins <= 0xFFFF:
+                    cat.pins[eid] = pins
+                    changed += 1
+            return changed
+
+    def list_keys(self, ns_name: str, cursor: bytes, limit: int) -> tuple[list[KeyRecord], bytes]:
+        if not 1 <= limit <= 10000:
+            raise InvalidRequestError(f"limit {limit} out of range: use 1..10000")
+        with self._lock:
+            ns, cat = self._namespace(ns_name), self._cat
+            committed = [(k, e) for k, e in ns.index.items() if cat.state[e] == _COMMITTED and k > cursor]
+            committed.sort()
+            page = committed[:limit]
+            now = cat.now()
+            records = [
+                KeyRecord(k, int(cat.size[e]), "ram", max(0.0, now - float(cat.created[e])), int(cat.pins[e]),
+                          int(cat.leases[e]), int(cat.checksum[e]))
+                for k, e in page
+            ]
+            more = len(committed) > limit
+            return records, (page[-1][0] if more else b"")
+
+    # -- time -------------------------------------------------------------------------------------------
+    def sweep(self, now: float | None = None) -> None:
+        """Expire leases and reservations, free quarantined slots. Called periodically by the daemon."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            for _, ids in self._leases.expire(now):
+                self.counters.lease_expirations += 1
+                self._unlease(ids)
+            cat = self._cat
+            for rid, (_, eids) in self._reservations.expire(now):
+                self._close(rid, "expired")
+                self.counters.reservation_expirations += len(eids)
+                for eid in eids:
+                    cat.unindex(eid)
+                    cat.state[eid] = EntryState.QUARANTINED
+                    self._quarantine.append((now + self.config.quarantine_s, eid))
+            while self._quarantine and self._quarantine[0][0] <= now:
+                _, eid = self._quarantine.popleft()
+                self._free(eid)
+                self.counters.quarantine_freed += 1
+
+    # -- reporting --------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        with self._lock:
+            cat, alloc = self._cat, self._alloc
+            ids = cat.live_ids()
+            state, sizes = cat.state[ids], cat.size[ids]
+            committed = state == _COMMITTED
+            stored = int(sizes[committed].sum())
+            slot = np.array(alloc.classes, dtype=np.int64)[
+                np.searchsorted(alloc.classes, sizes)] if len(ids) else np.zeros(0, np.int64)
+            assigned = alloc.assigned_bytes()
+            return EngineStats(
+                policy=self._policy.name,
+                capacity_bytes=alloc.capacity,
+                slab_bytes=alloc.slab_bytes,
+                slabs_total=alloc.n_slabs,
+                slabs_free=alloc.free_slabs,
+                allocated_bytes=alloc.allocated_bytes,
+                stored_bytes=stored,
+                reserved_bytes=int(slot[state == _RESERVED].sum()),
+                leased_bytes=int(sizes[cat.leases[ids] > 0].sum()),
+                pinned_bytes=int(sizes[(cat.pins[ids] > 0) & committed].sum()),
+                fragmentation=(1.0 - stored / assigned) if assigned else 0.0,
+                blocks=int(committed.sum()),
+                leases_active=len(self._leases),
+                reservations_active=len(self._reservations),
+                high_watermark=self.config.high_watermark,
+                low_watermark=self.config.low_watermark,
+                counters=self.counters.snapshot(),
+                namespaces=[
+                    NamespaceUsage(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes,
+                                   n.lookup_keys, n.hit_keys, n.puts)
+                    for n in cat.namespaces
+                ],
+                size_classes=alloc.usage(),
+            )

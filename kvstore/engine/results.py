@@ -1,0 +1,92 @@
+"""Plain value objects the engine returns; the gRPC service maps them to protobuf messages one to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvstore.arena.allocator import ClassUsage
+
+__all__ = ["EngineConfig", "ReserveResult", "LookupResult", "KeyRecord", "NamespaceUsage", "EngineStats"]
+
+RESERVED, ALREADY_PRESENT, IN_FLIGHT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's part of the daemon config (validated by kvstore.server.config)."""
+
+    max_block_bytes: int
+    max_batch_keys: int = 4096
+    max_key_bytes: int = 64
+    high_watermark: float = 0.95
+    low_watermark: float = 0.90
+    lease_ttl_s: float = 30.0
+    reservation_ttl_s: float = 30.0
+    quarantine_s: float = 30.0
+
+
+@dataclass
+class ReserveResult:
+    reservation_id: int
+    outcomes: list[int]
+    offsets: list[int]
+    expires_in_ms: int
+
+
+@dataclass
+class LookupResult:
+    num_prefix: int
+    present: list[bool]
+    offsets: list[int]
+    sizes: list[int]
+    generations: list[int]
+    checksums: list[int]
+    lease_id: int
+    expires_in_ms: int
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    key: bytes
+    size: int
+    tier: str
+    age_s: float
+    pins: int
+    leases: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class NamespaceUsage:
+    name: str
+    model: str
+    layout_digest: str
+    tenant: str
+    blocks: int
+    bytes: int
+    lookup_keys: int
+    hit_keys: int
+    puts: int
+
+
+@dataclass
+class EngineStats:
+    policy: str
+    capacity_bytes: int
+    slab_bytes: int
+    slabs_total: int
+    slabs_free: int
+    allocated_bytes: int
+    stored_bytes: int
+    reserved_bytes: int
+    leased_bytes: int
+    pinned_bytes: int
+    fragmentation: float
+    blocks: int
+    leases_active: int
+    reservations_active: int
+    high_watermark: float
+    low_watermark: float
+    counters: dict[str, int] = field(default_factory=dict)
+    namespaces: list[NamespaceUsage] = field(default_factory=list)
+    size_classes: list[ClassUsage] = field(default_factory=list)

@@ -1,0 +1,125 @@
+"""Eviction-policy interface of the RAM catalog.
+
+A policy only *decides* which cached block goes next.  It does no I/O and
+holds no lock of its own: the engine calls every method under the engine's
+lock, so implementations are deliberately single-threaded.
+
+Entries are named by small dense integer ids (``eid`` in ``0..N``) that the
+catalog assigns and reuses after removal.  Per-entry state therefore lives in
+numpy arrays indexed by id (grown by doubling), never in per-entry Python
+objects: the catalog budgets <= 256 bytes of daemon RSS per cached block at
+1M blocks, and a dict/OrderedDict entry alone costs ~100 bytes.
+
+Primitives and their contracts:
+
+``name: str``
+    Class attribute; the name ``make_policy`` knows the policy by.
+
+``on_insert(eid, fingerprint=0) -> None``
+    ``eid`` became resident and committed and is now tracked.  ``fingerprint``
+    is a stable 64-bit identity of the *content* (e.g. the block hash), taken
+    modulo 2**64.  Ids are reused, so policies that remember evicted entries
+    (S3-FIFO's ghost) key that memory by fingerprint, never by id.  ``0``
+    means "no fingerprint": such entries are never remembered.  Policies
+    without history (LRU) ignore it.  Raises ``ValueError`` if ``eid`` is
+    negative or already tracked (a catalog bug).  Amortised O(1).
+
+``on_access(eid) -> None``
+    A hit on ``eid``.  Ignored if ``eid`` is not tracked (e.g. a hit on an
+    entry whose write has not committed yet).  O(1).
+
+``on_remove(eid) -> None``
+    ``eid`` was deleted, or evicted by someone other than the policy; forget
+    it.  Ignored if not tracked (idempotent, so a delete racing an eviction
+    inside the engine is harmless).  Removal is not an eviction decision and
+    is never recorded in eviction history.  O(1).
+
+``choose_victim(eligible) -> int | None``
+    Return the entry to evict next and forget it (as if ``on_remove``).
+    Entries for which ``eligible(eid)`` is False (leased, pinned, being
+    written...) are skipped but stay tracked: LRU keeps them in place,
+    S3-FIFO treats them as a re-insertion where its algorithm re-inserts.
+    ``eligible`` must be a pure function for the duration of the call.
+    Returns None when no tracked entry is eligible.  Always terminates after
+    a bounded number of passes over the tracked entries (each policy
+    documents its bound); O(1) amortised when the tail is eligible.
+
+``__len__() -> int``
+    Number of tracked entries.
+
+``__contains__(eid) -> bool``
+    Whether ``eid`` is tracked.
+
+``memory_bytes() -> int``
+    Bytes held by the per-id arrays (``nbytes``), so the catalog can check
+    its RSS budget; bounded side structures are documented by each policy.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import numpy as np
+
+#: Capacity a fresh policy starts with; arrays grow by doubling from here.
+DEFAULT_INITIAL_CAPACITY = 1024
+
+
+class EvictionPolicy(abc.ABC):
+    """Abstract eviction policy; see the module docstring for the contracts."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def on_insert(self, eid: int, fingerprint: int = 0) -> None:
+        """Start tracking a newly committed entry."""
+
+    @abc.abstractmethod
+    def on_access(self, eid: int) -> None:
+        """Record a hit."""
+
+    @abc.abstractmethod
+    def on_remove(self, eid: int) -> None:
+        """Forget an entry removed by someone else (O(1), idempotent)."""
+
+    @abc.abstractmethod
+    def choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
+        """Pick, forget and return the next victim, or None if none is eligible."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of tracked entries."""
+
+    @abc.abstractmethod
+    def __contains__(self, eid: object) -> bool:
+        """Whether ``eid`` is tracked."""
+
+    @abc.abstractmethod
+    def memory_bytes(self) -> int:
+        """Bytes held by the per-id arrays."""
+
+
+def grown_capacity(capacity: int, eid: int) -> int:
+    """Smallest ``capacity * 2**k`` that can index ``eid``.
+
+    Doubling keeps growth amortised O(1) per insert; the catalog can avoid
+    the up-to-2x slack by passing its block count as ``initial_capacity``.
+    """
+    new = max(capacity, 1)
+    while new <= eid:
+        new *= 2
+    return new
+
+
+def grow_array(arr: np.ndarray, capacity: int, fill: int) -> np.ndarray:
+    """Copy ``arr`` into a new array of ``capacity`` slots, padding with ``fill``."""
+    out = np.full(capacity, fill, dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+def check_new_eid(eid: int) -> None:
+    """Reject ids that cannot index the per-id arrays."""
+    if eid < 0:
+        raise ValueError(f"entry id must be >= 0, got {eid}")

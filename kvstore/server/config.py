@@ -1,0 +1,169 @@
+"""The daemon's one typed config, read from embedded defaults < a TOML file < KVSTORE_* env < flags.
+
+Each field of `ServerConfig` is at once a TOML key (`arena_bytes = "4GiB"`), an environment variable
+(`KVSTORE_ARENA_BYTES=4GiB`) and a flag (`--arena-bytes 4GiB`), so the three can never drift apart. Every
+value is validated here, before anything is created, and a bad one stops the daemon with a message that names
+the setting, the value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+from kvstore.errors import ConfigError
+from kvstore.paths import default_socket_path
+from kvstore.policies import POLICY_NAMES
+
+__all__ = ["ServerConfig", "load_config", "parse_size", "build_arg_parser"]
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(value: str | int, name: str = "size") -> int:
+    """'1GiB', '512 MiB', '4096' or an int -> bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a size such as '1GiB', got {value!r}")
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{name}: cannot read {value!r} as a size; use e.g. 4096, '512MiB', '1GiB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _help(text: str, **kw: object) -> dict:
+    return {"metadata": {"help": text}, **kw}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    node_id: str = field(default_factory=socket.gethostname, **_help("name of this node in logs, stats and (later) the cluster"))
+    unix_socket: str = field(default_factory=default_socket_path, **_help("gRPC unix socket path; '' disables it"))
+    listen: str = field(default="127.0.0.1:7070", **_help("gRPC TCP address host:port; '' disables it"))
+    arena_name: str = field(default="", **_help("POSIX shm name of the arena, e.g. /kvstore-a; default /kvstore-<node_id>"))
+    arena_bytes: int = field(default=1 << 30, **_help("RAM tier size (slots); a size like 1GiB"))
+    arena_lock: str = field(default="auto", **_help("mlock the arena: auto (try, warn), on (required), off"))
+    max_block_bytes: int = field(default=16 << 20, **_help("largest block; also the slab size of the allocator"))
+    policy: str = field(default="lru", **_help(f"eviction policy: {', '.join(POLICY_NAMES)}"))
+    high_watermark: float = field(default=0.95, **_help("evict after a commit once this fraction is allocated"))
+    low_watermark: float = field(default=0.90, **_help("... down to this fraction"))
+    lease_ttl_s: float = field(default=30.0, **_help("seconds a read lease lives unless released"))
+    reservation_ttl_s: float = field(default=30.0, **_help("seconds a reservation lives unless committed"))
+    quarantine_s: float = field(default=-1.0, **_help("seconds expired reservations wait before reuse; <0 = reservation_ttl_s"))
+    max_batch_keys: int = field(default=4096, **_help("most keys one RPC may carry"))
+    max_message_bytes: int = field(default=64 << 20, **_help("largest gRPC message"))
+    sweep_interval_s: float = field(default=0.25, **_help("how often leases and reservations are checked for expiry"))
+    grpc_workers: int = field(default=8, **_help("gRPC server threads"))
+    log_level: str = field(default="info", **_help("debug, info, warning, error"))
+    log_format: str = field(default="text", **_help("text or json (one object a line)"))
+
+    @property
+    def shm_name(self) -> str:
+        if self.arena_name:
+            return self.arena_name
+        return "/kvstore-" + re.sub(r"[^A-Za-z0-9._-]", "_", self.node_id)
+
+    @property
+    def effective_quarantine_s(self) -> float:
+        return self.reservation_ttl_s if self.quarantine_s < 0 else self.quarantine_s
+
+    def validate(self) -> ServerConfig:
+        _require(bool(self.unix_socket or self.listen), "unix_socket and listen are both empty: enable at least one")
+        if self.listen:
+            host, _, port = self.listen.rpartition(":")
+            _require(bool(host) and port.isdigit() and 0 < int(port) < 65536,
+                     f"listen={self.listen!r}: use host:port, e.g. 127.0.0.1:7070")
+        _require(self.arena_lock in ("auto", "on", "off"), f"arena_lock={self.arena_lock!r}: use auto, on or off")
+        _require(self.policy in POLICY_NAMES, f"policy={self.policy!r}: use one of {', '.join(POLICY_NAMES)}")
+        _require(self.max_block_bytes >= 4096 and self.max_block_bytes % 4096 == 0,
+                 f"max_block_bytes={self.max_block_bytes}: use a multiple of 4096 (e.g. 16MiB)")
+        _require(self.arena_bytes >= 2 * self.max_block_bytes,
+                 f"arena_bytes={self.arena_bytes} must be at least 2 x max_block_bytes ({self.max_block_bytes})")
+        _require(0 < self.low_watermark <= self.high_watermark <= 1,
+                 f"watermarks low={self.low_watermark} high={self.high_watermark}: need 0 < low <= high <= 1")
+        for name in ("lease_ttl_s", "reservation_ttl_s", "sweep_interval_s"):
+            _require(getattr(self, name) > 0, f"{name}={getattr(self, name)} must be > 0")
+        _require(1 <= self.max_batch_keys <= 65536, f"max_batch_keys={self.max_batch_keys}: use 1..65536")
+        _require(self.max_message_bytes >= 1 << 20, "max_message_bytes must be at least 1MiB")
+        _require(1 <= self.grpc_workers <= 256, f"grpc_workers={self.grpc_workers}: use 1..256")
+        _require(self.log_level in ("debug", "info", "warning", "error"), f"log_level={self.log_level!r}: use debug, info, warning or error")
+        _require(self.log_format in ("text", "json"), f"log_format={self.log_format!r}: use text or json")
+        return self
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError("invalid config: " + message)
+
+
+def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
+    what = f"{f.name} (from {source})"
+    if f.name.endswith("_bytes"):
+        return parse_size(raw, what)  # type: ignore[arg-type]
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    try:
+        if kind == "int":
+            if isinstance(raw, bool):
+                raise ValueError
+            return int(raw)  # type: ignore[arg-type]
+        if kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: expected a {kind}, got {raw!r}") from None
+    if not isinstance(raw, str):
+        raise ConfigError(f"{what}: expected a string, got {raw!r}")
+    return raw
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvstore-server",
+        description="kvstore daemon: a shared-memory RAM tier for KV-cache blocks with a gRPC control plane. "
+        "Every option can also be set in the TOML file given by --config or as KVSTORE_<NAME> in the environment "
+        "(precedence: flag > env > file > default). Sizes take units: 4096, 512MiB, 1GiB.",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML file with any of the settings below")
+    for f in fields(ServerConfig):
+        default = f.default if f.default is not dataclasses.MISSING else "(computed)"
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
+                       help=f"{f.metadata.get('help', '')} [default: {default!r}]")
+    return p
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ServerConfig:
+    env = os.environ if env is None else env
+    args = build_arg_parser().parse_args(argv)
+    values: dict[str, object] = {}
+    by_name = {f.name: f for f in fields(ServerConfig)}
+    if args.config:
+        try:
+            with open(args.config, "rb") as fh:
+                table = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {args.config}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from exc
+        unknown = sorted(set(table) - set(by_name))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown} in {args.config}; valid: {sorted(by_name)}")
+        for k, v in table.items():
+            values[k] = _coerce(by_name[k], v, args.config)
+    for name, f in by_name.items():
+        raw = env.get("KVSTORE_" + name.upper())
+        if raw is not None:
+            values[name] = _coerce(f, raw, "KVSTORE_" + name.upper())
+    for name, f in by_name.items():
+        raw = getattr(args, name)
+        if raw is not None:
+            values[name] = _coerce(f, raw, "--" + name.replace("_", "-"))
+    return ServerConfig(**values).validate()  # type: ignore[arg-type]

@@ -1,0 +1,54 @@
+"""Facts about this daemon that clients need: identity, host, arena layout (Health and Stats share them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+
+from kvstore._version import __version__
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.arena.shm import SharedArena
+from kvstore.engine.results import EngineConfig
+
+__all__ = ["NodeInfo", "boot_id"]
+
+
+def boot_id() -> str:
+    """Changes at every boot; with the hostname it tells a client whether it shares the daemon's memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+class NodeInfo:
+    def __init__(self, node_id: str, arena: SharedArena, engine_config: EngineConfig) -> None:
+        self.node_id = node_id
+        self._arena = arena
+        self._cfg = engine_config
+        self._started = time.monotonic()
+        self.status = "SERVING"
+        # Offsets handed out by this process are meaningless in another daemon's arena, even one with the
+        # same shm name after a restart: clients compare this value before trusting an offset.
+        self.incarnation = random.getrandbits(63) | 1
+
+    def uptime_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def arena_info(self) -> pb.ArenaInfo:
+        lay = self._arena.layout
+        return pb.ArenaInfo(shm_name=lay.shm_name, size_bytes=lay.size_bytes, data_offset=lay.data_offset,
+                            page_bytes=lay.page_bytes, gen_table_offset=lay.gen_table_offset,
+                            locked=self._arena.locked, prefaulted=self._arena.prefaulted,
+                            incarnation=self.incarnation)
+
+    def health(self) -> pb.HealthResponse:
+        return pb.HealthResponse(
+            status=self.status, node_id=self.node_id, version=__version__, hostname=socket.gethostname(),
+            boot_id=boot_id(), pid=os.getpid(), arena=self.arena_info(),
+            max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
+            max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(),
+        )

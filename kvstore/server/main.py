@@ -1,0 +1,149 @@
+"""`kvstore-server`: the composition root. Builds every concrete part from one ServerConfig and runs them.
+
+Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
+engine -> gRPC server on the unix socket and TCP -> sweeper thread. Shutdown on SIGTERM/SIGINT runs the other
+way: stop accepting RPCs, let in-flight ones finish (grace), stop the sweeper, remove the arena and socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+from collections.abc import Sequence
+
+import grpc
+
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.arena.allocator import SlabAllocator
+from kvstore.arena.shm import ArenaLayout, SharedArena
+from kvstore.engine.engine import Engine
+from kvstore.engine.results import EngineConfig
+from kvstore.errors import ConfigError
+from kvstore.policies import make_policy
+from kvstore.server.config import ServerConfig, load_config
+from kvstore.server.info import NodeInfo
+from kvstore.server.logs import setup_logging
+from kvstore.server.service import KVStoreService
+
+__all__ = ["main", "Daemon"]
+
+log = logging.getLogger("kvstore.server")
+SHUTDOWN_GRACE_S = 5.0
+
+
+class Daemon:
+    """Everything one running kvstore-server owns, built from its config."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        data_bytes = (cfg.arena_bytes // cfg.max_block_bytes) * cfg.max_block_bytes
+        layout = ArenaLayout.for_capacity(cfg.shm_name, data_bytes)
+        self.arena = SharedArena(layout, lock=cfg.arena_lock)
+        try:
+            self.engine_config = EngineConfig(
+                max_block_bytes=cfg.max_block_bytes, max_batch_keys=cfg.max_batch_keys,
+                high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
+                lease_ttl_s=cfg.lease_ttl_s, reservation_ttl_s=cfg.reservation_ttl_s,
+                quarantine_s=cfg.effective_quarantine_s,
+            )
+            allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes)
+            self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
+                                 make_policy(cfg.policy))
+            self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config)
+            self.server = self._build_server()
+        except BaseException:
+            self.arena.destroy()
+            raise
+        self._stop = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)
+
+    def _build_server(self) -> grpc.Server:
+        cfg = self.cfg
+        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+                ("grpc.so_reuseport", 0)]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
+                                                        thread_name_prefix="kvstore-rpc"), options=opts)
+        pb_grpc.add_KVStoreServicer_to_server(KVStoreService(self.engine, self.arena.view, self.info), server)
+        if cfg.unix_socket:
+            _prepare_socket_dir(cfg.unix_socket)
+            server.add_insecure_port("unix:" + cfg.unix_socket)
+        if cfg.listen:
+            try:
+                server.add_insecure_port(cfg.listen)
+            except RuntimeError as exc:
+                raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
+        return server
+
+    def start(self) -> None:
+        self.server.start()
+        if self.cfg.unix_socket:
+            os.chmod(self.cfg.unix_socket, 0o600)
+        self._sweeper.start()
+        lay = self.arena.layout
+        log.info("serving node=%s unix=%s tcp=%s arena=%s bytes=%d locked=%s policy=%s pid=%d",
+                 self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-", lay.shm_name,
+                 lay.data_bytes, self.arena.locked, self.cfg.policy, os.getpid())
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.cfg.sweep_interval_s):
+            try:
+                self.engine.sweep()
+            except Exception:  # the sweeper must outlive a bug in one pass; the log says what happened
+                log.exception("sweep failed")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def shutdown(self) -> None:
+        log.info("shutting down: draining RPCs for up to %.1fs", SHUTDOWN_GRACE_S)
+        self.info.status = "STOPPING"
+        self._stop.set()
+        self.server.stop(SHUTDOWN_GRACE_S).wait()
+        if self._sweeper.is_alive():
+            self._sweeper.join(timeout=2)
+        self.arena.destroy()
+        if self.cfg.unix_socket:
+            try:
+                os.unlink(self.cfg.unix_socket)
+            except FileNotFoundError:
+                pass
+        log.info("stopped")
+
+
+def _prepare_socket_dir(path: str) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.path.exists(path):
+        os.unlink(path)  # a socket left by a dead daemon; a live one would hold the arena and fail earlier
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = load_config(argv)
+    except ConfigError as exc:
+        print(f"kvstore-server: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level, cfg.log_format, cfg.node_id)
+    try:
+        daemon = Daemon(cfg)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: daemon.request_stop())
+    daemon.start()
+    daemon.wait()
+    daemon.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

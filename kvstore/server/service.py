@@ -1,0 +1,244 @@
+"""gRPC servicer: translates protobuf requests to engine calls and engine errors to gRPC statuses.
+
+No decisions are made here. The only bytes this module touches are those of the Put/Get streams, the
+fallback for clients that cannot map the arena; the hot path (Reserve/Commit/Lookup/Release) moves metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import xxhash
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.engine.engine import Engine
+from kvstore.engine.results import RESERVED
+from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError
+from kvstore.server.info import NodeInfo
+
+__all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
+
+log = logging.getLogger(__name__)
+
+STREAM_CHUNK_BYTES = 1 << 20
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _rpc(fn: F) -> F:
+    """Turn a KVStoreError into its gRPC status + reason; log anything else and answer INTERNAL."""
+
+    @functools.wraps(fn)
+    def wrapper(self: KVStoreService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except KVStoreError as exc:
+            _abort(context, exc)
+        except Exception:
+            log.exception("internal error in %s", fn.__name__)
+            context.set_trailing_metadata((("kvstore-reason", "internal"),))
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
+    log.info("rejected request: %s (%s)", exc.message, exc.reason)
+    context.set_trailing_metadata((("kvstore-reason", exc.reason),))
+    context.abort(getattr(grpc.StatusCode, exc.grpc_code), exc.message)
+
+
+class KVStoreService(pb_grpc.KVStoreServicer):
+    def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo) -> None:
+        self._engine = engine
+        self._view = arena_view
+        self._info = info
+
+    @_rpc
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
+        return self._info.health()
+
+    @_rpc
+    def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.ServicerContext) -> pb.RegisterNamespaceResponse:
+        created = self._engine.register_namespace(request.name, request.model, request.layout_digest, request.tenant)
+        return pb.RegisterNamespaceResponse(created=created)
+
+    @_rpc
+    def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
+        r = self._engine.reserve(request.namespace, request.keys, request.sizes)
+        return pb.ReserveResponse(reservation_id=r.reservation_id, outcomes=r.outcomes, offsets=r.offsets,
+                                  expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
+
+    @_rpc
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
+        return pb.CommitResponse(committed=self._engine.commit(request.reservation_id, request.checksums))
+
+    @_rpc
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
+        return pb.AbortResponse(aborted=self._engine.abort(request.reservation_id))
+
+    @_rpc
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+        r = self._engine.lookup(request.namespace, request.keys, request.prefix, request.lease)
+        return pb.LookupResponse(num_prefix=r.num_prefix, present=r.present, offsets=r.offsets, sizes=r.sizes,
+                                 generations=r.generations, checksums=r.checksums, lease_id=r.lease_id,
+                                 expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
+
+    @_rpc
+    def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
+        return pb.ReleaseResponse(released=self._engine.release(request.lease_ids))
+
+    @_rpc
+    def Exists(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
+        return pb.ExistsResponse(present=self._engine.exists(request.namespace, request.keys))
+
+    @_rpc
+    def Delete(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        return pb.CountResponse(count=self._engine.delete(request.namespace, request.keys))
+
+    @_rpc
+    def Pin(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        return pb.CountResponse(count=self._engine.pin(request.namespace, request.keys, +1))
+
+    @_rpc
+    def Unpin(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        return pb.CountResponse(count=self._engine.pin(request.namespace, request.keys, -1))
+
+    @_rpc
+    def ClearNamespace(self, request: pb.ClearNamespaceRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        return pb.CountResponse(count=self._engine.clear_namespace(request.namespace))
+
+    @_rpc
+    def ListKeys(self, request: pb.ListKeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
+        records, cursor = self._engine.list_keys(request.namespace, request.cursor, request.limit or 1000)
+        return pb.ListKeysResponse(
+            keys=[pb.KeyInfo(key=r.key, size=r.size, tier=r.tier, age_s=r.age_s, pins=r.pins, leases=r.leases,
+                             checksum=r.checksum) for r in records],
+            next_cursor=cursor,
+        )
+
+    @_rpc
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        s = self._engine.stats()
+        return pb.StatsResponse(
+            node_id=self._info.node_id, policy=s.policy, arena=self._info.arena_info(),
+            capacity_bytes=s.capacity_bytes, slab_bytes=s.slab_bytes, slabs_total=s.slabs_total,
+            slabs_free=s.slabs_free, allocated_bytes=s.allocated_bytes, stored_bytes=s.stored_bytes,
+            reserved_bytes=s.reserved_bytes, leased_bytes=s.leased_bytes, pinned_bytes=s.pinned_bytes,
+            fragmentation=s.fragmentation, blocks=s.blocks, leases_active=s.leases_active,
+            reservations_active=s.reservations_active, high_watermark=s.high_watermark,
+            low_watermark=s.low_watermark, counters=s.counters, uptime_s=self._info.uptime_s(),
+            namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
+                                          blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
+                                          hit_keys=n.hit_keys, puts=n.puts) for n in s.namespaces],
+            size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
+                                            free_slots=c.free_slots) for c in s.size_classes],
+        )
+
+    # -- byte streams (fallback path) ---------------------------------------------------------------------
+    def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
+        stored = present = 0
+        try:
+            header: pb.BlockHeader | None = None
+            for chunk in request_iterator:
+                if chunk.WhichOneof("part") == "header":
+                    if header is not None:
+                        raise InvalidRequestError("Put stream: a new header arrived before the previous block's data")
+                    header = chunk.header
+                    writer = _StreamWriter(self._engine, self._view, header)
+                    if writer.done:
+                        header = None
+                        present += writer.stored is False
+                        stored += writer.stored is True
+                elif chunk.WhichOneof("part") == "data":
+                    if header is None:
+                        raise InvalidRequestError("Put stream: data before any header; send a BlockHeader first")
+                    if writer.write(chunk.data):
+                        stored += writer.stored is True
+                        present += writer.stored is False
+                        header = None
+                else:
+                    raise InvalidRequestError("Put stream: empty chunk (neither header nor data)")
+            if header is not None:
+                writer.abort()
+                raise InvalidRequestError(
+                    f"Put stream ended {writer.remaining} bytes short of the {header.size} bytes its header announced"
+                )
+        except KVStoreError as exc:
+            if header is not None:
+                writer.abort()
+            _abort(context, exc)
+        return pb.PutResponse(stored=stored, already_present=present)
+
+    def Get(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> Iterator[pb.GetChunk]:
+        try:
+            r = self._engine.lookup(request.namespace, request.keys, prefix=False, lease=True)
+        except KVStoreError as exc:
+            _abort(context, exc)
+            return
+        try:
+            hit = 0
+            for key, present in zip(request.keys, r.present):
+                if not present:
+                    yield pb.GetChunk(header=pb.BlockHeader(namespace=request.namespace, key=key), found=False)
+                    continue
+                off, size = r.offsets[hit], r.sizes[hit]
+                yield pb.GetChunk(header=pb.BlockHeader(namespace=request.namespace, key=key, size=size,
+                                                        checksum=r.checksums[hit]), found=True)
+                for start in range(0, size, STREAM_CHUNK_BYTES):
+                    end = min(size, start + STREAM_CHUNK_BYTES)
+                    yield pb.GetChunk(data=self._view[off + start: off + end].tobytes())
+                hit += 1
+        finally:
+            if r.lease_id:
+                self._engine.release([r.lease_id])
+
+
+class _StreamWriter:
+    """One block of a Put stream: reserve a slot, copy chunks into it, verify, commit (or abort)."""
+
+    def __init__(self, engine: Engine, view: np.ndarray, header: pb.BlockHeader) -> None:
+        self._engine, self._view, self._header = engine, view, header
+        self.remaining = header.size
+        self.stored: bool | None = None
+        r = engine.reserve(header.namespace, [header.key], [header.size])
+        self._rid = r.reservation_id
+        self._pos = r.offsets[0]
+        self._start = self._pos
+        self._discard = r.outcomes[0] != RESERVED
+        self.done = False
+
+    def write(self, data: bytes) -> bool:
+        """Consume one data chunk; True when the block is complete (then `stored` tells what happened)."""
+        n = len(data)
+        if n > self.remaining:
+            self.abort()
+            raise InvalidRequestError(f"Put stream: {n - self.remaining} bytes more than the header's size")
+        if not self._discard:
+            self._view[self._pos: self._pos + n] = np.frombuffer(data, dtype=np.uint8)
+        self._pos += n
+        self.remaining -= n
+        if self.remaining:
+            return False
+        self.done = True
+        if self._discard:
+            self.stored = False
+            return True
+        digest = xxhash.xxh3_64_intdigest(self._view[self._start: self._start + self._header.size])
+        if self._header.checksum and digest != self._header.checksum:
+            self.abort()
+            raise IntegrityError(f"Put stream: checksum mismatch for key {self._header.key.hex()}: bytes corrupted in flight")
+        self._engine.commit(self._rid, [digest])
+        self._rid = 0
+        self.stored = True
+        return True
+
+    def abort(self) -> None:
+        if self._rid:
+            self._engine.abort(self._rid)
+            self._rid = 0

@@ -1,0 +1,125 @@
+"""Start and stop a real kvstore-server process: used by the tests, the benchmarks and the demo.
+
+Not a fake: it runs the real daemon (`python -m kvstore.server.main`) on a free loopback port and a private
+unix socket with its own arena name, waits for Health by polling with a deadline, and on exit stops it with
+SIGTERM (or leaves a SIGKILLed one for the caller to inspect).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+
+from kvstore.client import Client
+from kvstore.errors import StoreUnavailableError
+
+__all__ = ["DaemonProcess", "free_port", "wait_until"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition") -> None:
+    """Poll `predicate` until it is truthy; AssertionError naming `what` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class DaemonProcess:
+    """`with DaemonProcess(arena_bytes="64MiB") as d: Client(d.address)`; options map to --flags."""
+
+    def __init__(self, *, workdir: str | None = None, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 **options: object) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="kvstore-test-") if workdir is None else None
+        self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]
+        self.port = free_port()
+        self.node_id = options.pop("node_id", f"t{uuid.uuid4().hex[:10]}")
+        self.arena_name = str(options.pop("arena_name", f"/kvstore-{self.node_id}"))
+        self.socket_path = os.path.join(self.workdir, "kvstore.sock")
+        self.log_path = os.path.join(self.workdir, "daemon.log")
+        opts: dict[str, object] = {"node_id": self.node_id, "arena_name": self.arena_name,
+                                   "unix_socket": self.socket_path, "listen": f"127.0.0.1:{self.port}",
+                                   "arena_bytes": "64MiB", "max_block_bytes": "4MiB", "arena_lock": "off"}
+        opts.update(options)
+        self.args = [sys.executable, "-m", "kvstore.server.main"]
+        for k, v in opts.items():
+            self.args += ["--" + k.replace("_", "-"), str(v)]
+        self.args += list(extra_args)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    @property
+    def address(self) -> str:
+        return "unix:" + self.socket_path
+
+    @property
+    def tcp_address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> DaemonProcess:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvstore-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(self.address, timeout_s=1.0):
+                    return self
+            except StoreUnavailableError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"kvstore-server not ready after {timeout_s}s:\n{self.log()}") from None
+                time.sleep(0.05)
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+    def client(self, **kw: object) -> Client:
+        return Client(self.address, **kw)  # type: ignore[arg-type]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def close(self) -> None:
+        self.stop()
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+        shm = "/dev/shm" + self.arena_name
+        if os.path.exists(shm):  # a SIGKILLed daemon leaves its arena behind
+            os.unlink(shm)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> DaemonProcess:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""Input checks shared by the daemon (authoritative) and the client (early, friendlier errors).
+
+Every check raises an `InvalidRequestError` subclass whose message names the offending item and the limit, so
+the caller can fix the request; the daemon keeps serving.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from kvstore.errors import BatchTooLargeError, InvalidRequestError
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "NAMESPACE_RE",
+    "check_namespace_name",
+    "check_keys",
+    "check_sizes",
+]
+
+MAX_KEY_BYTES = 64
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]{1,200}$")
+
+
+def check_namespace_name(name: str) -> None:
+    if not isinstance(name, str) or not NAMESPACE_RE.match(name):
+        raise InvalidRequestError(
+            f"invalid namespace {name!r}: use 1-200 characters from [A-Za-z0-9._:/@+=-] "
+            "(e.g. 'llama-3-8b@3f2a9c/default')"
+        )
+
+
+def check_keys(
+    keys: Sequence[bytes], max_batch: int, *, max_key_bytes: int = MAX_KEY_BYTES, unique: bool = False
+) -> None:
+    """Keys are 1..max_key_bytes bytes; a batch has 1..max_batch keys; `unique` for writes."""
+    n = len(keys)
+    if n == 0:
+        raise InvalidRequestError("empty key batch: pass at least one key")
+    if n > max_batch:
+        raise BatchTooLargeError(f"batch of {n} keys exceeds max_batch_keys={max_batch}: split the batch")
+    for i, key in enumerate(keys):
+        if not isinstance(key, (bytes, bytearray)):
+            raise InvalidRequestError(f"key {i} is {type(key).__name__}, expected bytes")
+        if not 1 <= len(key) <= max_key_bytes:
+            raise InvalidRequestError(f"key {i} has {len(key)} bytes: keys must be 1..{max_key_bytes} bytes")
+    if unique and len(set(keys)) != n:
+        raise InvalidRequestError("duplicate keys in a write batch: each key may appear once")
+
+
+def check_sizes(sizes: Sequence[int], n_keys: int, max_block_bytes: int) -> None:
+    if len(sizes) != n_keys:
+        raise InvalidRequestError(f"{len(sizes)} sizes for {n_keys} keys: pass exactly one size per key")
+    for i, size in enumerate(sizes):
+        if not 1 <= size <= max_block_bytes:
+            raise InvalidRequestError(
+                f"size {size} of key {i} is out of range: blocks are 1..{max_block_bytes} bytes "
+                "(max_block_bytes in the daemon config)"
+            )
