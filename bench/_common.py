@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Samples", "measure", "gbs", "fmt_bytes", "print_table", "progress"]
+__all__ = ["Case", "Samples", "interleave", "measure", "gbs", "fmt_bytes", "print_table", "progress"]
 
 
 @dataclass(frozen=True)
@@ -42,31 +42,50 @@ class Samples:
         return len(self.seconds)
 
 
-def measure(fn: Callable[[Any], object], *, setup: Callable[[], Any] | None = None,
-            teardown: Callable[[Any], object] | None = None, warmup: int = 3, min_iters: int = 5,
-            max_iters: int = 10_000, budget_s: float = 1.0) -> Samples:
-    """Time `fn(setup())` per iteration; setup and teardown are not timed.
+@dataclass(frozen=True)
+class Case:
+    """One thing to time: `fn(setup())` per iteration; setup and teardown (given setup's value) are untimed."""
 
-    Stops after `max_iters`, or once `min_iters` ran and `budget_s` of timed work elapsed.
-    """
-    def one() -> float:
-        arg = setup() if setup is not None else None
+    fn: Callable[[Any], object]
+    setup: Callable[[], Any] | None = None
+    teardown: Callable[[Any], object] | None = None
+
+    def once(self) -> float:
+        arg = self.setup() if self.setup is not None else None
         t0 = time.perf_counter()
-        fn(arg)
+        self.fn(arg)
         dt = time.perf_counter() - t0
-        if teardown is not None:
-            teardown(arg)
+        if self.teardown is not None:
+            self.teardown(arg)
         return dt
 
+
+def interleave(cases: dict[str, Case], *, warmup: int = 3, min_iters: int = 5, max_iters: int = 10_000,
+               budget_s: float = 1.0) -> dict[str, Samples]:
+    """Time several cases round-robin, one iteration of each per round.
+
+    Why round-robin: on a noisy box a burst of foreign load lands on every case alike, so ratios between
+    cases (store over memcpy) stay meaningful even when absolute numbers swing 2x between minutes.
+    Stops after `max_iters` rounds, or once `min_iters` rounds ran and every case had `budget_s` on average.
+    """
     for _ in range(warmup):
-        one()
-    out: list[float] = []
-    spent = 0.0
-    while len(out) < max_iters and (len(out) < min_iters or spent < budget_s):
-        dt = one()
-        out.append(dt)
-        spent += dt
-    return Samples(tuple(out))
+        for c in cases.values():
+            c.once()
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    spent, rounds = 0.0, 0
+    while rounds < max_iters and (rounds < min_iters or spent < budget_s * len(cases)):
+        for k, c in cases.items():
+            dt = c.once()
+            out[k].append(dt)
+            spent += dt
+        rounds += 1
+    return {k: Samples(tuple(v)) for k, v in out.items()}
+
+
+def measure(fn: Callable[[Any], object], *, setup: Callable[[], Any] | None = None,
+            teardown: Callable[[Any], object] | None = None, **kw: Any) -> Samples:
+    """`interleave` of a single case."""
+    return interleave({"": Case(fn, setup, teardown)}, **kw)[""]
 
 
 def gbs(nbytes: int, seconds: float) -> float:

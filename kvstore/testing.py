@@ -18,16 +18,25 @@ import uuid
 from collections.abc import Sequence
 from types import TracebackType
 
+import grpc
+
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
 from kvstore.errors import StoreUnavailableError
 
-__all__ = ["DaemonProcess", "free_port", "wait_until"]
+__all__ = ["DaemonProcess", "free_port", "wait_until", "raw_stub"]
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def raw_stub(address: str) -> tuple[grpc.Channel, pb_grpc.KVStoreStub]:
+    """A bare gRPC stub, to check exact status codes without the client's translation."""
+    ch = grpc.insecure_channel(address)
+    return ch, pb_grpc.KVStoreStub(ch)
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition") -> None:

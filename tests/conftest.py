@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.testing import DaemonProcess
 
 
@@ -31,9 +29,3 @@ def make_daemon() -> Iterator:
     yield make
     for d in started:
         d.close()
-
-
-def raw_stub(address: str) -> tuple[grpc.Channel, pb_grpc.KVStoreStub]:
-    """A bare gRPC stub, to check exact status codes without the client's translation."""
-    ch = grpc.insecure_channel(address)
-    return ch, pb_grpc.KVStoreStub(ch)

@@ -2,13 +2,16 @@
 
 The data region is cut into equal slabs (`slab_bytes`, which is also the largest block). A slab is free or
 belongs to one size class and holds `slab_bytes // slot_bytes` slots. Size classes go 4 KiB * 2^k times
-1, 1.25, 1.5, 1.75, so a slot wastes under 20 % of itself and exact powers of two (the usual KV block) waste
-nothing. Every slot is page-aligned, so the same memory can be DMA-registered and used for O_DIRECT I/O.
+1, 1.25, 1.5, 1.75, rounded up to whole pages, so above 16 KiB a slot wastes under 20 % of itself (below it,
+page rounding dominates: 4097 bytes take 8 KiB) and exact powers of two (the usual KV block) waste nothing.
+Every slot is page-aligned, so the same memory can be DMA-registered and used for O_DIRECT I/O.
 
-Allocation pops a slot from any partly used slab of the class (a dict used as an ordered set), else claims a
-free slab: O(1). A slab whose last slot is freed returns to the free pool, so a class that stops being used
-gives its memory back (no slab calcification). Slots of a fresh slab are handed out by a bump index, so only
-freed slots cost a list entry.
+Allocation pops a slot from any partly used slab of the class, else claims a free slab: O(1). The partly used
+slabs are a dict used as an ordered set and taken with `popitem`, never `next(iter(...))`: iterating a dict
+from its front walks over the holes its deleted keys leave, which made allocation O(partial slabs). A slab
+whose last slot is freed returns to the free pool, so a class that stops being used gives its memory back
+(no slab calcification). Slots of a fresh slab are handed out by a bump index, so only freed slots cost an
+entry in the slab's free set (a dict, so that a double free is caught in O(1)).
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -55,7 +58,7 @@ class _Slab:
         self.cls = -1
         self.used = 0
         self.bump = 0
-        self.free: list[int] = []
+        self.free: dict[int, None] = {}
 
 
 class SlabAllocator:
@@ -107,35 +110,35 @@ class SlabAllocator:
         cls = self.class_of(size)
         partial = self._partial[cls]
         if partial:
-            idx = next(iter(partial))
+            idx = partial.popitem()[0]  # put back below unless this slot fills the slab
         elif self._free_slabs:
             idx = self._free_slabs.pop()
             slab = self._slabs[idx]
             slab.cls, slab.used, slab.bump = cls, 0, 0
             self._class_slabs[cls] += 1
-            partial[idx] = None
         else:
             return None
         slab = self._slabs[idx]
         if slab.free:
-            slot = slab.free.pop()
+            slot = slab.free.popitem()[0]
         else:
             slot = slab.bump
             slab.bump += 1
         slab.used += 1
-        if slab.used == self._slots_per_slab[cls]:
-            del partial[idx]
+        if slab.used < self._slots_per_slab[cls]:
+            partial[idx] = None
         self._class_used[cls] += 1
         self.allocated_bytes += self.classes[cls]
         return self.base + idx * self.slab_bytes + slot * self.classes[cls]
 
     def free(self, offset: int) -> None:
-        rel = offset - self.base
-        idx, within = divmod(rel, self.slab_bytes)
-        slab = self._slabs[idx]
-        cls = slab.cls
+        idx, within = divmod(offset - self.base, self.slab_bytes)
+        # Range-check idx: a negative one would silently index the slabs from the end.
+        slab = self._slabs[idx] if 0 <= idx < len(self._slabs) else None
+        cls = slab.cls if slab is not None else -1
         slot_size = self.classes[cls] if cls >= 0 else 0
-        if cls < 0 or within % slot_size or within // slot_size >= slab.bump:
+        if (slab is None or cls < 0 or within % slot_size or within // slot_size >= slab.bump
+                or within // slot_size in slab.free):
             raise ValueError(f"free of offset {offset} that is not an allocated slot")
         per_slab = self._slots_per_slab[cls]
         was_full = slab.used == per_slab
@@ -144,11 +147,11 @@ class SlabAllocator:
         self.allocated_bytes -= slot_size
         if slab.used == 0:
             self._partial[cls].pop(idx, None)
-            slab.cls, slab.bump, slab.free = -1, 0, []
+            slab.cls, slab.bump, slab.free = -1, 0, {}
             self._class_slabs[cls] -= 1
             self._free_slabs.append(idx)
             return
-        slab.free.append(within // slot_size)
+        slab.free[within // slot_size] = None
         if was_full:
             self._partial[cls][idx] = None
 

@@ -108,7 +108,7 @@ class LRUPolicy(EvictionPolicy):
             if eligible(eid):
                 self._forget(eid)
                 return eid
-            nxt = int(self._prev[eid]); self._unlink(eid); self._push_head(eid); eid = nxt
+            eid = int(self._prev[eid])
         return None
 
     def __len__(self) -> int:

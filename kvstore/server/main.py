@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from concurrent import futures
@@ -121,8 +122,17 @@ class Daemon:
 def _prepare_socket_dir(path: str) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.path.exists(path):
-        os.unlink(path)  # a socket left by a dead daemon; a live one would hold the arena and fail earlier
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a socket left by a dead daemon
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"unix socket {path} is in use by a running process: stop it or choose another unix_socket")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

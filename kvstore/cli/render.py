@@ -1,0 +1,208 @@
+"""Everything the CLI prints: rich tables for people, one JSON document for scripts, and the key/size/age formats.
+
+Kept apart from the commands so each command only decides *what* to report; how it looks (and that --json
+always yields exactly one parseable document on stdout) is settled here once. User-supplied strings (keys,
+namespace names) go into `Text` objects so that a key like "[bold]" is shown, never interpreted as markup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from kvstore.client.types import Health, KeyInfo, Stats
+
+__all__ = [
+    "HEX_PREFIX", "human_bytes", "human_age", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
+    "emit_json", "say", "warn", "print_stats", "print_keys", "print_key", "print_health",
+]
+
+HEX_PREFIX = "hex:"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def _console() -> Console:
+    """A fresh console per call so it writes to the *current* sys.stdout (pytest's capsys swaps it)."""
+    return Console(file=sys.stdout, highlight=False)
+
+
+def human_bytes(n: int) -> str:
+    """Binary units because arena and block sizes are configured in KiB/MiB/GiB."""
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(seconds: float) -> str:
+    """Two significant units at most: enough to tell a fresh block from a stale one at a glance."""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    m, s = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def key_text(key: bytes) -> str | None:
+    """The key as text when it is printable UTF-8, else None (so binary hashes never garble a terminal)."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() and text else None
+
+
+def key_label(key: bytes) -> str:
+    """The key in the CLI's own input syntax, so what `ls` prints can be pasted into `get`/`show`/`delete`."""
+    text = key_text(key)
+    if text is not None and not text.startswith(HEX_PREFIX):
+        return text
+    return HEX_PREFIX + key.hex()
+
+
+def key_doc(key: bytes) -> dict[str, Any]:
+    return {"key": key.hex(), "key_text": key_text(key)}
+
+
+def key_info_doc(info: KeyInfo) -> dict[str, Any]:
+    return {**key_doc(info.key), "size": info.size, "tier": info.tier, "age_s": round(info.age_s, 3),
+            "pins": info.pins, "leases": info.leases, "checksum": info.checksum}
+
+
+def stats_doc(stats: Stats) -> dict[str, Any]:
+    doc = dataclasses.asdict(stats)
+    doc["counters"] = dict(sorted(stats.counters.items()))  # a protobuf map has no stable order
+    for ns_doc, ns in zip(doc["namespaces"], stats.namespaces):
+        ns_doc["hit_rate"] = ns.hit_rate
+    return doc
+
+
+def emit_json(doc: object) -> None:
+    """The one JSON document of a --json run (plain print: rich would wrap long lines and break parsing)."""
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def say(message: str) -> None:
+    """A one-line human result (plain text: these lines are often grepped)."""
+    print(message, file=sys.stdout)
+
+
+def warn(message: str) -> None:
+    print(f"kvstore: {message}", file=sys.stderr)
+
+
+def _kv_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    for name, value in rows:
+        t.add_row(name, value if isinstance(value, Text) else Text(str(value)))
+    return t
+
+
+def print_stats(s: Stats) -> None:
+    c = _console()
+    cap = s.capacity_bytes or 1
+    locked = "locked (mlock)" if s.arena_locked else "NOT locked (may be swapped out)"
+    c.print(_kv_table(f"kvstore node {s.node_id}", [
+        ("policy", s.policy),
+        ("uptime", human_age(s.uptime_s)),
+        ("arena", f"{s.arena_name}, {locked}"),
+        ("capacity", f"{human_bytes(s.capacity_bytes)} ({s.slabs_total} slabs of {human_bytes(s.slab_bytes)}, "
+                     f"{s.slabs_free} free)"),
+        ("allocated", f"{human_bytes(s.allocated_bytes)} ({_pct(s.allocated_bytes / cap)}; evicts above "
+                      f"{_pct(s.high_watermark)} down to {_pct(s.low_watermark)})"),
+        ("stored", human_bytes(s.stored_bytes)),
+        ("reserved", human_bytes(s.reserved_bytes)),
+        ("leased", human_bytes(s.leased_bytes)),
+        ("pinned", human_bytes(s.pinned_bytes)),
+        ("fragmentation", _pct(s.fragmentation)),
+        ("blocks", s.blocks),
+        ("leases active", s.leases_active),
+        ("reservations active", s.reservations_active),
+    ]))
+    counters = Table(title="counters", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    for _ in range(2):
+        counters.add_column(style="bold")
+        counters.add_column(justify="right")
+    items = sorted(s.counters.items())
+    half = (len(items) + 1) // 2
+    for left, right in zip(items[:half], items[half:] + [("", "")]):
+        counters.add_row(left[0], str(left[1]), right[0], str(right[1]))
+    c.print(counters)
+    ns = Table(title="namespaces", title_justify="left")
+    for name, justify in (("namespace", "left"), ("model", "left"), ("blocks", "right"), ("bytes", "right"),
+                          ("hit rate", "right"), ("puts", "right")):
+        ns.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for n in s.namespaces:
+        ns.add_row(Text(n.name), Text(n.model or "-"), str(n.blocks), human_bytes(n.bytes),
+                   _pct(n.hit_rate) if n.lookup_keys else "-", str(n.puts))
+    c.print(ns if s.namespaces else Text("namespaces: none registered"))
+    sc = Table(title="size classes", title_justify="left")
+    for name in ("slot", "slabs", "used slots", "free slots"):
+        sc.add_column(name, justify="right")
+    for cls in s.size_classes:
+        sc.add_row(human_bytes(cls.slot_bytes), str(cls.slabs), str(cls.used_slots), str(cls.free_slots))
+    c.print(sc)
+
+
+def print_keys(namespace: str, infos: list[KeyInfo], truncated: bool) -> None:
+    c = _console()
+    t = Table(title=Text(f"{namespace}: {len(infos)} key(s)" + (" (more not shown; raise --limit)" if truncated
+                                                                 else "")), title_justify="left")
+    t.add_column("key (hex)", overflow="fold")
+    t.add_column("text", overflow="fold")
+    for name in ("tier", "size", "age", "pins", "leases"):
+        t.add_column(name, justify="left" if name == "tier" else "right", no_wrap=True)
+    for k in infos:
+        t.add_row(k.key.hex(), Text(key_text(k.key) or ""), k.tier, human_bytes(k.size), human_age(k.age_s),
+                  str(k.pins), str(k.leases))
+    c.print(t)
+
+
+def print_key(namespace: str, info: KeyInfo) -> None:
+    text = key_text(info.key)
+    _console().print(_kv_table(f"{namespace} / {key_label(info.key)}", [
+        ("namespace", Text(namespace)),
+        ("key (hex)", info.key.hex()),
+        ("key (text)", Text(text) if text is not None else "-"),
+        ("tier", info.tier),
+        ("size", f"{human_bytes(info.size)} ({info.size} bytes)"),
+        ("age", human_age(info.age_s)),
+        ("pins", info.pins),
+        ("leases", info.leases),
+        ("checksum", f"{info.checksum:#018x}"),
+    ]))
+
+
+def print_health(h: Health) -> None:
+    _console().print(_kv_table(f"kvstore node {h.node_id}", [
+        ("status", h.status),
+        ("version", h.version),
+        ("host", f"{h.hostname} (pid {h.pid})"),
+        ("uptime", human_age(h.uptime_s)),
+        ("arena", f"{h.arena_name}, {human_bytes(h.arena_bytes)}, "
+                  f"{'locked' if h.arena_locked else 'NOT locked'}"),
+        ("max block", human_bytes(h.max_block_bytes)),
+        ("max batch", f"{h.max_batch_keys} keys"),
+    ]))
