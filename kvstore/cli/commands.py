@@ -13,14 +13,12 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.cli import render
 from kvstore.client import Client, KeyInfo
 from kvstore.errors import UnknownNamespaceError
 
 __all__ = ["CommandError", "COMMANDS", "find_key"]
 
-_MAX_KEY_BYTES = 64  # the daemon default; find_key stays correct (only slower) if a daemon allows longer keys
 
 
 class CommandError(Exception):
@@ -63,25 +61,8 @@ def ls(client: Client, args: argparse.Namespace) -> int:
 
 
 def find_key(client: Client, namespace: str, key: bytes) -> KeyInfo | None:
-    """One key's record with one ListKeys call starting just below it (a full listing would be O(namespace)).
-
-    Uses the client's private RPC seam because `Client.keys` takes no start cursor. The cursor is exclusive,
-    so we start from the largest key that sorts before `key` and read on until we pass it.
-    """
-    if key[-1:] == b"\x00":
-        cursor = key[:-1]
-    else:
-        cursor = key[:-1] + bytes([key[-1] - 1]) + b"\xff" * max(0, _MAX_KEY_BYTES - len(key))
-    while True:
-        r = client._rpc.call("ListKeys", pb.ListKeysRequest(namespace=namespace, cursor=cursor, limit=16))
-        for k in r.keys:
-            if k.key == key:
-                return KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum)
-            if k.key > key:
-                return None
-        if not r.next_cursor:
-            return None
-        cursor = r.next_cursor
+    """One key's record (Describe RPC: O(1) in the daemon, unlike scanning a listing)."""
+    return client.describe(namespace, [key])[0]
 
 
 def _miss(args: argparse.Namespace, key: bytes) -> int:

@@ -268,16 +268,26 @@ class Client:
     def stats(self) -> Stats:
         return Stats.from_pb(self._rpc.call("Stats", pb.StatsRequest()))
 
-    def keys(self, namespace: str, *, limit: int | None = None, page_size: int = 1000) -> Iterator[KeyInfo]:
-        """Keys of a namespace in byte order, fetched page by page."""
-        cursor, seen = b"", 0
+    def describe(self, namespace: str, keys: Sequence[bytes]) -> list[KeyInfo | None]:
+        """Where and how each key is stored (None when absent)."""
+        out: list[KeyInfo | None] = []
+        for part in _chunks(len(keys), self.max_batch_keys):
+            r = self._rpc.call("Describe", pb.KeysRequest(namespace=namespace, keys=keys[part]))
+            found = {k.key: KeyInfo.from_pb(k) for k in r.keys}
+            out.extend(found.get(k) for k in keys[part])
+        return out
+
+    def keys(self, namespace: str, *, start_after: bytes = b"", limit: int | None = None,
+             page_size: int = 1000) -> Iterator[KeyInfo]:
+        """Keys of a namespace in byte order (after `start_after`, exclusive), fetched page by page."""
+        cursor, seen = start_after, 0
         while True:
             want = page_size if limit is None else min(page_size, limit - seen)
             if want <= 0:
                 return
             r = self._rpc.call("ListKeys", pb.ListKeysRequest(namespace=namespace, cursor=cursor, limit=want))
             for k in r.keys:
-                yield KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum)
+                yield KeyInfo.from_pb(k)
             seen += len(r.keys)
             if not r.next_cursor:
                 return

@@ -70,6 +70,7 @@ class Stats:
     leased_bytes: int
     pinned_bytes: int
     fragmentation: float
+    stranded_bytes: int
     blocks: int
     leases_active: int
     reservations_active: int
@@ -85,7 +86,7 @@ class Stats:
         return Stats(
             m.node_id, m.policy, m.arena.shm_name, m.arena.locked, m.capacity_bytes, m.slab_bytes, m.slabs_total,
             m.slabs_free, m.allocated_bytes, m.stored_bytes, m.reserved_bytes, m.leased_bytes, m.pinned_bytes,
-            m.fragmentation, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
+            m.fragmentation, m.stranded_bytes, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
             m.low_watermark, m.uptime_s, dict(m.counters),
             [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
                            n.hit_keys, n.puts) for n in m.namespaces],
@@ -102,6 +103,10 @@ class KeyInfo:
     pins: int
     leases: int
     checksum: int
+
+    @staticmethod
+    def from_pb(k: pb.KeyInfo) -> KeyInfo:
+        return KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum)
 
 
 @dataclass(frozen=True)

@@ -124,16 +124,20 @@ class Engine:
             outcomes = [RESERVED] * len(keys)
             offsets = [0] * len(keys)
             todo: list[int] = []
+            keep: set[int] = set()  # ALREADY_PRESENT entries: evicting them here would make the outcome a lie
             for i, key in enumerate(keys):
                 eid = index.get(key)
                 if eid is None:
                     todo.append(i)
+                elif cat.state[eid] == _COMMITTED:
+                    outcomes[i] = ALREADY_PRESENT
+                    keep.add(eid)
                 else:
-                    outcomes[i] = ALREADY_PRESENT if cat.state[eid] == _COMMITTED else IN_FLIGHT
+                    outcomes[i] = IN_FLIGHT
             if not todo:
                 return ReserveResult(0, outcomes, offsets, 0)
             for i in todo:
-                off = self._allocate(sizes[i])
+                off = self._allocate(sizes[i], keep)
                 if off is None:
                     for j in todo:
                         if offsets[j]:
@@ -155,10 +159,11 @@ class Engine:
             "distinct block sizes per batch (each size class needs a slab), or give the daemon a larger arena_bytes"
         )
 
-    def _allocate(self, size: int) -> int | None:
+    def _allocate(self, size: int, keep: set[int]) -> int | None:
         off = self._alloc.allocate(size)
+        eligible = (lambda eid: eid not in keep and self._evictable(eid)) if keep else self._evictable
         while off is None:
-            victim = self._policy.choose_victim(self._evictable)
+            victim = self._policy.choose_victim(eligible)
             if victim is None:
                 return None
             self._evict(victim)
@@ -377,14 +382,21 @@ class Engine:
             committed = [(k, e) for k, e in ns.index.items() if cat.state[e] == _COMMITTED and k > cursor]
             committed.sort()
             page = committed[:limit]
-            now = cat.now()
-            records = [
-                KeyRecord(k, int(cat.size[e]), "ram", max(0.0, now - float(cat.created[e])), int(cat.pins[e]),
-                          int(cat.leases[e]), int(cat.checksum[e]))
-                for k, e in page
-            ]
             more = len(committed) > limit
-            return records, (page[-1][0] if more else b"")
+            return [self._record(k, e) for k, e in page], (page[-1][0] if more else b"")
+
+    def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
+        """Records of the present keys among `keys`, in request order."""
+        self._check_keys(keys)
+        with self._lock:
+            index, state = self._namespace(ns_name).index, self._cat.state
+            return [self._record(k, e) for k in keys if (e := index.get(k)) is not None and state[e] == _COMMITTED]
+
+    def _record(self, key: bytes, eid: int) -> KeyRecord:
+        cat = self._cat
+        age = max(0.0, cat.now() - float(cat.created[eid]))
+        return KeyRecord(key, int(cat.size[eid]), "ram", age, int(cat.pins[eid]), int(cat.leases[eid]),
+                         int(cat.checksum[eid]))
 
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:
@@ -429,7 +441,8 @@ class Engine:
                 reserved_bytes=int(slot[state == _RESERVED].sum()),
                 leased_bytes=int(sizes[cat.leases[ids] > 0].sum()),
                 pinned_bytes=int(sizes[(cat.pins[ids] > 0) & committed].sum()),
-                fragmentation=(1.0 - stored / assigned) if assigned else 0.0,
+                fragmentation=(1.0 - stored / alloc.allocated_bytes) if alloc.allocated_bytes and stored else 0.0,
+                stranded_bytes=assigned - alloc.allocated_bytes,
                 blocks=int(committed.sum()),
                 leases_active=len(self._leases),
                 reservations_active=len(self._reservations),

@@ -82,6 +82,7 @@ class EngineStats:
     leased_bytes: int
     pinned_bytes: int
     fragmentation: float
+    stranded_bytes: int
     blocks: int
     leases_active: int
     reservations_active: int

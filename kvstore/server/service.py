@@ -18,7 +18,7 @@ import xxhash
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
-from kvstore.engine.results import RESERVED
+from kvstore.engine.results import RESERVED, KeyRecord
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError
 from kvstore.server.info import NodeInfo
 
@@ -117,10 +117,13 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def ListKeys(self, request: pb.ListKeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
         records, cursor = self._engine.list_keys(request.namespace, request.cursor, request.limit or 1000)
         return pb.ListKeysResponse(
-            keys=[pb.KeyInfo(key=r.key, size=r.size, tier=r.tier, age_s=r.age_s, pins=r.pins, leases=r.leases,
-                             checksum=r.checksum) for r in records],
+            keys=[_key_info(r) for r in records],
             next_cursor=cursor,
         )
+
+    @_rpc
+    def Describe(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
+        return pb.ListKeysResponse(keys=[_key_info(r) for r in self._engine.describe(request.namespace, request.keys)])
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
@@ -130,7 +133,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             capacity_bytes=s.capacity_bytes, slab_bytes=s.slab_bytes, slabs_total=s.slabs_total,
             slabs_free=s.slabs_free, allocated_bytes=s.allocated_bytes, stored_bytes=s.stored_bytes,
             reserved_bytes=s.reserved_bytes, leased_bytes=s.leased_bytes, pinned_bytes=s.pinned_bytes,
-            fragmentation=s.fragmentation, blocks=s.blocks, leases_active=s.leases_active,
+            fragmentation=s.fragmentation, stranded_bytes=s.stranded_bytes, blocks=s.blocks, leases_active=s.leases_active,
             reservations_active=s.reservations_active, high_watermark=s.high_watermark,
             low_watermark=s.low_watermark, counters=s.counters, uptime_s=self._info.uptime_s(),
             namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
@@ -197,6 +200,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         finally:
             if r.lease_id:
                 self._engine.release([r.lease_id])
+
+
+def _key_info(r: KeyRecord) -> pb.KeyInfo:
+    return pb.KeyInfo(key=r.key, size=r.size, tier=r.tier, age_s=r.age_s, pins=r.pins, leases=r.leases,
+                      checksum=r.checksum)
 
 
 class _StreamWriter:
