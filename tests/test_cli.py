@@ -125,7 +125,7 @@ def test_stats_human_output_names_namespace_and_block_count(daemon: DaemonProces
     assert rc == 0
     row = next(line for line in out.splitlines() if ns in line)
     assert row.split("│")[3].strip() == "3"  # namespace | model | blocks | ...
-    for heading in ("capacity", "allocated", "stored", "fragmentation", "NOT locked", "size classes"):
+    for heading in ("capacity", "allocated", "stored", "slot waste", "NOT locked", "size classes"):
         assert heading in out
 
 
