@@ -282,7 +282,15 @@ _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), _SIZES),
         st.tuples(st.just("free"), st.integers(0, 10_000)),
-        st.tuples(st.just("bad_free"), st.integers(-2 * SLAB, (N_SLABS + 2) * SLAB)),
+        st.tuples(st.just("refree"), st.integers(0, 10_000)),
+        # mostly page-aligned (slot starts, where a double free would slip through) plus some odd offsets
+        st.tuples(
+            st.just("bad_free"),
+            st.one_of(
+                st.integers(-2 * SLAB // PAGE, (N_SLABS + 2) * SLAB // PAGE).map(lambda p: p * PAGE),
+                st.integers(-2 * SLAB, (N_SLABS + 2) * SLAB),
+            ),
+        ),
     ),
     max_size=300,
 )
@@ -311,6 +319,7 @@ def _check_invariants(a: SlabAllocator, live: dict[int, int]) -> None:
 def test_random_alloc_free_matches_reference_intervals(ops: list[tuple[str, int]]) -> None:
     a = _alloc(N_SLABS)
     live: dict[int, int] = {}  # offset -> slot bytes: the reference model
+    freed: list[int] = []  # offsets freed at some point (candidates for a double free)
     for op, arg in ops:
         if op == "alloc":
             slot = a.slot_bytes(arg)
@@ -326,8 +335,11 @@ def test_random_alloc_free_matches_reference_intervals(ops: list[tuple[str, int]
             off = sorted(live)[arg % len(live)]
             a.free(off)
             del live[off]
-        elif op == "bad_free":
-            off = BASE + arg
+            freed.append(off)
+        elif op in ("bad_free", "refree"):
+            if op == "refree" and not freed:
+                continue
+            off = freed[arg % len(freed)] if op == "refree" else BASE + arg
             if off in live:
                 continue
             before = (a.allocated_bytes, a.usage(), a.free_slabs)
