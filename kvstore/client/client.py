@@ -16,12 +16,11 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import grpc
-
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.shm import ArenaLayout
 from kvstore.client import stream_path
 from kvstore.client.arena_path import ArenaPath
+from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
 from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
@@ -47,10 +46,15 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
 
 
 class Client:
-    """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`."""
+    """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`.
+
+    `copy_threads` splits each batched arena copy over that many threads (by bytes; copies under 1 MiB stay
+    on one). Two measured ~15-25 % faster than one for 32 x 2 MiB on a 2-core machine: one core cannot
+    saturate memory bandwidth.
+    """
 
     def __init__(self, address: str | None = None, *, mode: str = "auto", timeout_s: float = 10.0,
-                 copy_threads: int = 1) -> None:
+                 copy_threads: int = 2) -> None:
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r}: use one of {', '.join(_MODES)}")
         self.address = address or default_address()
@@ -58,7 +62,7 @@ class Client:
         self._copy_threads = copy_threads
         self._requested_mode = mode
         self._arena: ArenaPath | None = None
-        self._pending: list[grpc.Future] = []
+        self._releaser = Releaser(self._rpc)
         try:
             self._connect()
         except BaseException:
@@ -107,12 +111,7 @@ class Client:
         return Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
 
     def close(self) -> None:
-        for fut in self._pending:
-            try:
-                fut.result(timeout=self._rpc.timeout_s)
-            except grpc.RpcError:
-                pass  # a lost release only delays reclamation until the lease TTL
-        self._pending.clear()
+        self._releaser.close(self._rpc.timeout_s)
         if self._arena is not None:
             self._arena.close()
             self._arena = None
@@ -157,12 +156,10 @@ class Client:
         ids = [lease.id for lease in leases if lease.id]
         if not ids:
             return
-        req = pb.ReleaseRequest(lease_ids=ids)
         if wait:
-            self._rpc.call("Release", req)
-            return
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._rpc.future("Release", req))
+            self._rpc.call("Release", pb.ReleaseRequest(lease_ids=ids))
+        else:
+            self._releaser.submit(ids)
 
     # -- puts -------------------------------------------------------------------------------------------
     def put(self, namespace: str, key: bytes, value: object) -> bool:

@@ -58,9 +58,6 @@ class Rpc:
         except grpc.RpcError as exc:
             raise translate(exc, self.address) from None
 
-    def future(self, name: str, request: Any) -> grpc.Future:
-        return getattr(self.stub, name).future(request, timeout=self.timeout_s)
-
     def stream(self, name: str, request: Any, consume: Callable[[Any], T]) -> T:
         """Run a streaming RPC and hand its result (a response or a response iterator) to `consume`."""
         try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,8 +59,12 @@ from kvstore.validation import check_keys, check_namespace_name, check_sizes
 
 __all__ = ["Engine"]
 
-_COMMITTED = EntryState.COMMITTED
-_RESERVED = EntryState.RESERVED
+# Plain ints: comparing a numpy scalar with an IntEnum member costs ~13 us, with an int ~0.2 us.
+_COMMITTED = int(EntryState.COMMITTED)
+_RESERVED = int(EntryState.RESERVED)
+_DOOMED = int(EntryState.DOOMED)
+_QUARANTINED = int(EntryState.QUARANTINED)
+_MAX_PENDING_TOUCHES = 1 << 16
 _RECENT_CLOSED = 8192
 
 
@@ -83,6 +87,8 @@ class Engine:
         self._reservations: TtlTable[tuple[Namespace, list[int]]] = TtlTable(config.reservation_ttl_s)
         self._closed: OrderedDict[int, str] = OrderedDict()  # recently ended reservations -> how
         self._quarantine: deque[tuple[float, int]] = deque()
+        self._touches: list[np.ndarray] = []
+        self._touch_count = 0
         self.counters = Counters()
         self._lock = threading.Lock()
 
@@ -163,12 +169,16 @@ class Engine:
         off = self._alloc.allocate(size)
         eligible = (lambda eid: eid not in keep and self._evictable(eid)) if keep else self._evictable
         while off is None:
-            victim = self._policy.choose_victim(eligible)
+            victim = self._choose_victim(eligible)
             if victim is None:
                 return None
             self._evict(victim)
             off = self._alloc.allocate(size)
         return off
+
+    def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
+        self._apply_touches()
+        return self._policy.choose_victim(eligible)
 
     def _evictable(self, eid: int) -> bool:
         cat = self._cat
@@ -209,6 +219,7 @@ class Engine:
             self._reservations.pop(reservation_id)
             self._close(reservation_id, "committed")
             cat, policy = self._cat, self._policy
+            self._apply_touches()  # the policy must see accesses and inserts in their real order
             now = cat.now()
             for i, eid in enumerate(eids):
                 cat.state[eid] = _COMMITTED
@@ -231,7 +242,7 @@ class Engine:
             return
         target = cfg.low_watermark * alloc.capacity
         while alloc.allocated_bytes > target:
-            victim = self._policy.choose_victim(self._evictable)
+            victim = self._choose_victim(self._evictable)
             if victim is None:
                 return
             self._evict(victim)
@@ -270,29 +281,38 @@ class Engine:
         self._check_keys(keys)
         with self._lock:
             ns = self._namespace(ns_name)
-            cat, index, policy = self._cat, ns.index, self._policy
+            cat = self._cat
             state = cat.state
-            present: list[bool] = []
-            hits: list[int] = []
-            for key in keys:
-                eid = index.get(key)
-                if eid is not None and state[eid] == _COMMITTED:
-                    present.append(True)
-                    hits.append(eid)
-                    policy.on_access(eid)
-                else:
-                    present.append(False)
-                    if prefix:
+            get = ns.index.get
+            if prefix:
+                eids: list[int] = []
+                for key in keys:
+                    eid = get(key)
+                    if eid is None:
                         break
-            num_prefix = present.index(False) if False in present else len(present)
+                    eids.append(eid)
+            else:
+                eids = [get(k, -1) for k in keys]
+            arr = np.array(eids, dtype=np.int64)
+            found = arr >= 0
+            found[found] = state[arr[found]] == _COMMITTED
+            if prefix:
+                num_prefix = int(np.argmin(found)) if not found.all() else len(arr)
+                ids = arr[:num_prefix]
+                present = [True] * num_prefix + ([False] if num_prefix < len(keys) else [])
+            else:
+                ids = arr[found]
+                present = found.tolist()
+                num_prefix = present.index(False) if False in present else len(present)
+            hits = ids
+            self._record_touches(ids)
             ns.lookup_keys += len(keys)
             ns.hit_keys += num_prefix if prefix else len(hits)
             self.counters.lookup_calls += 1
             self.counters.lookup_keys += len(keys)
             self.counters.hit_keys += len(hits)
-            if not hits:
+            if not len(hits):
                 return LookupResult(num_prefix, present, [], [], [], [], 0, 0)
-            ids = np.fromiter(hits, dtype=np.int64, count=len(hits))
             offsets = cat.offset[ids]
             gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
             lease_id = 0
@@ -310,6 +330,27 @@ class Engine:
                 int(self.config.lease_ttl_s * 1000) if lease else 0,
             )
 
+    def _record_touches(self, ids: np.ndarray) -> None:
+        """Defer the policy's bookkeeping of hits (Caffeine's read buffer): a lookup only appends an array.
+
+        Every path that changes the policy otherwise (insert on commit, victim choice, delete, clear) first
+        applies the buffer, so the policy sees exactly the sequence of events it would have seen inline and
+        every buffered id is still tracked when applied. The sweeper applies it in the background too.
+        """
+        if len(ids):
+            self._touches.append(ids)
+            self._touch_count += len(ids)
+            if self._touch_count > _MAX_PENDING_TOUCHES:
+                self._apply_touches()
+
+    def _apply_touches(self) -> None:
+        if self._touches:
+            on_access = self._policy.on_access_many
+            for ids in self._touches:
+                on_access(ids)
+            self._touches.clear()
+            self._touch_count = 0
+
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
         with self._lock:
@@ -323,8 +364,8 @@ class Engine:
     def _unlease(self, ids: np.ndarray) -> None:
         cat = self._cat
         np.subtract.at(cat.leases, ids, 1)
-        for eid in ids[cat.state[ids] == EntryState.DOOMED].tolist():
-            if cat.leases[eid] == 0 and cat.state[eid] == EntryState.DOOMED:
+        for eid in ids[cat.state[ids] == _DOOMED].tolist():
+            if cat.leases[eid] == 0 and cat.state[eid] == _DOOMED:
                 self._free(eid)
 
     def exists(self, ns_name: str, keys: Sequence[bytes]) -> list[bool]:
@@ -344,11 +385,12 @@ class Engine:
         cat = self._cat
         if eid is None or cat.state[eid] != _COMMITTED:
             return 0
+        self._apply_touches()
         self._policy.on_remove(eid)
         self._forget_committed(eid)
         self.counters.deleted_blocks += 1
         if cat.leases[eid] > 0:
-            cat.state[eid] = EntryState.DOOMED
+            cat.state[eid] = _DOOMED
         else:
             self._free(eid)
         return 1
@@ -403,6 +445,7 @@ class Engine:
         """Expire leases and reservations, free quarantined slots. Called periodically by the daemon."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            self._apply_touches()
             for _, ids in self._leases.expire(now):
                 self.counters.lease_expirations += 1
                 self._unlease(ids)
@@ -412,7 +455,7 @@ class Engine:
                 self.counters.reservation_expirations += len(eids)
                 for eid in eids:
                     cat.unindex(eid)
-                    cat.state[eid] = EntryState.QUARANTINED
+                    cat.state[eid] = _QUARANTINED
                     self._quarantine.append((now + self.config.quarantine_s, eid))
             while self._quarantine and self._quarantine[0][0] <= now:
                 _, eid = self._quarantine.popleft()

@@ -24,7 +24,7 @@ Primitives and their contracts:
     without history (LRU) ignore it.  Raises ``ValueError`` if ``eid`` is
     negative or already tracked (a catalog bug).  Amortised O(1).
 
-``on_access(eid) -> None``
+``on_access(eid) -> None`` (and ``on_access_many(eids)``, the same in order)
     A hit on ``eid``.  Ignored if ``eid`` is not tracked (e.g. a hit on an
     entry whose write has not committed yet).  O(1).
 
@@ -58,7 +58,7 @@ Primitives and their contracts:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -78,6 +78,12 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def on_access(self, eid: int) -> None:
         """Record a hit."""
+
+    def on_access_many(self, eids: Sequence[int] | np.ndarray) -> None:
+        """Record hits in order (the engine replays its deferred read buffer through this)."""
+        on_access = self.on_access
+        for eid in (eids.tolist() if isinstance(eids, np.ndarray) else eids):
+            on_access(eid)
 
     @abc.abstractmethod
     def on_remove(self, eid: int) -> None:

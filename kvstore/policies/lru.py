@@ -1,4 +1,7 @@
-"""Exact LRU as an intrusive doubly-linked list stored in two int32 arrays.
+"""Exact LRU as an intrusive doubly-linked list stored in two int32 arrays (``array.array``).
+
+``array.array`` rather than numpy: every operation reads or writes single elements, and a scalar access to
+an ``array`` costs a fraction of a numpy scalar access (which boxes a numpy integer each time).
 
 ``_prev[eid]`` / ``_next[eid]`` link entries from most recent (head) to
 least recent (tail).  A separate "tracked" flag would cost a byte per id, so
@@ -9,6 +12,7 @@ tracked id even right after a doubling.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +21,6 @@ from kvstore.policies.base import (
     DEFAULT_INITIAL_CAPACITY,
     EvictionPolicy,
     check_new_eid,
-    grow_array,
     grown_capacity,
 )
 
@@ -38,8 +41,8 @@ class LRUPolicy(EvictionPolicy):
 
     def __init__(self, initial_capacity: int = DEFAULT_INITIAL_CAPACITY) -> None:
         cap = max(int(initial_capacity), 1)
-        self._prev = np.full(cap, _UNTRACKED, dtype=np.int32)
-        self._next = np.full(cap, _NIL, dtype=np.int32)
+        self._prev = array("i", [_UNTRACKED]) * cap
+        self._next = array("i", [_NIL]) * cap
         self._head = _NIL  # most recently used
         self._tail = _NIL  # least recently used
         self._count = 0
@@ -56,8 +59,8 @@ class LRUPolicy(EvictionPolicy):
         self._head = eid
 
     def _unlink(self, eid: int) -> None:
-        prev = int(self._prev[eid])
-        nxt = int(self._next[eid])
+        prev = self._prev[eid]
+        nxt = self._next[eid]
         if prev != _NIL:
             self._next[prev] = nxt
         else:
@@ -74,17 +77,17 @@ class LRUPolicy(EvictionPolicy):
         self._count -= 1
 
     def _tracked(self, eid: int) -> bool:
-        return 0 <= eid < self._prev.shape[0] and self._prev[eid] != _UNTRACKED
+        return 0 <= eid < len(self._prev) and self._prev[eid] != _UNTRACKED
 
     # -- EvictionPolicy ----------------------------------------------------
 
     def on_insert(self, eid: int, fingerprint: int = 0) -> None:
         """Track ``eid`` as most recently used; ``fingerprint`` is unused."""
         check_new_eid(eid)
-        if eid >= self._prev.shape[0]:
-            cap = grown_capacity(self._prev.shape[0], eid)
-            self._prev = grow_array(self._prev, cap, _UNTRACKED)
-            self._next = grow_array(self._next, cap, _NIL)
+        if eid >= len(self._prev):
+            extra = grown_capacity(len(self._prev), eid) - len(self._prev)
+            self._prev.extend(array("i", [_UNTRACKED]) * extra)
+            self._next.extend(array("i", [_NIL]) * extra)
         elif self._prev[eid] != _UNTRACKED:
             raise ValueError(f"entry {eid} is already tracked")
         self._push_head(eid)
@@ -95,6 +98,11 @@ class LRUPolicy(EvictionPolicy):
         if self._tracked(eid) and eid != self._head:
             self._unlink(eid)
             self._push_head(eid)
+
+    def on_access_many(self, eids) -> None:  # type: ignore[override]
+        on_access = self.on_access
+        for eid in (eids.tolist() if isinstance(eids, np.ndarray) else eids):
+            on_access(eid)
 
     def on_remove(self, eid: int) -> None:
         """Forget ``eid`` wherever it is in the list."""
@@ -108,7 +116,7 @@ class LRUPolicy(EvictionPolicy):
             if eligible(eid):
                 self._forget(eid)
                 return eid
-            eid = int(self._prev[eid])
+            eid = self._prev[eid]
         return None
 
     def __len__(self) -> int:
@@ -119,4 +127,4 @@ class LRUPolicy(EvictionPolicy):
 
     def memory_bytes(self) -> int:
         """8 bytes per capacity slot."""
-        return int(self._prev.nbytes + self._next.nbytes)
+        return (len(self._prev) + len(self._next)) * self._prev.itemsize

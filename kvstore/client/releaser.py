@@ -1,0 +1,69 @@
+"""Lease releases sent from one long-lived background thread.
+
+A reader has its bytes once the copy and the generation check are done, so it should not wait for the
+Release round trip. grpc's `.future()` looked like the answer but costs the caller more than a blocking call
+here (it starts a channel thread whenever no other call is in flight). Instead, ids go into a queue and one
+thread sends them, coalescing whatever accumulated into a single Release. A lost release is harmless: the
+daemon drops the lease at its TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client.rpc import Rpc
+from kvstore.errors import KVStoreError
+
+__all__ = ["Releaser"]
+
+log = logging.getLogger(__name__)
+_STOP: list[int] = []
+
+
+class Releaser:
+    def __init__(self, rpc: Rpc) -> None:
+        self._rpc = rpc
+        self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, lease_ids: list[int]) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="kvstore-release", daemon=True)
+                    self._thread.start()
+        self._queue.put(lease_ids)
+
+    def _run(self) -> None:
+        while True:
+            ids = self._queue.get()
+            if ids is _STOP:
+                return
+            batch = list(ids)
+            stop = False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                batch.extend(more)
+            try:
+                self._rpc.call("Release", pb.ReleaseRequest(lease_ids=batch))
+            except KVStoreError as exc:
+                log.debug("release of %d leases failed (%s); the daemon expires them by TTL", len(batch), exc)
+            if stop:
+                return
+
+    def close(self, timeout_s: float) -> None:
+        """Send what is queued, then stop the thread."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout_s)
+            self._thread = None
