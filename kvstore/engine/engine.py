@@ -42,9 +42,10 @@ from kvstore.engine.results import (
     EngineStats,
     KeyRecord,
     LookupResult,
-    NamespaceUsage,
     ReserveResult,
 )
+from kvstore.engine.read_buffer import ReadBuffer
+from kvstore.engine.snapshot import key_record, snapshot
 from kvstore.engine.ttl import TtlTable
 from kvstore.errors import (
     ConflictError,
@@ -64,7 +65,6 @@ _COMMITTED = int(EntryState.COMMITTED)
 _RESERVED = int(EntryState.RESERVED)
 _DOOMED = int(EntryState.DOOMED)
 _QUARANTINED = int(EntryState.QUARANTINED)
-_MAX_PENDING_TOUCHES = 1 << 16
 _RECENT_CLOSED = 8192
 
 
@@ -87,8 +87,7 @@ class Engine:
         self._reservations: TtlTable[tuple[Namespace, list[int]]] = TtlTable(config.reservation_ttl_s)
         self._closed: OrderedDict[int, str] = OrderedDict()  # recently ended reservations -> how
         self._quarantine: deque[tuple[float, int]] = deque()
-        self._touches: list[np.ndarray] = []
-        self._touch_count = 0
+        self._touches = ReadBuffer(policy)
         self.counters = Counters()
         self._lock = threading.Lock()
 
@@ -177,7 +176,7 @@ class Engine:
         return off
 
     def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
-        self._apply_touches()
+        self._touches.apply()
         return self._policy.choose_victim(eligible)
 
     def _evictable(self, eid: int) -> bool:
@@ -219,7 +218,7 @@ class Engine:
             self._reservations.pop(reservation_id)
             self._close(reservation_id, "committed")
             cat, policy = self._cat, self._policy
-            self._apply_touches()  # the policy must see accesses and inserts in their real order
+            self._touches.apply()  # the policy must see accesses and inserts in their real order
             now = cat.now()
             for i, eid in enumerate(eids):
                 cat.state[eid] = _COMMITTED
@@ -305,7 +304,7 @@ class Engine:
                 present = found.tolist()
                 num_prefix = present.index(False) if False in present else len(present)
             hits = ids
-            self._record_touches(ids)
+            self._touches.record(ids)
             ns.lookup_keys += len(keys)
             ns.hit_keys += num_prefix if prefix else len(hits)
             self.counters.lookup_calls += 1
@@ -329,27 +328,6 @@ class Engine:
                 lease_id,
                 int(self.config.lease_ttl_s * 1000) if lease else 0,
             )
-
-    def _record_touches(self, ids: np.ndarray) -> None:
-        """Defer the policy's bookkeeping of hits (Caffeine's read buffer): a lookup only appends an array.
-
-        Every path that changes the policy otherwise (insert on commit, victim choice, delete, clear) first
-        applies the buffer, so the policy sees exactly the sequence of events it would have seen inline and
-        every buffered id is still tracked when applied. The sweeper applies it in the background too.
-        """
-        if len(ids):
-            self._touches.append(ids)
-            self._touch_count += len(ids)
-            if self._touch_count > _MAX_PENDING_TOUCHES:
-                self._apply_touches()
-
-    def _apply_touches(self) -> None:
-        if self._touches:
-            on_access = self._policy.on_access_many
-            for ids in self._touches:
-                on_access(ids)
-            self._touches.clear()
-            self._touch_count = 0
 
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
@@ -385,7 +363,7 @@ class Engine:
         cat = self._cat
         if eid is None or cat.state[eid] != _COMMITTED:
             return 0
-        self._apply_touches()
+        self._touches.apply()
         self._policy.on_remove(eid)
         self._forget_committed(eid)
         self.counters.deleted_blocks += 1
@@ -425,27 +403,21 @@ class Engine:
             committed.sort()
             page = committed[:limit]
             more = len(committed) > limit
-            return [self._record(k, e) for k, e in page], (page[-1][0] if more else b"")
+            return [key_record(self._cat, k, e) for k, e in page], (page[-1][0] if more else b"")
 
     def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
         """Records of the present keys among `keys`, in request order."""
         self._check_keys(keys)
         with self._lock:
             index, state = self._namespace(ns_name).index, self._cat.state
-            return [self._record(k, e) for k in keys if (e := index.get(k)) is not None and state[e] == _COMMITTED]
-
-    def _record(self, key: bytes, eid: int) -> KeyRecord:
-        cat = self._cat
-        age = max(0.0, cat.now() - float(cat.created[eid]))
-        return KeyRecord(key, int(cat.size[eid]), "ram", age, int(cat.pins[eid]), int(cat.leases[eid]),
-                         int(cat.checksum[eid]))
+            return [key_record(self._cat, k, e) for k in keys if (e := index.get(k)) is not None and state[e] == _COMMITTED]
 
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:
         """Expire leases and reservations, free quarantined slots. Called periodically by the daemon."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            self._apply_touches()
+            self._touches.apply()
             for _, ids in self._leases.expire(now):
                 self.counters.lease_expirations += 1
                 self._unlease(ids)
@@ -465,37 +437,5 @@ class Engine:
     # -- reporting --------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         with self._lock:
-            cat, alloc = self._cat, self._alloc
-            ids = cat.live_ids()
-            state, sizes = cat.state[ids], cat.size[ids]
-            committed = state == _COMMITTED
-            stored = int(sizes[committed].sum())
-            slot = np.array(alloc.classes, dtype=np.int64)[
-                np.searchsorted(alloc.classes, sizes)] if len(ids) else np.zeros(0, np.int64)
-            assigned = alloc.assigned_bytes()
-            return EngineStats(
-                policy=self._policy.name,
-                capacity_bytes=alloc.capacity,
-                slab_bytes=alloc.slab_bytes,
-                slabs_total=alloc.n_slabs,
-                slabs_free=alloc.free_slabs,
-                allocated_bytes=alloc.allocated_bytes,
-                stored_bytes=stored,
-                reserved_bytes=int(slot[state == _RESERVED].sum()),
-                leased_bytes=int(sizes[cat.leases[ids] > 0].sum()),
-                pinned_bytes=int(sizes[(cat.pins[ids] > 0) & committed].sum()),
-                fragmentation=(1.0 - stored / alloc.allocated_bytes) if alloc.allocated_bytes and stored else 0.0,
-                stranded_bytes=assigned - alloc.allocated_bytes,
-                blocks=int(committed.sum()),
-                leases_active=len(self._leases),
-                reservations_active=len(self._reservations),
-                high_watermark=self.config.high_watermark,
-                low_watermark=self.config.low_watermark,
-                counters=self.counters.snapshot(),
-                namespaces=[
-                    NamespaceUsage(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes,
-                                   n.lookup_keys, n.hit_keys, n.puts)
-                    for n in cat.namespaces
-                ],
-                size_classes=alloc.usage(),
-            )
+            return snapshot(self._cat, self._alloc, self._policy.name, self.config, len(self._leases),
+                            len(self._reservations), self.counters.snapshot())
