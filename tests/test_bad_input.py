@@ -124,6 +124,7 @@ def test_malformed_put_streams(stub) -> None:
     after = stub.Stats(pb.StatsRequest(), timeout=5)
     # nothing half-written stays behind: no reservation, no new block, no allocated bytes
     assert after.reservations_active == 0
+    assert after.counters["checksum_failures"] == before.counters["checksum_failures"] + 1
     assert (after.blocks, after.allocated_bytes) == (before.blocks, before.allocated_bytes)
     assert not stub.Exists(pb.KeysRequest(namespace=NS, keys=[b"s1"]), timeout=5).present[0]
 
@@ -145,3 +146,18 @@ def test_client_raises_the_matching_exception_classes(daemon: DaemonProcess) -> 
         c.commit(res)
         with pytest.raises(ReservationClosedError):
             c.commit(res)
+
+
+def test_put_stream_abandoned_mid_block_frees_its_slot_at_once(stub) -> None:
+    def chunks():
+        yield pb.PutChunk(header=pb.BlockHeader(namespace=NS, key=b"gone", size=1 << 20))
+        yield pb.PutChunk(data=b"x" * 1000)
+        raise RuntimeError("client dies mid-block")
+
+    with pytest.raises(grpc.RpcError):
+        stub.Put(chunks(), timeout=10)
+    # reservation_ttl_s is 30 s here: only the daemon noticing the cancelled stream can free it this fast
+    wait_until(lambda: stub.Stats(pb.StatsRequest(), timeout=5).reservations_active == 0, timeout_s=5,
+               what="abandoned stream's reservation to be aborted")
+    assert stub.Stats(pb.StatsRequest(), timeout=5).counters["aborted_blocks"] >= 1
+    assert not stub.Exists(pb.KeysRequest(namespace=NS, keys=[b"gone"]), timeout=5).present[0]

@@ -434,6 +434,11 @@ class Engine:
                 self._free(eid)
                 self.counters.quarantine_freed += 1
 
+    def note_checksum_failure(self) -> None:
+        """Bytes that failed their checksum on the way in (counted; the block was not stored)."""
+        with self._lock:
+            self.counters.checksum_failures += 1
+
     # -- reporting --------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         with self._lock:

@@ -146,36 +146,35 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     # -- byte streams (fallback path) ---------------------------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
         stored = present = 0
+        writer: _StreamWriter | None = None  # the block being received, if any
         try:
-            header: pb.BlockHeader | None = None
             for chunk in request_iterator:
-                if chunk.WhichOneof("part") == "header":
-                    if header is not None:
+                part = chunk.WhichOneof("part")
+                if part == "header":
+                    if writer is not None:
                         raise InvalidRequestError("Put stream: a new header arrived before the previous block's data")
-                    header = chunk.header
-                    writer = _StreamWriter(self._engine, self._view, header)
-                    if writer.done:
-                        header = None
-                        present += writer.stored is False
-                        stored += writer.stored is True
-                elif chunk.WhichOneof("part") == "data":
-                    if header is None:
+                    writer = _StreamWriter(self._engine, self._view, chunk.header)
+                elif part == "data":
+                    if writer is None:
                         raise InvalidRequestError("Put stream: data before any header; send a BlockHeader first")
                     if writer.write(chunk.data):
                         stored += writer.stored is True
                         present += writer.stored is False
-                        header = None
+                        writer = None
                 else:
                     raise InvalidRequestError("Put stream: empty chunk (neither header nor data)")
-            if header is not None:
-                writer.abort()
+            if writer is not None:
                 raise InvalidRequestError(
-                    f"Put stream ended {writer.remaining} bytes short of the {header.size} bytes its header announced"
+                    f"Put stream ended {writer.remaining} bytes short of the {writer.size} bytes its header announced"
                 )
         except KVStoreError as exc:
-            if header is not None:
+            if writer is not None:
                 writer.abort()
+                writer = None
             _abort(context, exc)
+        finally:
+            if writer is not None:  # the client went away mid-block: free its slot now rather than at the TTL
+                writer.abort()
         return pb.PutResponse(stored=stored, already_present=present)
 
     def Get(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> Iterator[pb.GetChunk]:
@@ -212,20 +211,18 @@ class _StreamWriter:
 
     def __init__(self, engine: Engine, view: np.ndarray, header: pb.BlockHeader) -> None:
         self._engine, self._view, self._header = engine, view, header
-        self.remaining = header.size
+        self.size = self.remaining = header.size
         self.stored: bool | None = None
         r = engine.reserve(header.namespace, [header.key], [header.size])
         self._rid = r.reservation_id
         self._pos = r.offsets[0]
         self._start = self._pos
         self._discard = r.outcomes[0] != RESERVED
-        self.done = False
 
     def write(self, data: bytes) -> bool:
         """Consume one data chunk; True when the block is complete (then `stored` tells what happened)."""
         n = len(data)
         if n > self.remaining:
-            self.abort()
             raise InvalidRequestError(f"Put stream: {n - self.remaining} bytes more than the header's size")
         if not self._discard:
             self._view[self._pos: self._pos + n] = np.frombuffer(data, dtype=np.uint8)
@@ -233,13 +230,12 @@ class _StreamWriter:
         self.remaining -= n
         if self.remaining:
             return False
-        self.done = True
         if self._discard:
             self.stored = False
             return True
         digest = xxhash.xxh3_64_intdigest(self._view[self._start: self._start + self._header.size])
         if self._header.checksum and digest != self._header.checksum:
-            self.abort()
+            self._engine.note_checksum_failure()
             raise IntegrityError(f"Put stream: checksum mismatch for key {self._header.key.hex()}: bytes corrupted in flight")
         self._engine.commit(self._rid, [digest])
         self._rid = 0
