@@ -15,12 +15,13 @@ from kvstore._native import copy_addrs
 from kvstore.arena.shm import ArenaLayout, ClientArena, attach_arena
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import InvalidRequestError
+from kvstore.hostinfo import byte_view
 
 __all__ = ["ArenaPath"]
 
 
 def _address(buf: object, writable: bool) -> tuple[int, int, np.ndarray]:
-    arr = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
+    arr = byte_view(buf)
     if writable and not arr.flags.writeable:
         raise InvalidRequestError("destination buffer is read-only: pass a bytearray, numpy array or writable memoryview")
     if not arr.flags.c_contiguous:

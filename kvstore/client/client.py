@@ -24,20 +24,13 @@ from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
 from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
+from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
 
 __all__ = ["Client"]
 
 log = logging.getLogger(__name__)
 _MODES = ("auto", "arena", "stream")
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -80,7 +73,7 @@ class Client:
             self._arena = None
         if self._requested_mode == "stream":
             return
-        same_host = h.hostname == socket.gethostname() and h.boot_id == _boot_id()
+        same_host = h.hostname == socket.gethostname() and h.boot_id == boot_id()
         a = h.arena
         if same_host:
             layout = ArenaLayout(a.shm_name, a.size_bytes, a.data_offset, a.size_bytes - a.data_offset,

@@ -14,6 +14,7 @@ import xxhash
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.rpc import Rpc
 from kvstore.errors import IntegrityError, InvalidRequestError
+from kvstore.hostinfo import byte_view
 
 __all__ = ["put", "get", "get_into", "CHUNK_BYTES"]
 
@@ -63,7 +64,7 @@ def get_into(rpc: Rpc, namespace: str, keys: Sequence[bytes], buffers: Sequence[
         if not found:
             out.append(None)
             continue
-        dst = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
+        dst = byte_view(buf)
         if dst.nbytes < header.size:
             raise InvalidRequestError(f"buffer holds {dst.nbytes} bytes but block {header.key.hex()} has {header.size}")
         pos = 0

@@ -11,17 +11,9 @@ from kvstore._version import __version__
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.shm import SharedArena
 from kvstore.engine.results import EngineConfig
+from kvstore.hostinfo import boot_id
 
-__all__ = ["NodeInfo", "boot_id"]
-
-
-def boot_id() -> str:
-    """Changes at every boot; with the hostname it tells a client whether it shares the daemon's memory."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
+__all__ = ["NodeInfo"]
 
 
 class NodeInfo:

@@ -1,0 +1,131 @@
+"""Replay a trace through the REAL daemon with the REAL client, the way a vLLM connector drives the store.
+
+Per request, in arrival order (as fast as the store answers; arrival times shape only the capacity model):
+  1. lookup_prefix(keys): the scheduler side asks how many leading blocks are stored (no lease);
+  2. get_many_into(hit keys, preallocated rows): the worker side loads them (lease -> copy -> release) and the
+     replay checks each block's key marks, trusting the chain only up to the first bad block;
+  3. put_many(the missed keys, stamped rows): the worker side saves the blocks it computed.
+The hit of a request is the number of verified loaded blocks: the store's measured hit, to compare with the
+simulator's request by request.
+
+Why leases can matter: the client releases leases asynchronously, so a put may run while the blocks it just
+loaded are still leased and unevictable. Those blocks are the most recent ones, so this changes a victim only
+when a request's blocks fill nearly the whole RAM tier (capacity under ~2 requests); the report counts
+mismatches instead of assuming there are none.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.replay.keys import chain_keys, stamp, verify
+from bench.replay.tiers import StoreSpec
+from bench.replay.trace import Convention, Request
+from kvstore.client import Client
+from kvstore.errors import StoreFullError
+from kvstore.testing import DaemonProcess
+
+__all__ = ["ReplayResult", "replay", "memcpy_gbps"]
+
+NAMESPACE = "replay"
+
+
+@dataclass
+class ReplayResult:
+    hits: list[int]
+    loaded_bytes: int = 0
+    stored_bytes: int = 0
+    stored_blocks: int = 0
+    store_full: int = 0
+    verify_failures: int = 0
+    lookup_s: float = 0.0
+    get_s: float = 0.0
+    put_s: float = 0.0
+    wall_s: float = 0.0
+    resident_blocks: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class _Rows:
+    """A reusable (n, block_bytes) uint8 array: the preallocated KV buffers of a worker, grown on demand."""
+
+    def __init__(self, block_bytes: int, rows: int = 64) -> None:
+        self._a = np.zeros((rows, block_bytes), dtype=np.uint8)
+
+    def take(self, n: int) -> np.ndarray:
+        if n > len(self._a):
+            self._a = np.zeros((max(n, 2 * len(self._a)), self._a.shape[1]), dtype=np.uint8)
+        return self._a[:n]
+
+
+def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Convention = Convention.FULL_BLOCKS,
+           on_request: Callable[[], None] | None = None) -> ReplayResult:
+    """Start a daemon sized by `spec`, replay `requests` through it, stop it; the measured result."""
+    with DaemonProcess(**spec.daemon_options()) as daemon, daemon.client() as client:
+        client.register_namespace(NAMESPACE, model="trace-replay", layout_digest=f"bpt{spec.bytes_per_token}")
+        result = _run(client, requests, spec.block_bytes, convention, on_request)
+        stats = client.stats()
+        result.resident_blocks = stats.blocks
+        result.counters = dict(stats.counters)
+    return result
+
+
+def _run(client: Client, requests: Sequence[Request], block_bytes: int, convention: Convention,
+         on_request: Callable[[], None] | None) -> ReplayResult:
+    res = ReplayResult(hits=[])
+    get_rows, put_rows = _Rows(block_bytes), _Rows(block_bytes)
+    clock = time.perf_counter
+    start = clock()
+    for r in requests:
+        keys = chain_keys(r.cacheable_ids(convention))
+        t0 = clock()
+        n = client.lookup_prefix(NAMESPACE, keys) if keys else 0
+        t1 = clock()
+        if n:
+            rows = get_rows.take(n)
+            sizes = client.get_many_into(NAMESPACE, keys[:n], list(rows))
+            got = sizes.index(None) if None in sizes else n
+            ok = verify(rows, keys[:got])
+            res.verify_failures += n - ok
+            n = ok
+            res.loaded_bytes += n * block_bytes
+        t2 = clock()
+        if n < len(keys):
+            todo = keys[n:]
+            rows = put_rows.take(len(todo))
+            stamp(rows, todo)
+            try:
+                stored = client.put_many(NAMESPACE, todo, list(rows)).stored
+            except StoreFullError:
+                res.store_full += 1
+                stored = 0
+            res.stored_blocks += stored
+            res.stored_bytes += stored * block_bytes
+        t3 = clock()
+        res.lookup_s += t1 - t0
+        res.get_s += t2 - t1
+        res.put_s += t3 - t2
+        res.hits.append(n)
+        if on_request is not None:
+            on_request()
+    res.wall_s = clock() - start
+    return res
+
+
+def memcpy_gbps(block_bytes: int, blocks: int = 128, rounds: int = 20) -> float:
+    """Median single-thread memcpy of a request-sized batch of blocks (warm), measured in the same run as the
+    replay so that the store's GB/s can be quoted as a ratio of this machine's ceiling (DESIGN: noisy box)."""
+    src = np.ones((blocks, block_bytes), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t)
+    return src.nbytes / statistics.median(times) / 1e9

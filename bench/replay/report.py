@@ -1,0 +1,89 @@
+"""The sweep's outputs: a markdown table and a PNG of hit rate vs capacity, one line per store shape.
+
+A point is the flat figures dict of one run (the same dict the CLI prints as JSON). Points are grouped into
+series by their `store` label ('RAM' today; 'RAM+disk', 'RAM+disk+peer' when those tiers exist), so adding a
+tier adds a line without touching this file. matplotlib is imported only here and only when plotting (Agg
+backend: no display), so the replay itself needs nothing beyond the project's dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.replay.tiers import fmt_tokens
+
+__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep"]
+
+_COLUMNS = (
+    ("capacity", lambda p: fmt_tokens(p["capacity_tokens"])),
+    ("store", lambda p: p["store"]),
+    ("RAM bytes", lambda p: f"{p['capacity_tokens'] * p['bytes_per_token'] / 2**20:.0f} MiB"),
+    ("hit rate", lambda p: f"{p['hit_rate']:.4f}"),
+    ("sim hit rate", lambda p: f"{p['sim_hit_rate']:.4f}"),
+    ("of max", lambda p: f"{p['hit_rate'] / p['max_hit_rate']:.1%}" if p["max_hit_rate"] else "-"),
+    ("prefill reduction", lambda p: f"{p['prefill_reduction']:.3f}x"),
+    ("loads GB/s", lambda p: f"{p['load_gbps']:.2f}"),
+    ("puts GB/s", lambda p: f"{p['put_gbps']:.2f}"),
+    ("req/s", lambda p: f"{p['requests_per_s']:.0f}"),
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    capacity_tokens: tuple[int, ...]
+    hit_rate: tuple[float, ...]
+    sim_hit_rate: tuple[float, ...]
+
+
+def series_from_points(points: Sequence[dict]) -> list[Series]:
+    by_label: dict[str, list[dict]] = {}
+    for p in points:
+        by_label.setdefault(p["store"], []).append(p)
+    out = []
+    for label, pts in by_label.items():
+        pts = sorted(pts, key=lambda p: p["capacity_tokens"])
+        out.append(Series(label, tuple(p["capacity_tokens"] for p in pts), tuple(p["hit_rate"] for p in pts),
+                          tuple(p["sim_hit_rate"] for p in pts)))
+    return out
+
+
+def markdown_table(points: Sequence[dict], title: str) -> str:
+    head = [c for c, _ in _COLUMNS]
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in sorted(points, key=lambda p: (p["store"], p["capacity_tokens"])):
+        lines.append("| " + " | ".join(f(p) for _, f in _COLUMNS) + " |")
+    if points:
+        p = points[0]
+        lines += ["", f"Infinite-cache maximum hit rate: {p['max_hit_rate']:.4f}. Token-level rates over all input "
+                  f"tokens; {p['bytes_per_token']} KV bytes a token ({p['block_bytes'] // 1024} KiB a 512-token block)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title: str) -> Path:
+    """Hit rate (measured: markers; simulated: dashed) vs capacity in tokens, log x, with the maximum."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for s in series:
+        line = ax.plot(s.capacity_tokens, s.hit_rate, marker="o", label=f"{s.label} (store)")[0]
+        ax.plot(s.capacity_tokens, s.sim_hit_rate, linestyle="--", color=line.get_color(), alpha=0.6,
+                label=f"{s.label} (simulated LRU)")
+    ax.axhline(max_hit_rate, color="grey", linestyle=":", label=f"infinite cache ({max_hit_rate:.3f})")
+    ax.axhline(max_hit_rate / 2, color="grey", linestyle=(0, (1, 4)), linewidth=0.8, label="half of the maximum")
+    ax.set_xscale("log")
+    ax.set_xlabel("capacity (tokens)")
+    ax.set_ylabel("token hit rate")
+    ax.set_ylim(0, max(max_hit_rate * 1.1, 0.05))
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
