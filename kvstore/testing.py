@@ -64,11 +64,16 @@ class DaemonProcess:
         self.log_path = os.path.join(self.workdir, "daemon.log")
         opts: dict[str, object] = {"node_id": self.node_id, "arena_name": self.arena_name,
                                    "unix_socket": self.socket_path, "listen": f"127.0.0.1:{self.port}",
-                                   "arena_bytes": "64MiB", "max_block_bytes": "4MiB", "arena_lock": "off"}
+                                   "arena_bytes": "64MiB", "max_block_bytes": "4MiB", "arena_lock": "off",
+                                   # RAM-only unless a test asks for the disk tier (then it lives in workdir)
+                                   "disk_bytes": 0, "disk_dir": os.path.join(self.workdir, "disk")}
         opts.update(options)
         self.args = [sys.executable, "-m", "kvstore.server.main"]
         for k, v in opts.items():
-            self.args += ["--" + k.replace("_", "-"), str(v)]
+            if v is True:
+                self.args.append("--" + k.replace("_", "-"))  # a switch such as --disk-wipe
+            elif v is not False:
+                self.args += ["--" + k.replace("_", "-"), str(v)]
         self.args += list(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None

@@ -84,7 +84,8 @@ def capacity_model(requests: Sequence[Request], hits: Sequence[int], model: Cost
         per_task[r.session_id if r.session_id is not None else ("request", i)] += float(secs[i])
     tasks = np.array(list(per_task.values())) if per_task else np.zeros(1)
     out = {"gpu_s": round(float(secs.sum()), 3), "tasks": len(per_task),
-           "gpu_s_per_task_mean": round(float(tasks.mean()), 4), "gpu_s_per_task_p50": round(float(np.median(tasks)), 4)}
+           "gpu_s_per_task_mean": round(float(tasks.mean()), 4),
+           "gpu_s_per_task_p50": round(float(np.median(tasks)), 4)}
     in_sessions = np.array([r.session_id is not None for r in requests], dtype=bool)
     if in_sessions.any():
         ttna = secs[in_sessions]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.replay.tiers import fmt_tokens
 
-__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep"]
+__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title"]
 
 _COLUMNS = (
     ("capacity", lambda p: fmt_tokens(p["capacity_tokens"])),
@@ -50,6 +50,39 @@ def series_from_points(points: Sequence[dict]) -> list[Series]:
     return out
 
 
+def summary_title(p: dict) -> str:
+    cut = f"; {p['cut']}" if p["cut"] else ""
+    return (f"{p['trace']} ({p['requests']} requests{cut}): {p['store']} {fmt_tokens(p['capacity_tokens'])} "
+            f"tokens, {p['bytes_per_token']} B/token")
+
+
+def _triple(p: dict, fmt: str, *keys: str) -> str:
+    return " / ".join(format(p[k], fmt) for k in keys)
+
+
+def summary_rows(p: dict) -> list[tuple[str, str]]:
+    """The headline figures of one point, for people (the JSON line has them all)."""
+    rows = [
+        ("hit rate (tokens): store / simulated / infinite",
+         _triple(p, ".4f", "hit_rate", "sim_hit_rate", "max_hit_rate")),
+        ("store hit rate as a share of the maximum", f"{p['hit_rate_of_max']:.1%}"),
+        ("requests where store and simulator differ", str(p["mismatched_requests"])),
+        ("prefill tokens: no cache -> store (reduction)",
+         f"{p['prefill_tokens_no_cache']:,} -> {p['prefill_tokens']:,} ({p['prefill_reduction']:.3f}x)"),
+        ("bytes loaded / stored", f"{p['loaded_bytes'] / 1e9:.2f} GB / {p['stored_bytes'] / 1e9:.2f} GB"),
+        ("loads / puts GB/s (memcpy ceiling)",
+         f"{_triple(p, '.2f', 'load_gbps', 'put_gbps')} ({p['memcpy_gbps']:.1f})"),
+        ("requests/s through the store", str(p["requests_per_s"])),
+        ("GPU-s per task: store / no cache / infinite",
+         _triple(p, ".2f", "gpu_s_per_task_mean", "gpu_s_per_task_mean_no_cache", "gpu_s_per_task_mean_max")),
+    ]
+    if "ttna_p50_s" in p:
+        for suffix, what in (("", "store"), ("_no_cache", "no cache")):
+            keys = (f"ttna_p50_s{suffix}", f"ttna_p90_s{suffix}", f"ttna_p99_s{suffix}")
+            rows.append((f"time to next action p50/p90/p99 s ({what})", _triple(p, ".2f", *keys)))
+    return rows
+
+
 def markdown_table(points: Sequence[dict], title: str) -> str:
     head = [c for c, _ in _COLUMNS]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -57,14 +90,16 @@ def markdown_table(points: Sequence[dict], title: str) -> str:
         lines.append("| " + " | ".join(f(p) for _, f in _COLUMNS) + " |")
     if points:
         p = points[0]
-        lines += ["", f"Infinite-cache maximum hit rate: {p['max_hit_rate']:.4f}. Token-level rates over all input "
-                  f"tokens; {p['bytes_per_token']} KV bytes a token ({p['block_bytes'] // 1024} KiB a 512-token block)."]
+        lines += ["", f"Infinite-cache maximum hit rate: {p['max_hit_rate']:.4f}. Token-level rates over all "
+                  f"input tokens; {p['bytes_per_token']} KV bytes a token "
+                  f"({p['block_bytes'] // 1024} KiB a 512-token block)."]
     return "\n".join(lines) + "\n"
 
 
 def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title: str) -> Path:
     """Hit rate (measured: markers; simulated: dashed) vs capacity in tokens, log x, with the maximum."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -77,6 +112,7 @@ def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title:
     ax.axhline(max_hit_rate, color="grey", linestyle=":", label=f"infinite cache ({max_hit_rate:.3f})")
     ax.axhline(max_hit_rate / 2, color="grey", linestyle=(0, (1, 4)), linewidth=0.8, label="half of the maximum")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: fmt_tokens(int(x))))
     ax.set_xlabel("capacity (tokens)")
     ax.set_ylabel("token hit rate")
     ax.set_ylim(0, max(max_hit_rate * 1.1, 0.05))

@@ -103,6 +103,7 @@ class CacheSim:
         self.tiers = list(tiers)
         self.store_full = 0
         self.evictions = [0] * len(self.tiers)
+        self.present_on_put = 0  # blocks a put found already stored: orphaned tails of evicted chain heads
 
     def _where(self, key: bytes) -> int:
         for i, t in enumerate(self.tiers):
@@ -136,9 +137,10 @@ class CacheSim:
         """Insert the absent blocks of `keys` into tier 0; how many were stored."""
         present = {k for k in keys if self._where(k) >= 0}
         new = [k for k in keys if k not in present]
-        if not new:
-            return 0
-        return len(new) if self._admit(0, new, present) else 0
+        if new and not self._admit(0, new, present):
+            return 0  # like a failed Reserve, which reports nothing about the keys it found
+        self.present_on_put += len(present)
+        return len(new)
 
     def _admit(self, level: int, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
         stored, victims = self.tiers[level].admit(keys, keep)
@@ -162,6 +164,7 @@ class SimResult:
     tier_names: list[str] = field(default_factory=list)
     evictions: list[int] = field(default_factory=list)  # per tier
     resident: list[int] = field(default_factory=list)  # blocks per tier at the end
+    present_on_put: int = 0
 
 
 def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
@@ -179,7 +182,7 @@ def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
         if len(found) < len(keys):
             stored += sim.put(keys[len(found):])
     return SimResult(hits, by_tier, stored, sim.store_full, [t.name for t in tiers], sim.evictions,
-                     [len(t) for t in sim.tiers])
+                     [len(t) for t in sim.tiers], sim.present_on_put)
 
 
 def infinite_cache(requests: Sequence[Request], convention: Convention = Convention.FULL_BLOCKS) -> SimResult:

@@ -142,6 +142,23 @@ def print_stats(s: Stats) -> None:
         ("leases active", s.leases_active),
         ("reservations active", s.reservations_active),
     ]))
+    d = s.disk
+    if d is not None:
+        state = f"DEGRADED: {d.degraded_reason}" if d.degraded else "healthy"
+        c.print(_kv_table("disk tier", [
+            ("directory", d.directory),
+            ("state", state),
+            ("used", f"{human_bytes(d.used_bytes)} of {human_bytes(d.capacity_bytes)} "
+                     f"({d.segments_total - d.segments_free}/{d.segments_total} segments)"),
+            ("blocks", d.blocks),
+            ("compression", f"{d.compression_ratio:.2f}x ({human_bytes(d.raw_bytes)} -> {human_bytes(d.stored_bytes)})"),
+            ("written / read", f"{human_bytes(d.bytes_written)} / {human_bytes(d.bytes_read)}"),
+            ("write queue", f"{d.write_queue_blocks} blocks (admission {d.admission})"),
+            ("evicted", f"{d.evicted_blocks} blocks, {human_bytes(d.evicted_bytes)}"),
+            ("checksum failures / io errors", f"{d.checksum_failures} / {d.io_errors}"),
+        ]))
+    else:
+        c.print(Text("disk tier: off"))
     counters = Table(title="counters", title_justify="left", show_header=False, box=None, padding=(0, 2))
     for _ in range(2):
         counters.add_column(style="bold")

@@ -117,9 +117,15 @@ class Client:
         self.close()
 
     # -- namespaces -------------------------------------------------------------------------------------
-    def register_namespace(self, name: str, *, model: str = "", layout_digest: str = "", tenant: str = "") -> bool:
-        """Declare a namespace (idempotent). True when this call created it."""
-        req = pb.RegisterNamespaceRequest(name=name, model=model, layout_digest=layout_digest, tenant=tenant)
+    def register_namespace(self, name: str, *, model: str = "", layout_digest: str = "", tenant: str = "",
+                           disk_codec: str = "") -> bool:
+        """Declare a namespace (idempotent). True when this call created it.
+
+        disk_codec picks the disk-tier compression of its blocks: "" (the daemon's default), "none", "zstd",
+        or "zstd-shuffle2" (byte-shuffled for 16-bit data such as bf16 KV).
+        """
+        req = pb.RegisterNamespaceRequest(name=name, model=model, layout_digest=layout_digest, tenant=tenant,
+                                          disk_codec=disk_codec)
         return self._rpc.call("RegisterNamespace", req).created
 
     # -- two-phase primitives ---------------------------------------------------------------------------
@@ -142,7 +148,7 @@ class Client:
         r = self._rpc.call("Lookup", pb.LookupRequest(namespace=namespace, keys=keys, prefix=prefix, lease=lease))
         self._check_incarnation(r.incarnation)
         return Lease(namespace, r.num_prefix, list(r.present), list(r.offsets), list(r.sizes), list(r.generations),
-                     list(r.checksums), r.lease_id, r.incarnation)
+                     list(r.checksums), r.lease_id, r.incarnation, list(r.tiers))
 
     def release(self, leases: Sequence[Lease], *, wait: bool = False) -> None:
         """Give leases back. Asynchronous by default: the caller has its bytes and need not wait."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvstore._proto import kvstore_pb2 as pb
 
-__all__ = ["Health", "Stats", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
+__all__ = ["Health", "Stats", "DiskInfo", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,12 @@ class Health:
     max_block_bytes: int
     max_batch_keys: int
     uptime_s: float
+    detail: str = ""
 
     @staticmethod
     def from_pb(m: pb.HealthResponse) -> Health:
         return Health(m.status, m.node_id, m.version, m.hostname, m.pid, m.arena.shm_name, m.arena.size_bytes,
-                      m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s)
+                      m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s, m.detail)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,42 @@ class SizeClassInfo:
 
 
 @dataclass(frozen=True)
+class DiskInfo:
+    """The disk tier's part of Stats (enabled=False and zeros when the daemon runs without one)."""
+
+    enabled: bool
+    directory: str
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    segments_total: int
+    segments_free: int
+    degraded: bool
+    degraded_reason: str
+    bytes_written: int
+    bytes_read: int
+    raw_bytes: int
+    stored_bytes: int
+    checksum_failures: int
+    io_errors: int
+    evicted_blocks: int
+    evicted_bytes: int
+    write_queue_blocks: int
+    admission: str
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+    @staticmethod
+    def from_pb(d: pb.DiskTierStats) -> DiskInfo:
+        return DiskInfo(d.enabled, d.directory, d.capacity_bytes, d.used_bytes, d.blocks, d.segments_total,
+                        d.segments_free, d.degraded, d.degraded_reason, d.bytes_written, d.bytes_read, d.raw_bytes,
+                        d.stored_bytes, d.checksum_failures, d.io_errors, d.evicted_blocks, d.evicted_bytes,
+                        d.write_queue_blocks, d.admission)
+
+
+@dataclass(frozen=True)
 class Stats:
     node_id: str
     policy: str
@@ -80,6 +117,7 @@ class Stats:
     counters: dict[str, int] = field(default_factory=dict)
     namespaces: list[NamespaceInfo] = field(default_factory=list)
     size_classes: list[SizeClassInfo] = field(default_factory=list)
+    disk: DiskInfo | None = None
 
     @staticmethod
     def from_pb(m: pb.StatsResponse) -> Stats:
@@ -91,6 +129,7 @@ class Stats:
             [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
                            n.hit_keys, n.puts) for n in m.namespaces],
             [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
+            DiskInfo.from_pb(m.disk) if m.disk.enabled else None,
         )
 
 
@@ -145,6 +184,7 @@ class Lease:
     checksums: list[int]
     id: int
     incarnation: int
+    tiers: list[int] = field(default_factory=list)  # per key looked at: 0 miss, 1 RAM, 2 disk (see Tier)
 
     @property
     def hits(self) -> int:

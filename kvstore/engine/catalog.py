@@ -8,12 +8,16 @@ slot, the key's bytes object, an int, one list slot for the reverse map and ~37 
 States of an entry (the engine moves them; the catalog only stores them)::
 
     RESERVED --commit--> COMMITTED --delete while leased--> DOOMED --last release--> (freed)
-        |                    |--evict / delete--> (freed)
+        |                    |--evict / delete--> (freed; a copy may live on in the disk tier)
         |--abort--> (freed)
         `--reservation TTL--> QUARANTINED --grace--> (freed)
+    PROMOTING --read from disk ok--> COMMITTED;  --read failed / cancelled--> (freed)
 
-Only RESERVED and COMMITTED entries are in a namespace's index; DOOMED and QUARANTINED ones are invisible
-and wait for readers or late writers to be gone before their slot is reused.
+RESERVED, PROMOTING and COMMITTED entries are in a namespace's index; DOOMED and QUARANTINED ones are
+invisible and wait for readers or late writers to be gone before their slot is reused.
+
+`flags` records the disk tier's view of a RAM entry (ON_DISK: a verified copy exists, so eviction only drops
+the RAM copy; QUEUED: waiting for the background writer). `seen` is a saturating use count for admission.
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -26,7 +30,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["Catalog", "EntryState", "Namespace"]
+__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED"]
 
 
 class EntryState(IntEnum):
@@ -35,6 +39,7 @@ class EntryState(IntEnum):
     COMMITTED = 2
     DOOMED = 3
     QUARANTINED = 4
+    PROMOTING = 5  # slot allocated, bytes being read back from the disk tier
 
 
 @dataclass(eq=False)
@@ -46,6 +51,8 @@ class Namespace:
     model: str = ""
     layout_digest: str = ""
     tenant: str = ""
+    disk_codec: str = "none"
+    recovered: bool = False  # known only from the disk tier after a restart; the next registration describes it
     index: dict[bytes, int] = field(default_factory=dict)
     blocks: int = 0
     bytes: int = 0
@@ -63,7 +70,12 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
     ("pins", np.uint16),
     ("ns", np.uint16),
     ("state", np.uint8),
+    ("flags", np.uint8),
+    ("seen", np.uint8),
 )
+
+ON_DISK = 1
+QUEUED = 2
 
 
 class Catalog:
@@ -79,6 +91,8 @@ class Catalog:
     pins: np.ndarray
     ns: np.ndarray
     state: np.ndarray
+    flags: np.ndarray
+    seen: np.ndarray
 
     def __init__(self, initial_capacity: int = 1024) -> None:
         self._capacity = max(16, initial_capacity)
@@ -91,10 +105,11 @@ class Catalog:
         self._epoch = time.monotonic()
 
     # -- namespaces -------------------------------------------------------------------------------------
-    def add_namespace(self, name: str, model: str, layout_digest: str, tenant: str) -> Namespace:
+    def add_namespace(self, name: str, model: str, layout_digest: str, tenant: str, disk_codec: str = "none",
+                      recovered: bool = False) -> Namespace:
         if len(self.namespaces) >= self.MAX_NAMESPACES:
             raise OverflowError(f"more than {self.MAX_NAMESPACES} namespaces")
-        ns = Namespace(len(self.namespaces), name, model, layout_digest, tenant)
+        ns = Namespace(len(self.namespaces), name, model, layout_digest, tenant, disk_codec, recovered)
         self.namespaces.append(ns)
         self.by_name[name] = ns
         return ns
@@ -121,6 +136,8 @@ class Catalog:
         self.pins[eid] = 0
         self.ns[eid] = ns.id
         self.state[eid] = EntryState.RESERVED
+        self.flags[eid] = 0
+        self.seen[eid] = 0
         self.created[eid] = self.now()
         ns.index[key] = eid
         return eid

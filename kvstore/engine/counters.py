@@ -24,6 +24,15 @@ COUNTER_NAMES: tuple[str, ...] = (
     "quarantine_freed",
     "store_full",
     "checksum_failures",
+    "hit_keys_ram",
+    "hit_keys_disk",
+    "promotions",
+    "promotion_failures",
+    "disk_writes",
+    "disk_write_failures",
+    "demote_dropped",
+    "demote_queue_full",
+    "evicted_to_disk",
 )
 
 

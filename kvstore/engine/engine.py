@@ -1,24 +1,28 @@
-"""The RAM-tier engine: reservations, commits, leases, eviction. Metadata only; clients move the bytes.
+"""The engine: reservations, commits, leases, eviction, and the movement between the RAM and disk tiers.
 
-Primitives and their contracts (statuses are exceptions from kvstore.errors; see each method):
+Metadata only; clients (and the disk I/O threads) move the bytes. Primitives and their contracts (statuses are
+exceptions from kvstore.errors; see each method):
 
-- reserve(ns, keys, sizes): slots for every key not present yet, all or nothing (StoreFullError). Reserved
-  slots are invisible until commit and never evicted.
+- reserve(ns, keys, sizes): slots for every key not present yet (in RAM or on disk), all or nothing
+  (StoreFullError). Reserved slots are invisible until commit and never evicted.
 - commit(rid, checksums) / abort(rid): end a reservation (ReservationClosedError if it already ended,
   UnknownReservationError if it never existed). A reservation that outlives its TTL is expired: its slots go
   to a quarantine for `quarantine_s` before reuse, so a slow writer cannot scribble over a new owner's block.
-- lookup(ns, keys, prefix, lease): present keys, with their slots leased. A leased slot is never evicted or
-  reused. A lease that outlives its TTL is dropped; a reader that copied past that point sees the slot's
-  generation changed (bumped on every free) and treats its copy as a miss.
-- release(lease_ids), exists, delete (a leased block is hidden at once, freed at its last release),
-  pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys, stats, sweep(now).
+  A commit queues admitted blocks for the disk writer (write-behind, see tiering.py).
+- lookup(ns, keys, prefix, lease) (tiering.py): present keys in any tier; RAM hits are leased, disk hits are
+  promoted into the arena (a get waits for them). A leased slot is never evicted or reused. A lease that
+  outlives its TTL is dropped; a reader that copied past that point sees the slot's generation changed
+  (bumped on every free) and treats its copy as a miss.
+- release(lease_ids), exists, delete (every tier; a leased block is hidden at once, freed at its last
+  release), pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys/describe/stats
+  (inspection.py), sweep(now).
 
 Eviction: a reserve that finds no slot asks the policy for victims among committed, unleased, unpinned
 entries until the allocation succeeds. After a commit that leaves allocated bytes above the high watermark,
-victims are evicted down to the low watermark.
+victims are evicted down to the low watermark. Evicting a block that has a disk copy only drops the RAM copy.
 
 Locking: one lock, `self._lock`, around every public method; the policy, allocator and catalog have none.
-Every method does O(batch) Python work under it and no I/O.
+Every method does O(batch) Python work under it; the only I/O under it is disk-index reads.
 """
 
 from __future__ import annotations
@@ -32,20 +36,19 @@ import numpy as np
 
 from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.shm import ArenaLayout
-from kvstore.engine.catalog import Catalog, EntryState, Namespace
+from kvstore.engine.catalog import ON_DISK, Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.results import (
     ALREADY_PRESENT,
     IN_FLIGHT,
     RESERVED,
     EngineConfig,
-    EngineStats,
-    KeyRecord,
-    LookupResult,
     ReserveResult,
 )
+from kvstore.engine.movement import Mover, Promotion
 from kvstore.engine.read_buffer import ReadBuffer
-from kvstore.engine.snapshot import key_record, snapshot
+from kvstore.engine.inspection import InspectionMixin
+from kvstore.engine.tiering import TieringMixin
 from kvstore.engine.ttl import TtlTable
 from kvstore.errors import (
     ConflictError,
@@ -56,6 +59,8 @@ from kvstore.errors import (
     UnknownReservationError,
 )
 from kvstore.policies import EvictionPolicy
+from kvstore.policies.admission import AdmissionPolicy, AlwaysAdmit
+from kvstore.tiers.disk import DISK_CODECS, DiskStore
 from kvstore.validation import check_keys, check_namespace_name, check_sizes
 
 __all__ = ["Engine"]
@@ -65,10 +70,11 @@ _COMMITTED = int(EntryState.COMMITTED)
 _RESERVED = int(EntryState.RESERVED)
 _DOOMED = int(EntryState.DOOMED)
 _QUARANTINED = int(EntryState.QUARANTINED)
+_PROMOTING = int(EntryState.PROMOTING)
 _RECENT_CLOSED = 8192
 
 
-class Engine:
+class Engine(TieringMixin, InspectionMixin):
     def __init__(
         self,
         config: EngineConfig,
@@ -76,6 +82,10 @@ class Engine:
         generations: np.ndarray,
         allocator: SlabAllocator,
         policy: EvictionPolicy,
+        *,
+        disk: DiskStore | None = None,
+        admission: AdmissionPolicy | None = None,
+        arena_address: int = 0,
     ) -> None:
         self.config = config
         self.layout = layout
@@ -90,16 +100,44 @@ class Engine:
         self._touches = ReadBuffer(policy)
         self.counters = Counters()
         self._lock = threading.Lock()
+        # disk tier (optional): the store, its admission policy, the I/O threads, promotions in flight
+        self._disk = disk
+        self._admission = admission or AlwaysAdmit()
+        self._arena_address = arena_address
+        self._promotions: dict[int, Promotion] = {}
+        self._mover = Mover(disk, self, queue_blocks=config.write_queue_blocks) if disk is not None else None
+        self._next_probe = 0.0
+        if disk is not None:
+            for name in disk.namespaces():  # known from before a restart; the next registration describes them
+                self._cat.add_namespace(name, "", "", "", recovered=True)
+
+    def start(self) -> None:
+        """Start the background I/O threads (the daemon calls this once its RPC server is up)."""
+        if self._mover is not None:
+            self._mover.start()
+
+    def stop(self) -> None:
+        """Finish queued disk writes and promotions, then stop the I/O threads."""
+        if self._mover is not None:
+            self._mover.stop()
 
     # -- namespaces -------------------------------------------------------------------------------------
-    def register_namespace(self, name: str, model: str = "", layout_digest: str = "", tenant: str = "") -> bool:
+    def register_namespace(self, name: str, model: str = "", layout_digest: str = "", tenant: str = "",
+                           disk_codec: str = "") -> bool:
         """True when created; False when it existed with the same description (ConflictError otherwise)."""
         check_namespace_name(name)
+        if disk_codec not in DISK_CODECS:
+            raise InvalidRequestError(f"disk_codec={disk_codec!r}: use one of {', '.join(DISK_CODECS[1:])} or ''")
+        codec = disk_codec or self.config.disk_codec
         with self._lock:
             ns = self._cat.by_name.get(name)
             if ns is None:
-                self._cat.add_namespace(name, model, layout_digest, tenant)
+                self._cat.add_namespace(name, model, layout_digest, tenant, codec)
                 return True
+            if ns.recovered:  # came back from the disk tier after a restart: adopt the description
+                ns.model, ns.layout_digest, ns.tenant, ns.disk_codec = model, layout_digest, tenant, codec
+                ns.recovered = False
+                return False
             if (ns.model, ns.layout_digest, ns.tenant) != (model, layout_digest, tenant):
                 raise ConflictError(
                     f"namespace {name!r} is registered as model={ns.model!r} layout={ns.layout_digest!r} "
@@ -139,6 +177,12 @@ class Engine:
                     keep.add(eid)
                 else:
                     outcomes[i] = IN_FLIGHT
+            if todo and self._disk is not None:
+                on_disk = self._disk.contains_many(ns.name, [keys[i] for i in todo])
+                for i, length in zip(list(todo), on_disk):
+                    if length:
+                        outcomes[i] = ALREADY_PRESENT
+                        todo.remove(i)
             if not todo:
                 return ReserveResult(0, outcomes, offsets, 0)
             for i in todo:
@@ -186,6 +230,8 @@ class Engine:
     def _evict(self, eid: int) -> None:
         """Drop a committed entry the policy has already forgotten."""
         size = int(self._cat.size[eid])
+        if self._cat.flags[eid] & ON_DISK:
+            self.counters.evicted_to_disk += 1  # the disk tier keeps it: only the RAM copy goes
         self._forget_committed(eid)
         self._free(eid)
         self.counters.evictions += 1
@@ -232,6 +278,11 @@ class Engine:
                 policy.on_insert(eid, hash(cat.keys[eid]) ^ ns.id)
             ns.puts += len(eids)
             self.counters.committed_blocks += len(eids)
+            if self._disk is not None:
+                ids = np.array(eids, dtype=np.int64)
+                cat.seen[ids] = 1
+                if self._admission.admits(1):
+                    self._queue_writes(ids)
             self._enforce_watermarks()
             return len(eids)
 
@@ -275,60 +326,7 @@ class Engine:
             f"reservation {reservation_id} was already {how}" + (hint if how == "expired" else "")
         )
 
-    # -- reads ------------------------------------------------------------------------------------------
-    def lookup(self, ns_name: str, keys: Sequence[bytes], prefix: bool = False, lease: bool = True) -> LookupResult:
-        self._check_keys(keys)
-        with self._lock:
-            ns = self._namespace(ns_name)
-            cat = self._cat
-            state = cat.state
-            get = ns.index.get
-            if prefix:
-                eids: list[int] = []
-                for key in keys:
-                    eid = get(key)
-                    if eid is None:
-                        break
-                    eids.append(eid)
-            else:
-                eids = [get(k, -1) for k in keys]
-            arr = np.array(eids, dtype=np.int64)
-            found = arr >= 0
-            found[found] = state[arr[found]] == _COMMITTED
-            if prefix:
-                num_prefix = int(np.argmin(found)) if not found.all() else len(arr)
-                ids = arr[:num_prefix]
-                present = [True] * num_prefix + ([False] if num_prefix < len(keys) else [])
-            else:
-                ids = arr[found]
-                present = found.tolist()
-                num_prefix = present.index(False) if False in present else len(present)
-            hits = ids
-            self._touches.record(ids)
-            ns.lookup_keys += len(keys)
-            ns.hit_keys += num_prefix if prefix else len(hits)
-            self.counters.lookup_calls += 1
-            self.counters.lookup_keys += len(keys)
-            self.counters.hit_keys += len(hits)
-            if not len(hits):
-                return LookupResult(num_prefix, present, [], [], [], [], 0, 0)
-            offsets = cat.offset[ids]
-            gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
-            lease_id = 0
-            if lease:
-                np.add.at(cat.leases, ids, 1)
-                lease_id = self._leases.add(ids)
-            return LookupResult(
-                num_prefix,
-                present,
-                offsets.tolist(),
-                cat.size[ids].tolist(),
-                gens.tolist(),
-                cat.checksum[ids].tolist(),
-                lease_id,
-                int(self.config.lease_ttl_s * 1000) if lease else 0,
-            )
-
+    # -- reads (lookup lives in tiering.py) ------------------------------------------------------------
     def release(self, lease_ids: Sequence[int]) -> int:
         released = 0
         with self._lock:
@@ -347,20 +345,31 @@ class Engine:
                 self._free(eid)
 
     def exists(self, ns_name: str, keys: Sequence[bytes]) -> list[bool]:
-        self._check_keys(keys)
-        with self._lock:
-            index, state = self._namespace(ns_name).index, self._cat.state
-            return [(eid := index.get(k)) is not None and state[eid] == _COMMITTED for k in keys]
-
-    # -- management -------------------------------------------------------------------------------------
-    def delete(self, ns_name: str, keys: Sequence[bytes]) -> int:
+        """Present in RAM (or being promoted) or on disk; no lease, no promotion."""
         self._check_keys(keys)
         with self._lock:
             ns = self._namespace(ns_name)
-            return sum(self._delete_one(ns.index.get(k)) for k in keys)
+            _, tiers = self._locate(ns, keys)
+            return (tiers != 0).tolist()
+
+    # -- management -------------------------------------------------------------------------------------
+    def delete(self, ns_name: str, keys: Sequence[bytes]) -> int:
+        """Remove keys from every tier; returns how many were present anywhere."""
+        self._check_keys(keys)
+        with self._lock:
+            ns = self._namespace(ns_name)
+            in_ram = [self._delete_one(ns.index.get(k)) for k in keys]
+            on_disk = self._disk.contains_many(ns.name, keys) if self._disk is not None else [0] * len(keys)
+        if self._disk is not None and any(on_disk):
+            self._disk.delete(ns.name, [k for k, d in zip(keys, on_disk) if d])  # index I/O: outside the lock
+        return sum(1 for r, d in zip(in_ram, on_disk) if r or d)
 
     def _delete_one(self, eid: int | None) -> int:
         cat = self._cat
+        if eid is not None and cat.state[eid] == _PROMOTING:
+            self._promotions[eid].cancelled = True  # the promoter frees the slot when its read returns
+            cat.unindex(eid)
+            return 1
         if eid is None or cat.state[eid] != _COMMITTED:
             return 0
         self._touches.apply()
@@ -374,9 +383,14 @@ class Engine:
         return 1
 
     def clear_namespace(self, ns_name: str) -> int:
+        """Delete every block of a namespace in every tier; returns how many distinct keys went."""
         with self._lock:
             ns = self._namespace(ns_name)
-            return sum(self._delete_one(eid) for eid in list(ns.index.values()))
+            ram_keys = {k for k, e in list(ns.index.items()) if self._delete_one(e)}
+        if self._disk is None:
+            return len(ram_keys)
+        both = sum(1 for n in self._disk.contains_many(ns.name, list(ram_keys)) if n) if ram_keys else 0
+        return len(ram_keys) + self._disk.clear_namespace(ns.name) - both
 
     def pin(self, ns_name: str, keys: Sequence[bytes], delta: int) -> int:
         """delta=+1 pins, -1 unpins; returns how many keys changed (unpin of an unpinned key changes none)."""
@@ -394,28 +408,13 @@ class Engine:
                     changed += 1
             return changed
 
-    def list_keys(self, ns_name: str, cursor: bytes, limit: int) -> tuple[list[KeyRecord], bytes]:
-        if not 1 <= limit <= 10000:
-            raise InvalidRequestError(f"limit {limit} out of range: use 1..10000")
-        with self._lock:
-            ns, cat = self._namespace(ns_name), self._cat
-            committed = [(k, e) for k, e in ns.index.items() if cat.state[e] == _COMMITTED and k > cursor]
-            committed.sort()
-            page = committed[:limit]
-            more = len(committed) > limit
-            return [key_record(self._cat, k, e) for k, e in page], (page[-1][0] if more else b"")
-
-    def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
-        """Records of the present keys among `keys`, in request order."""
-        self._check_keys(keys)
-        with self._lock:
-            index, state = self._namespace(ns_name).index, self._cat.state
-            return [key_record(self._cat, k, e) for k in keys if (e := index.get(k)) is not None and state[e] == _COMMITTED]
-
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:
-        """Expire leases and reservations, free quarantined slots. Called periodically by the daemon."""
+        """Expire leases and reservations, free quarantined slots, retry a degraded disk. Called periodically."""
         now = time.monotonic() if now is None else now
+        if self._disk is not None and self._disk.degraded and now >= self._next_probe:
+            self._next_probe = now + self.config.probe_interval_s
+            self._disk.probe()  # outside the lock: it does I/O
         with self._lock:
             self._touches.apply()
             for _, ids in self._leases.expire(now):
@@ -438,9 +437,3 @@ class Engine:
         """Bytes that failed their checksum on the way in (counted; the block was not stored)."""
         with self._lock:
             self.counters.checksum_failures += 1
-
-    # -- reporting --------------------------------------------------------------------------------------
-    def stats(self) -> EngineStats:
-        with self._lock:
-            return snapshot(self._cat, self._alloc, self._policy.name, self.config, len(self._leases),
-                            len(self._reservations), self.counters.snapshot())

@@ -23,6 +23,10 @@ class EngineConfig:
     lease_ttl_s: float = 30.0
     reservation_ttl_s: float = 30.0
     quarantine_s: float = 30.0
+    promote_timeout_s: float = 5.0    # how long a get waits for blocks being read back from disk
+    write_queue_blocks: int = 4096    # write-behind queue bound (blocks); beyond it blocks are not copied to disk
+    probe_interval_s: float = 5.0     # how often a degraded disk tier is retried
+    disk_codec: str = "none"          # default disk-tier codec of namespaces that do not choose one
 
 
 @dataclass
@@ -43,6 +47,7 @@ class LookupResult:
     checksums: list[int]
     lease_id: int
     expires_in_ms: int
+    tiers: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,4 @@ class EngineStats:
     counters: dict[str, int] = field(default_factory=dict)
     namespaces: list[NamespaceUsage] = field(default_factory=list)
     size_classes: list[ClassUsage] = field(default_factory=list)
+    disk: object | None = None  # kvstore.tiers.disk.DiskStats when the disk tier is enabled

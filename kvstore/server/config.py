@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from kvstore.errors import ConfigError
-from kvstore.paths import default_socket_path
+from kvstore.paths import default_disk_dir, default_socket_path
+from kvstore.policies.admission import ADMISSION_HELP, make_admission
 from kvstore.policies import POLICY_NAMES
 
 __all__ = ["ServerConfig", "load_config", "parse_size", "build_arg_parser"]
@@ -58,6 +59,16 @@ class ServerConfig:
     lease_ttl_s: float = field(default=30.0, **_help("seconds a read lease lives unless released"))
     reservation_ttl_s: float = field(default=30.0, **_help("seconds a reservation lives unless committed"))
     quarantine_s: float = field(default=-1.0, **_help("seconds expired reservations wait before reuse; <0 = reservation_ttl_s"))
+    disk_dir: str = field(default_factory=default_disk_dir, **_help("disk tier directory (segment files + lmdb index)"))
+    disk_bytes: int = field(default=8 << 30, **_help("disk tier capacity; 0 disables the disk tier"))
+    disk_segment_bytes: int = field(default=256 << 20, **_help("disk segment file size (the unit of disk eviction)"))
+    disk_sync: str = field(default="data", **_help("data: fdatasync before the index commit (crash-safe); none: no fsync"))
+    disk_codec: str = field(default="none", **_help("default disk compression: none, zstd, zstd-shuffle2 (bf16 KV)"))
+    disk_admission: str = field(default="always", **_help("which blocks get a disk copy: " + ADMISSION_HELP))
+    disk_wipe: bool = field(default=False, **_help("empty the disk tier at start instead of serving what it holds"))
+    disk_probe_interval_s: float = field(default=5.0, **_help("how often a degraded disk tier is retried"))
+    promote_timeout_s: float = field(default=5.0, **_help("how long a get waits for blocks read back from disk"))
+    write_queue_blocks: int = field(default=4096, **_help("bound of the disk write-behind queue, in blocks"))
     max_batch_keys: int = field(default=4096, **_help("most keys one RPC may carry"))
     max_message_bytes: int = field(default=64 << 20, **_help("largest gRPC message"))
     sweep_interval_s: float = field(default=0.25, **_help("how often leases and reservations are checked for expiry"))
@@ -96,6 +107,21 @@ class ServerConfig:
         _require(1 <= self.grpc_workers <= 256, f"grpc_workers={self.grpc_workers}: use 1..256")
         _require(self.log_level in ("debug", "info", "warning", "error"), f"log_level={self.log_level!r}: use debug, info, warning or error")
         _require(self.log_format in ("text", "json"), f"log_format={self.log_format!r}: use text or json")
+        if self.disk_bytes:
+            _require(bool(self.disk_dir), "disk_dir is empty: give a directory or set disk_bytes = 0")
+            _require(self.disk_segment_bytes >= 1 << 20 and self.disk_segment_bytes % (1 << 20) == 0,
+                     f"disk_segment_bytes={self.disk_segment_bytes}: use a multiple of 1MiB")
+            _require(self.disk_segment_bytes >= self.max_block_bytes,
+                     "disk_segment_bytes must be at least max_block_bytes")
+            _require(self.disk_bytes >= 2 * self.disk_segment_bytes,
+                     f"disk_bytes={self.disk_bytes} must hold at least 2 segments of {self.disk_segment_bytes}")
+        _require(self.disk_sync in ("data", "none"), f"disk_sync={self.disk_sync!r}: use data or none")
+        _require(self.disk_codec in ("none", "zstd", "zstd-shuffle2"),
+                 f"disk_codec={self.disk_codec!r}: use none, zstd or zstd-shuffle2")
+        make_admission(self.disk_admission)
+        _require(self.disk_probe_interval_s > 0, f"disk_probe_interval_s={self.disk_probe_interval_s} must be > 0")
+        _require(self.promote_timeout_s > 0, f"promote_timeout_s={self.promote_timeout_s} must be > 0")
+        _require(1 <= self.write_queue_blocks <= 1 << 20, f"write_queue_blocks={self.write_queue_blocks}: use 1..1048576")
         return self
 
 
@@ -109,6 +135,14 @@ def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
     if f.name.endswith("_bytes"):
         return parse_size(raw, what)  # type: ignore[arg-type]
     kind = f.type if isinstance(f.type, str) else f.type.__name__
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(raw).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{what}: expected true or false, got {raw!r}")
     try:
         if kind == "int":
             if isinstance(raw, bool):
@@ -135,8 +169,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="TOML file with any of the settings below")
     for f in fields(ServerConfig):
         default = f.default if f.default is not dataclasses.MISSING else "(computed)"
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
-                       help=f"{f.metadata.get('help', '')} [default: {default!r}]")
+        flag, text = "--" + f.name.replace("_", "-"), f"{f.metadata.get('help', '')} [default: {default!r}]"
+        if f.type == "bool":
+            p.add_argument(flag, dest=f.name, default=None, action="store_const", const="true", help=text)
+        else:
+            p.add_argument(flag, dest=f.name, default=None, metavar="VALUE", help=text)
     return p
 
 

@@ -6,6 +6,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 
 from kvstore._version import __version__
 from kvstore._proto import kvstore_pb2 as pb
@@ -17,12 +18,14 @@ __all__ = ["NodeInfo"]
 
 
 class NodeInfo:
-    def __init__(self, node_id: str, arena: SharedArena, engine_config: EngineConfig) -> None:
+    def __init__(self, node_id: str, arena: SharedArena, engine_config: EngineConfig,
+                 degraded: Callable[[], str] = lambda: "") -> None:
         self.node_id = node_id
         self._arena = arena
         self._cfg = engine_config
         self._started = time.monotonic()
         self.status = "SERVING"
+        self._degraded = degraded  # '' when every tier is healthy, else why not
         # Offsets handed out by this process are meaningless in another daemon's arena, even one with the
         # same shm name after a restart: clients compare this value before trusting an offset.
         self.incarnation = random.getrandbits(63) | 1
@@ -38,8 +41,9 @@ class NodeInfo:
                             incarnation=self.incarnation)
 
     def health(self) -> pb.HealthResponse:
+        detail = self._degraded() if self.status == "SERVING" else ""
         return pb.HealthResponse(
-            status=self.status, node_id=self.node_id, version=__version__, hostname=socket.gethostname(),
+            status="DEGRADED" if detail else self.status, detail=detail, node_id=self.node_id, version=__version__, hostname=socket.gethostname(),
             boot_id=boot_id(), pid=os.getpid(), arena=self.arena_info(),
             max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
             max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(),

@@ -1,8 +1,9 @@
 """`kvstore-server`: the composition root. Builds every concrete part from one ServerConfig and runs them.
 
 Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
-engine -> gRPC server on the unix socket and TCP -> sweeper thread. Shutdown on SIGTERM/SIGINT runs the other
-way: stop accepting RPCs, let in-flight ones finish (grace), stop the sweeper, remove the arena and socket.
+disk tier (recovered or wiped) -> engine -> disk I/O threads, gRPC server on the unix socket and TCP ->
+sweeper thread. Shutdown on SIGTERM/SIGINT runs the other way: stop accepting RPCs, let in-flight ones finish
+(grace), stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineConfig
 from kvstore.errors import ConfigError
 from kvstore.policies import make_policy
+from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.service import KVStoreService
+from kvstore.tiers.disk import DiskConfig, DiskStore
 
 __all__ = ["main", "Daemon"]
 
@@ -49,18 +52,34 @@ class Daemon:
                 max_block_bytes=cfg.max_block_bytes, max_batch_keys=cfg.max_batch_keys,
                 high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
                 lease_ttl_s=cfg.lease_ttl_s, reservation_ttl_s=cfg.reservation_ttl_s,
-                quarantine_s=cfg.effective_quarantine_s,
+                quarantine_s=cfg.effective_quarantine_s, promote_timeout_s=cfg.promote_timeout_s,
+                write_queue_blocks=cfg.write_queue_blocks, disk_codec=cfg.disk_codec,
+                probe_interval_s=cfg.disk_probe_interval_s,
             )
             allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes)
+            self.disk = self._open_disk() if cfg.disk_bytes else None
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
-                                 make_policy(cfg.policy))
-            self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config)
+                                 make_policy(cfg.policy), disk=self.disk,
+                                 admission=make_admission(cfg.disk_admission), arena_address=self.arena.address)
+            self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
             self.server = self._build_server()
         except BaseException:
             self.arena.destroy()
+            if getattr(self, "disk", None) is not None:
+                self.disk.close()
             raise
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)
+
+    def _open_disk(self) -> DiskStore:
+        """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""
+        cfg = self.cfg
+        store = DiskStore(DiskConfig(directory=cfg.disk_dir, capacity_bytes=cfg.disk_bytes,
+                                     segment_bytes=cfg.disk_segment_bytes, sync=cfg.disk_sync,
+                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s))
+        report = store.open(wipe=cfg.disk_wipe)
+        log.info("disk tier %s: %s", cfg.disk_dir, report)
+        return store
 
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg
@@ -81,14 +100,16 @@ class Daemon:
         return server
 
     def start(self) -> None:
+        self.engine.start()
         self.server.start()
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
         self._sweeper.start()
         lay = self.arena.layout
-        log.info("serving node=%s unix=%s tcp=%s arena=%s bytes=%d locked=%s policy=%s pid=%d",
+        log.info("serving node=%s unix=%s tcp=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
                  self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-", lay.shm_name,
-                 lay.data_bytes, self.arena.locked, self.cfg.policy, os.getpid())
+                 lay.data_bytes, self.arena.locked, self.cfg.policy,
+                 f"{self.cfg.disk_dir}:{self.cfg.disk_bytes}" if self.disk else "off", os.getpid())
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.cfg.sweep_interval_s):
@@ -110,6 +131,9 @@ class Daemon:
         self.server.stop(SHUTDOWN_GRACE_S).wait()
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)
+        self.engine.stop()
+        if self.disk is not None:
+            self.disk.close()
         self.arena.destroy()
         if self.cfg.unix_socket:
             try:

@@ -65,7 +65,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.ServicerContext) -> pb.RegisterNamespaceResponse:
-        created = self._engine.register_namespace(request.name, request.model, request.layout_digest, request.tenant)
+        created = self._engine.register_namespace(request.name, request.model, request.layout_digest, request.tenant,
+                                                  request.disk_codec)
         return pb.RegisterNamespaceResponse(created=created)
 
     @_rpc
@@ -86,7 +87,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         r = self._engine.lookup(request.namespace, request.keys, request.prefix, request.lease)
         return pb.LookupResponse(num_prefix=r.num_prefix, present=r.present, offsets=r.offsets, sizes=r.sizes,
-                                 generations=r.generations, checksums=r.checksums, lease_id=r.lease_id,
+                                 generations=r.generations, checksums=r.checksums, lease_id=r.lease_id, tiers=r.tiers,
                                  expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
 
     @_rpc
@@ -141,6 +142,19 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                                           hit_keys=n.hit_keys, puts=n.puts) for n in s.namespaces],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
+            disk=self._disk_stats(s.disk),
+        )
+
+    def _disk_stats(self, d: Any) -> pb.DiskTierStats:
+        if d is None:
+            return pb.DiskTierStats(enabled=False)
+        return pb.DiskTierStats(
+            enabled=True, directory=self._engine.disk_directory, capacity_bytes=d.capacity_bytes, used_bytes=d.used_bytes,
+            blocks=d.blocks, segments_total=d.segments_total, segments_free=d.segments_free, degraded=d.degraded,
+            degraded_reason=d.degraded_reason, bytes_written=d.bytes_written, bytes_read=d.bytes_read,
+            raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out, checksum_failures=d.checksum_failures,
+            io_errors=d.io_errors, evicted_blocks=d.evicted_blocks, evicted_bytes=d.evicted_bytes,
+            write_queue_blocks=self._engine.write_queue_blocks, admission=self._engine.admission_name,
         )
 
     # -- byte streams (fallback path) ---------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""Background threads that move bytes between the arena and the disk tier.
+
+Metadata decisions stay in the engine; these threads only run the I/O outside the engine's lock:
+
+- the writer drains a bounded queue of committed blocks (write-behind: a block admitted to the disk tier is
+  copied soon after its commit, so a later RAM eviction is a metadata-only drop and never waits for I/O).
+  It claims a batch from the engine (which puts an I/O hold on each slot), writes it with one
+  `DiskStore.write_many` call straight from the arena slots, and reports the statuses back.
+- promoter threads read blocks that a Lookup found only on disk into slots the engine allocated, then report
+  back; the Lookup (or a get waiting on it) is woken through the promotion's event.
+
+A full write queue rejects new blocks (counted): under overload, the disk tier keeps fewer copies rather than
+slowing puts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvstore.tiers.disk import DiskStatus, DiskStore, WriteItem
+
+__all__ = ["Mover", "Promotion", "MoverHooks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Promotion:
+    """One block being read from disk into the arena slot of entry `eid`."""
+
+    eid: int
+    namespace: str
+    key: bytes
+    address: int
+    capacity: int
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+    cancelled: bool = False
+
+
+class MoverHooks(Protocol):
+    def claim_writes(self, batch: list[tuple[int, int, bytes]]) -> tuple[list[WriteItem], list[int]]: ...
+    def finish_writes(self, eids: list[int], statuses: list[DiskStatus]) -> list[tuple[str, bytes]]: ...
+    def finish_promotion(self, p: Promotion, status: DiskStatus) -> None: ...
+
+
+class Mover:
+    def __init__(self, disk: DiskStore, hooks: MoverHooks, *, queue_blocks: int = 4096, batch_blocks: int = 16,
+                 promoters: int = 2) -> None:
+        self._disk = disk
+        self._hooks = hooks
+        self._max_queue = queue_blocks
+        self._batch = batch_blocks
+        self._writes: deque[tuple[int, int, bytes]] = deque()
+        self._promotions: deque[Promotion] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._write_loop, name="kvstore-disk-writer", daemon=True)]
+        self._threads += [threading.Thread(target=self._promote_loop, name=f"kvstore-promoter-{i}", daemon=True)
+                          for i in range(promoters)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish queued promotions and writes (so a clean shutdown leaves the disk tier complete), then stop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout_s)
+
+    @property
+    def queued_writes(self) -> int:
+        return len(self._writes)
+
+    def enqueue_writes(self, items: list[tuple[int, int, bytes]]) -> int:
+        """Queue (eid, namespace id, key) for write-behind; returns how many fit. Never blocks."""
+        with self._cond:
+            room = max(0, self._max_queue - len(self._writes))
+            accepted = items[:room]
+            self._writes.extend(accepted)
+            if accepted:
+                self._cond.notify_all()
+            return len(accepted)
+
+    def enqueue_promotion(self, p: Promotion) -> None:
+        with self._cond:
+            self._promotions.append(p)
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._writes and not self._stopping:
+                    self._cond.wait()
+                if not self._writes:
+                    return
+                batch = [self._writes.popleft() for _ in range(min(self._batch, len(self._writes)))]
+            items, eids = self._hooks.claim_writes(batch)
+            if not items:
+                continue
+            try:
+                statuses = self._disk.write_many(items)
+            except Exception:  # the writer must survive a bad batch; the holds must be given back either way
+                log.exception("disk writer failed on a batch of %d blocks", len(items))
+                statuses = [DiskStatus.IO_ERROR] * len(items)
+            for ns, key in self._hooks.finish_writes(eids, statuses):
+                self._disk.delete(ns, [key])  # deleted while its write was in flight
+
+    def _promote_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._promotions and not self._stopping:
+                    self._cond.wait()
+                if not self._promotions:
+                    return
+                p = self._promotions.popleft()
+            status = DiskStatus.IO_ERROR
+            try:
+                if not p.cancelled:
+                    status, _ = self._disk.read_into(p.namespace, p.key, p.address, p.capacity)
+                else:
+                    status = DiskStatus.NOT_FOUND
+            except Exception:
+                log.exception("promotion of a block of %s failed", p.namespace)
+            finally:
+                self._hooks.finish_promotion(p, status)

@@ -1,0 +1,253 @@
+"""The engine's reads across tiers and its side of the RAM <-> disk movement (a mixin of `Engine`).
+
+Lookup, for each key: in the arena (RAM hit) -> leased at once; being promoted -> joins that promotion; only
+on disk -> a slot is allocated and a promotion started. A Lookup without a lease (the scheduler's probe)
+returns right away, counting disk hits as present: their promotion runs in the background, so the later get
+finds them in RAM (prefetch). A Lookup with a lease (a get) waits up to `promote_timeout_s` for its
+promotions, then leases what arrived; a promotion that failed (checksum, I/O error, no room) is a miss.
+
+Write-behind: a block is queued for the disk writer when the admission policy accepts its use count (at
+commit, or when a later hit raises the count). Its slot is held (leases + 1) only while the write runs.
+
+Every method that touches engine state runs under the engine lock; the hooks called from the mover threads
+take it themselves. DiskStore calls made under the lock are index reads (one lmdb read txn per batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvstore.engine.catalog import ON_DISK, QUEUED, EntryState, Namespace
+from kvstore.engine.movement import Promotion
+from kvstore.engine.results import LookupResult
+from kvstore.tiers.disk import DiskStatus, WriteItem
+
+if TYPE_CHECKING:
+    from kvstore.engine.engine import Engine
+
+__all__ = ["TieringMixin", "TIER_NONE", "TIER_RAM", "TIER_DISK"]
+
+TIER_NONE, TIER_RAM, TIER_DISK = 0, 1, 2
+_COMMITTED = int(EntryState.COMMITTED)
+_PROMOTING = int(EntryState.PROMOTING)
+_DOOMED = int(EntryState.DOOMED)
+
+
+class TieringMixin:
+    # -- lookup -----------------------------------------------------------------------------------------
+    def lookup(self: Engine, ns_name: str, keys: Sequence[bytes], prefix: bool = False,
+               lease: bool = True) -> LookupResult:
+        self._check_keys(keys)
+        with self._lock:
+            ns = self._namespace(ns_name)
+            eids, tiers = self._locate(ns, keys)
+            limit = _prefix_len(tiers) if prefix else len(keys)
+            promos = self._promote(ns, keys, eids, tiers, limit)
+            ram = [i for i in range(limit) if tiers[i] == TIER_RAM]
+            ram_ids = eids[ram]
+            self._touches.record(ram_ids)
+            self._note_hits(ram_ids)
+            self.counters.lookup_calls += 1
+            self.counters.lookup_keys += len(keys)
+            ns.lookup_keys += len(keys)
+            if not lease:
+                found = [tiers[i] != TIER_NONE and (tiers[i] == TIER_RAM or i in promos) for i in range(limit)]
+                return self._answer(ns, keys, prefix, tiers, [(i, int(eids[i])) for i in ram],
+                                    found_mask=found, lease=False)
+            if len(ram_ids):
+                np.add.at(self._cat.leases, ram_ids, 1)  # hold RAM hits while promotions may evict
+        if promos:
+            deadline = time.monotonic() + self.config.promote_timeout_s
+            for p in promos.values():
+                p.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            cat = self._cat
+            hits: list[tuple[int, int]] = []
+            held = set(ram)
+            for i in range(limit):
+                if i in held:
+                    hits.append((i, int(eids[i])))
+                    continue
+                p = promos.get(i)
+                if p is not None and p.ok and cat.state[p.eid] == _COMMITTED and cat.keys[p.eid] == keys[i]:
+                    cat.leases[p.eid] += 1
+                    hits.append((i, p.eid))
+                elif prefix:
+                    break
+            if prefix:  # give back holds of RAM hits past the first miss
+                n = len(hits)
+                extra = np.array([eids[i] for i in ram if i >= n], dtype=np.int64)
+                if len(extra):
+                    self._unlease(extra)
+            return self._answer(ns, keys, prefix, tiers, hits, lease=True)
+
+    def _locate(self: Engine, ns: Namespace, keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """Entry id (or -1) and tier of each key. PROMOTING counts as TIER_DISK (a promotion to join)."""
+        get = ns.index.get
+        eids = np.array([get(k, -1) for k in keys], dtype=np.int64)
+        tiers = np.zeros(len(keys), dtype=np.int8)
+        known = eids >= 0
+        states = np.full(len(keys), -1, dtype=np.int16)
+        states[known] = self._cat.state[eids[known]]
+        tiers[states == _COMMITTED] = TIER_RAM
+        tiers[states == _PROMOTING] = TIER_DISK
+        if self._disk is not None:
+            missing = np.flatnonzero(~known)
+            if len(missing):
+                lengths = self._disk.contains_many(ns.name, [keys[i] for i in missing])
+                for i, length in zip(missing.tolist(), lengths):
+                    if length:
+                        tiers[i] = TIER_DISK
+                        eids[i] = -length  # remembered for _promote: a negative id carries the length
+        return eids, tiers
+
+    def _promote(self: Engine, ns: Namespace, keys: Sequence[bytes], eids: np.ndarray, tiers: np.ndarray,
+                 limit: int) -> dict[int, Promotion]:
+        """Start (or join) a promotion for each disk-tier key before `limit`; index -> promotion."""
+        promos: dict[int, Promotion] = {}
+        for i in np.flatnonzero(tiers[:limit] == TIER_DISK).tolist():
+            eid = int(eids[i])
+            if eid >= 0:
+                p = self._promotions.get(eid)
+            else:
+                p = self._start_promotion(ns, keys[i], -eid)
+                eids[i] = p.eid if p is not None else -1
+            if p is not None:
+                promos[i] = p
+        return promos
+
+    def _start_promotion(self: Engine, ns: Namespace, key: bytes, length: int) -> Promotion | None:
+        off = self._allocate(length, set())
+        if off is None:
+            self.counters.promotion_failures += 1
+            return None
+        cat = self._cat
+        eid = cat.add(ns, key, off, length)
+        cat.state[eid] = _PROMOTING
+        cat.flags[eid] = ON_DISK
+        p = Promotion(eid, ns.name, key, self._arena_address + off, self._alloc.slot_bytes(length))
+        self._promotions[eid] = p
+        self._mover.enqueue_promotion(p)
+        self.counters.promotions += 1
+        return p
+
+    def _answer(self: Engine, ns: Namespace, keys: Sequence[bytes], prefix: bool, tiers: np.ndarray,
+                hits: list[tuple[int, int]], *, lease: bool, found_mask: list[bool] | None = None) -> LookupResult:
+        cat = self._cat
+        if found_mask is None:
+            hit_at = {i for i, _ in hits}
+            found_mask = [i in hit_at for i in range(len(keys))]
+        if prefix:
+            n = found_mask.index(False) if False in found_mask else len(found_mask)
+            present = [True] * n + ([False] if n < len(keys) else [])
+        else:
+            present = found_mask + [False] * (len(keys) - len(found_mask))
+            n = present.index(False) if False in present else len(present)
+        looked = len(present)
+        hits_disk = sum(1 for i, ok in enumerate(present) if ok and tiers[i] == TIER_DISK)
+        hits_all = sum(present)
+        ns.hit_keys += n if prefix else hits_all
+        self.counters.hit_keys += hits_all
+        self.counters.hit_keys_ram += hits_all - hits_disk
+        self.counters.hit_keys_disk += hits_disk
+        ids = np.array([e for _, e in hits], dtype=np.int64)
+        tier_list = tiers[:looked].tolist()
+        if not len(ids):
+            return LookupResult(n, present, [], [], [], [], 0, 0, tier_list)
+        offsets = cat.offset[ids]
+        gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
+        lease_id = self._leases.add(ids) if lease else 0
+        return LookupResult(n, present, offsets.tolist(), cat.size[ids].tolist(), gens.tolist(),
+                            cat.checksum[ids].tolist(), lease_id,
+                            int(self.config.lease_ttl_s * 1000) if lease else 0, tier_list)
+
+    # -- admission and write-behind ---------------------------------------------------------------------
+    def _note_hits(self: Engine, ids: np.ndarray) -> None:
+        """Raise the use counts of RAM hits; queue the ones that just became admissible."""
+        if self._disk is None or not len(ids):
+            return
+        cat = self._cat
+        seen = cat.seen[ids]
+        cat.seen[ids] = np.minimum(seen.astype(np.int16) + 1, 255)
+        newly = ids[(cat.seen[ids] >= self._admission.threshold) & (cat.flags[ids] == 0)]
+        self._queue_writes(newly)
+
+    def _queue_writes(self: Engine, ids: np.ndarray) -> None:
+        if self._disk is None or not len(ids):
+            return
+        cat = self._cat
+        ids = np.unique(ids)
+        items = [(int(e), int(cat.ns[e]), cat.keys[e]) for e in ids.tolist()]
+        accepted = self._mover.enqueue_writes(items)
+        cat.flags[ids[:accepted]] |= QUEUED
+        self.counters.demote_queue_full += len(items) - accepted
+
+    def claim_writes(self: Engine, batch: list[tuple[int, int, bytes]]) -> tuple[list[WriteItem], list[int]]:
+        """Writer thread: turn queued entries that still exist into write items and hold their slots."""
+        items: list[WriteItem] = []
+        eids: list[int] = []
+        with self._lock:
+            cat = self._cat
+            for eid, ns_id, key in batch:
+                live = (eid < len(cat.keys) and cat.state[eid] == _COMMITTED and int(cat.ns[eid]) == ns_id
+                        and cat.keys[eid] == key and cat.flags[eid] & QUEUED)
+                if not live:
+                    self.counters.demote_dropped += 1  # evicted or deleted before the writer got to it
+                    continue
+                cat.flags[eid] = cat.flags[eid] & (0xFF ^ QUEUED)
+                cat.leases[eid] += 1
+                ns = cat.namespaces[ns_id]
+                items.append(WriteItem(ns.name, key, self._arena_address + int(cat.offset[eid]), int(cat.size[eid]),
+                                       ns.disk_codec))
+                eids.append(eid)
+        return items, eids
+
+    def finish_writes(self: Engine, eids: list[int], statuses: list[DiskStatus]) -> list[tuple[str, bytes]]:
+        """Writer thread: record results; returns (namespace, key) of blocks deleted during their write."""
+        stale: list[tuple[str, bytes]] = []
+        with self._lock:
+            cat = self._cat
+            for eid, status in zip(eids, statuses):
+                if status is DiskStatus.OK:
+                    cat.flags[eid] |= ON_DISK
+                    self.counters.disk_writes += 1
+                else:
+                    self.counters.disk_write_failures += 1
+                if cat.state[eid] == _DOOMED:
+                    stale.append((cat.namespace_of(eid).name, cat.keys[eid]))
+            if eids:
+                self._unlease(np.array(eids, dtype=np.int64))
+        return stale
+
+    def finish_promotion(self: Engine, p: Promotion, status: DiskStatus) -> None:
+        """Promoter thread: the read into the slot ended; commit the entry or give the slot back."""
+        with self._lock:
+            cat = self._cat
+            self._promotions.pop(p.eid, None)
+            alive = cat.state[p.eid] == _PROMOTING and cat.keys[p.eid] == p.key
+            if status is DiskStatus.OK and alive and not p.cancelled:
+                self._touches.apply()
+                cat.state[p.eid] = _COMMITTED
+                cat.created[p.eid] = cat.now()
+                ns = cat.namespace_of(p.eid)
+                ns.blocks += 1
+                ns.bytes += int(cat.size[p.eid])
+                self._policy.on_insert(p.eid, hash(p.key) ^ ns.id)
+                p.ok = True
+            else:
+                if alive:
+                    cat.unindex(p.eid)
+                    self._free(p.eid)
+                self.counters.promotion_failures += 1
+                if status is DiskStatus.CHECKSUM_ERROR:
+                    self.counters.checksum_failures += 1
+        p.done.set()
+
+
+def _prefix_len(tiers: np.ndarray) -> int:
+    missing = np.flatnonzero(tiers == TIER_NONE)
+    return int(missing[0]) if len(missing) else len(tiers)

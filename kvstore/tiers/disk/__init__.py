@@ -1,0 +1,41 @@
+"""The disk tier: whole KV blocks in log-structured segment files (O_DIRECT), an lmdb index, xxh3 on every block.
+
+One concern per module:
+
+    config.py     DiskConfig, validated at construction
+    types.py      DiskStatus (the closed outcome set), WriteItem, DiskRecord, DiskStats, RecoveryReport
+    io.py         BlockIO (O_DIRECT, buffered fallback) and FaultyIO (fault injection for tests)
+    codec.py      none / zstd / zstd-shuffle2
+    segments.py   segment files and the log's space accounting (write pointer, FIFO reclamation order)
+    index.py      the lmdb index (metadata only, fixed structs)
+    state.py      the parts an open store shares, and the lock order
+    recovery.py   open()-time validation and rebuild
+    writer.py     the write_many batch path
+    reader.py     the read_into path
+    health.py     degraded state and its log lines
+    store.py      DiskStore, the facade the engine drives
+
+    store = DiskStore(DiskConfig(directory="/var/cache/kvstore", capacity_bytes=64 << 30))
+    report = store.open()
+    store.write_many([WriteItem("ns", b"key", slot_address, length)])
+    status, length = store.read_into("ns", b"key", other_slot_address, slot_capacity)
+"""
+
+from kvstore.tiers.disk.config import DISK_CODECS, DiskConfig
+from kvstore.tiers.disk.io import AlignedBuffer, BlockIO, FaultyIO
+from kvstore.tiers.disk.store import DiskStore
+from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem
+
+__all__ = [
+    "DiskConfig",
+    "DISK_CODECS",
+    "DiskStore",
+    "DiskStatus",
+    "DiskRecord",
+    "DiskStats",
+    "RecoveryReport",
+    "WriteItem",
+    "BlockIO",
+    "FaultyIO",
+    "AlignedBuffer",
+]

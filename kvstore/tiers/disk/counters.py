@@ -1,0 +1,30 @@
+"""Named monotonic counters of the disk tier (a fixed set: a typo is an AttributeError, not a new counter)."""
+
+from __future__ import annotations
+
+__all__ = ["DiskCounters", "COUNTER_NAMES"]
+
+COUNTER_NAMES: tuple[str, ...] = (
+    "writes",             # blocks written and committed
+    "reads",              # blocks read back and verified
+    "bytes_written",      # bytes pwritten to segment files (page-aligned footprints)
+    "bytes_read",         # bytes pread from segment files
+    "raw_bytes_in",       # original bytes of committed blocks
+    "stored_bytes_out",   # stored (encoded) bytes of committed blocks: raw/stored is the compression ratio
+    "checksum_failures",  # reads whose bytes failed xxh3 (or did not decode)
+    "io_errors",          # failed or short reads, plus failed write batches
+    "evicted_blocks",     # records dropped by FIFO reclamation of their segment
+    "evicted_bytes",      # their original bytes
+    "dropped_entries",    # entries dropped for pointing outside the files (open) or at unreadable data
+)
+
+
+class DiskCounters:
+    __slots__ = COUNTER_NAMES
+
+    def __init__(self) -> None:
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTER_NAMES}

@@ -1,0 +1,309 @@
+"""The disk tier's index: an lmdb environment holding metadata only (block bytes live in the segment files).
+
+Sub-databases, every value a fixed struct (no pickle)::
+
+    meta        b"format" -> <I version      b"segment_bytes" -> <Q      b"probe" -> <Q (probe() writes it)
+    namespaces  name (utf-8) -> <I id        ids are small, stable, never reused
+    records     >I namespace id + block key -> ENTRY (length, stored_length, xxh3, segment, offset, seq, codec)
+    segments    >I segment -> <Q open_seq    age of the segment's current use (FIFO order, reuse detection)
+
+Record keys start with the big-endian namespace id, so one namespace is one contiguous key range (list_keys,
+clear_namespace). lmdb gives one writer and any number of lock-free MVCC readers; this class adds no lock:
+the store serializes the write methods. Every lmdb failure is translated here, once, into OSError (ENOSPC when
+the filesystem is full, EIO otherwise) so the store handles index and data faults the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import lmdb
+
+__all__ = ["DiskIndex", "IndexEntry", "FORMAT_VERSION", "make_key"]
+
+FORMAT_VERSION = 1
+_NS = struct.Struct(">I")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_ENTRY = struct.Struct("<QQQIQQB")
+MAX_KEY_BYTES = 511 - _NS.size   # lmdb's default maximum key size, less the namespace prefix
+_LOW_SPACE = 1 << 20            # a failed commit with less free space than this is reported as ENOSPC
+
+
+class IndexEntry(NamedTuple):
+    length: int
+    stored_length: int
+    checksum: int
+    segment: int
+    offset: int
+    seq: int
+    codec: int
+
+    def pack(self) -> bytes:
+        return _ENTRY.pack(*self)
+
+    @staticmethod
+    def unpack(raw: bytes) -> IndexEntry:
+        return IndexEntry(*_ENTRY.unpack(raw))
+
+
+def make_key(ns_id: int, key: bytes) -> bytes:
+    return _NS.pack(ns_id) + key
+
+
+def split_key(ikey: bytes) -> tuple[int, bytes]:
+    return _NS.unpack_from(ikey)[0], ikey[_NS.size:]
+
+
+class DiskIndex:
+    def __init__(self, directory: str, *, map_size: int, sync: bool) -> None:
+        self.directory = directory
+        self.map_size = map_size
+        self.sync = sync
+        self.readonly = False
+        self._env: lmdb.Environment | None = None
+        self._ns: dict[str, int] = {}
+        self._ns_names: dict[int, str] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return os.path.exists(os.path.join(self.directory, "data.mdb"))
+
+    def open(self, *, readonly: bool) -> None:
+        try:
+            env = lmdb.open(
+                self.directory, map_size=self.map_size, subdir=True, max_dbs=4, readonly=readonly,
+                create=not readonly, sync=self.sync, metasync=False, writemap=False, readahead=False,
+                meminit=False, mode=0o600, max_readers=256,
+            )
+            dbs = {}
+            for name in (b"meta", b"namespaces", b"records", b"segments"):
+                if readonly:
+                    with env.begin() as txn:
+                        if txn.get(name) is None:
+                            raise lmdb.NotFoundError(f"sub-database {name.decode()} is missing")
+                dbs[name] = env.open_db(name, create=not readonly)
+        except lmdb.Error as exc:
+            raise self._os_error("open the index", exc) from exc
+        self._env, self.readonly = env, readonly
+        self._meta, self._nsdb = dbs[b"meta"], dbs[b"namespaces"]
+        self._rec, self._segdb = dbs[b"records"], dbs[b"segments"]
+        with env.begin() as txn:
+            for raw_name, raw_id in txn.cursor(db=self._nsdb):
+                self._remember(bytes(raw_name).decode(), _U32.unpack(raw_id)[0])
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._ns.clear()
+        self._ns_names.clear()
+
+    def _remember(self, name: str, ns_id: int) -> None:
+        self._ns[name] = ns_id
+        self._ns_names[ns_id] = name
+
+    def _os_error(self, what: str, exc: lmdb.Error) -> OSError:
+        code = errno.EIO
+        if isinstance(exc, lmdb.MapFullError):
+            code = errno.ENOSPC
+        else:
+            try:
+                st = os.statvfs(self.directory)
+                if st.f_bavail * st.f_frsize < _LOW_SPACE:
+                    code = errno.ENOSPC   # lmdb reports a short write on a full filesystem as EIO
+            except OSError:
+                pass
+        return OSError(code, f"index (lmdb) could not {what}: {exc}", self.directory)
+
+    def _env_or_fail(self) -> lmdb.Environment:
+        if self._env is None:
+            raise RuntimeError("the disk index is closed: call DiskStore.open() first")
+        return self._env
+
+    def _write(self, what: str, fn, *, durable: bool = False):  # type: ignore[no-untyped-def]
+        """Run fn(txn) in one write transaction and commit it; lmdb errors become OSError.
+
+        With sync on, every commit fdatasyncs its pages, but the meta page is written without its own flush
+        (MDB_NOMETASYNC: one flush per commit instead of two): a power loss may undo the LAST commit, which for
+        a batch of new entries only turns them into misses. `durable` commits (reclaiming a segment, deletes,
+        the format) are flushed completely before returning: a reclaimed segment is about to be overwritten,
+        and a deleted block must not come back.
+        """
+        if self.readonly:
+            raise OSError(errno.EROFS, f"index could not {what}: it is open read-only", self.directory)
+        try:
+            env = self._env_or_fail()
+            with env.begin(write=True) as txn:
+                out = fn(txn)
+            if durable and self.sync:
+                env.sync(True)
+            return out
+        except lmdb.Error as exc:
+            raise self._os_error(what, exc) from exc
+
+    # -- format -------------------------------------------------------------------------------------------
+    def format_info(self) -> tuple[int | None, int | None]:
+        """(format version, segment_bytes) as stored; (None, None) for a new index."""
+        with self._env_or_fail().begin(db=self._meta) as txn:
+            fmt, seg = txn.get(b"format"), txn.get(b"segment_bytes")
+        return (_U32.unpack(fmt)[0] if fmt else None, _U64.unpack(seg)[0] if seg else None)
+
+    def write_format(self, segment_bytes: int) -> None:
+        def put(txn: lmdb.Transaction) -> None:
+            txn.put(b"format", _U32.pack(FORMAT_VERSION), db=self._meta)
+            txn.put(b"segment_bytes", _U64.pack(segment_bytes), db=self._meta)
+
+        self._write("record the format", put, durable=True)
+
+    def touch(self, value: int) -> None:
+        """A tiny committed write: probe() uses it to check that the index can commit again."""
+        self._write("commit a probe", lambda txn: txn.put(b"probe", _U64.pack(value), db=self._meta))
+
+    # -- namespaces ---------------------------------------------------------------------------------------
+    def ns_id(self, name: str) -> int | None:
+        return self._ns.get(name)
+
+    def ns_name(self, ns_id: int) -> str:
+        return self._ns_names.get(ns_id, f"#{ns_id}")
+
+    def ensure_namespace(self, name: str) -> int:
+        ns_id = self._ns.get(name)
+        if ns_id is not None:
+            return ns_id
+        ns_id = max(self._ns_names, default=0) + 1
+        self._write(
+            "add a namespace", lambda txn: txn.put(name.encode(), _U32.pack(ns_id), db=self._nsdb), durable=True
+        )
+        self._remember(name, ns_id)
+        return ns_id
+
+    def namespaces_with_records(self) -> list[str]:
+        out = []
+        with self._env_or_fail().begin(db=self._rec) as txn:
+            cur = txn.cursor()
+            for name, ns_id in sorted(self._ns.items()):
+                prefix = _NS.pack(ns_id)
+                if cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
+                    out.append(name)
+        return out
+
+    # -- reads (any thread; each call is one read transaction) --------------------------------------------
+    def get(self, ikey: bytes) -> IndexEntry | None:
+        with self._env_or_fail().begin(db=self._rec) as txn:
+            raw = txn.get(ikey)
+        return IndexEntry.unpack(raw) if raw is not None else None
+
+    def get_many(self, ikeys: Sequence[bytes]) -> list[IndexEntry | None]:
+        with self._env_or_fail().begin(db=self._rec) as txn:
+            raws = [txn.get(k) for k in ikeys]
+        return [IndexEntry.unpack(r) if r is not None else None for r in raws]
+
+    def scan(self, ns_id: int, after: bytes, limit: int) -> list[tuple[bytes, IndexEntry]]:
+        """Up to `limit` (block key, entry) of one namespace with block key > `after`, in key order."""
+        prefix = _NS.pack(ns_id)
+        out: list[tuple[bytes, IndexEntry]] = []
+        with self._env_or_fail().begin(db=self._rec) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(prefix + after):
+                return out
+            for k, v in cur:
+                k = bytes(k)
+                if not k.startswith(prefix):
+                    break
+                key = k[_NS.size:]
+                if key == after:
+                    continue
+                out.append((key, IndexEntry.unpack(v)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def all_entries(self) -> list[tuple[bytes, IndexEntry]]:
+        with self._env_or_fail().begin(db=self._rec) as txn:
+            return [(bytes(k), IndexEntry.unpack(v)) for k, v in txn.cursor()]
+
+    def segment_seqs(self) -> dict[int, int]:
+        with self._env_or_fail().begin(db=self._segdb) as txn:
+            return {_NS.unpack(k)[0]: _U64.unpack(v)[0] for k, v in txn.cursor()}
+
+    # -- writes (one committed transaction each; the caller serializes them) ------------------------------
+    def commit(self, puts: Sequence[tuple[bytes, IndexEntry]], segments: dict[int, int]) -> list[IndexEntry | None]:
+        """Put every entry and the open_seq of the segments they live in; returns the entries they replaced."""
+
+        def body(txn: lmdb.Transaction) -> list[IndexEntry | None]:
+            for seg, seq in segments.items():
+                txn.put(_NS.pack(seg), _U64.pack(seq), db=self._segdb)
+            olds = []
+            for ikey, entry in puts:
+                old = txn.replace(ikey, entry.pack(), db=self._rec)
+                olds.append(IndexEntry.unpack(old) if old is not None else None)
+            return olds
+
+        return self._write("commit a batch", body)
+
+    def delete(self, ikeys: Iterable[bytes]) -> list[tuple[bytes, IndexEntry]]:
+        """Delete these keys; returns the (key, entry) pairs that existed."""
+
+        def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
+            out = []
+            for ikey in ikeys:
+                old = txn.pop(ikey, db=self._rec)
+                if old is not None:
+                    out.append((ikey, IndexEntry.unpack(old)))
+            return out
+
+        return self._write("delete entries", body, durable=True)
+
+    def delete_if(self, ikey: bytes, seq: int) -> IndexEntry | None:
+        """Delete one entry only if it is still the version `seq` (a newer write of the key is kept)."""
+
+        def body(txn: lmdb.Transaction) -> IndexEntry | None:
+            raw = txn.get(ikey, db=self._rec)
+            if raw is None:
+                return None
+            entry = IndexEntry.unpack(raw)
+            if entry.seq != seq:
+                return None
+            txn.delete(ikey, db=self._rec)
+            return entry
+
+        return self._write("drop an entry", body)
+
+    def reclaim(self, segment: int, open_seq: int, ikeys: Iterable[bytes]) -> list[tuple[bytes, IndexEntry]]:
+        """Delete every listed entry that still lives in `segment` and record its new open_seq, in ONE txn."""
+
+        def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
+            out = []
+            for ikey in ikeys:
+                raw = txn.get(ikey, db=self._rec)
+                if raw is None:
+                    continue
+                entry = IndexEntry.unpack(raw)
+                if entry.segment == segment:
+                    txn.delete(ikey, db=self._rec)
+                    out.append((ikey, entry))
+            txn.put(_NS.pack(segment), _U64.pack(open_seq), db=self._segdb)
+            return out
+
+        return self._write("reclaim a segment", body, durable=True)
+
+    def delete_namespace(self, ns_id: int) -> list[tuple[bytes, IndexEntry]]:
+        prefix = _NS.pack(ns_id)
+
+        def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
+            out = []
+            cur = txn.cursor(db=self._rec)
+            if not cur.set_range(prefix):
+                return out
+            while bytes(cur.key()).startswith(prefix):
+                out.append((bytes(cur.key()), IndexEntry.unpack(cur.value())))
+                if not cur.delete():
+                    break
+            return out
+
+        return self._write("clear a namespace", body, durable=True)

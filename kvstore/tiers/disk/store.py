@@ -1,0 +1,448 @@
+"""DiskStore: the disk tier's public facade. It stores whole blocks; the engine decides what goes there.
+
+Primitives and what they return (statuses are DiskStatus; exceptions are for bugs and misconfiguration):
+
+- open(wipe=False) -> RecoveryReport: create, or recover and validate (see recovery.py). ConfigError when the
+  directory was made with another segment_bytes / format, is locked by another process, or cannot be created.
+  A directory on a read-only filesystem opens read-only: reads work, the store is degraded until probe().
+- write_many(items) -> [OK | NO_SPACE | IO_ERROR | DEGRADED]: one batch = pwrites, one fdatasync per touched file,
+  ONE index commit (writer.py). An existing key is replaced. A fault fails the batch and degrades the store.
+- read_into(ns, key, address, capacity) -> (OK | NOT_FOUND | CHECKSUM_ERROR | IO_ERROR, length) (reader.py).
+- lookup / contains_many / list_keys / namespaces: index only, no data I/O.
+- delete / clear_namespace -> count removed (0 when the index cannot commit: the store degrades).
+- probe() -> bool: write, sync and read back a page in a spare file, commit a tiny index txn, make the next
+  segment ready; clears degraded on success (degrades on failure).
+- stats(), degraded, close().
+
+Thread-safety and lock order: see state.py. write_many calls are serialized; read_into, lookups, deletes and
+stats may run from any threads concurrently with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+from kvstore.errors import ConfigError, InvalidRequestError
+from kvstore.tiers.disk.codec import CODEC_NAMES
+from kvstore.tiers.disk.config import PAGE_BYTES, DiskConfig
+from kvstore.tiers.disk.counters import DiskCounters
+from kvstore.tiers.disk.health import Health
+from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key
+from kvstore.tiers.disk.io import AlignedBuffer, BlockIO
+from kvstore.tiers.disk.reader import BlockReader
+from kvstore.tiers.disk.recovery import recover
+from kvstore.tiers.disk.segments import SegmentFiles, SegmentTable, segment_name
+from kvstore.tiers.disk.state import StoreState
+from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem
+from kvstore.tiers.disk.writer import BatchWriter, check_items
+
+__all__ = ["DiskStore"]
+
+log = logging.getLogger("kvstore.tiers.disk")
+
+LOCK_FILE = "LOCK"
+PROBE_FILE = "probe.blk"
+_OUR_FILES = ("data.mdb", "lock.mdb", PROBE_FILE)
+
+
+class DiskStore:
+    def __init__(self, config: DiskConfig, io: BlockIO | None = None) -> None:
+        self.config = config
+        self._io = io if io is not None else BlockIO()
+        self._writer_lock = threading.Lock()
+        self._mutate = threading.Lock()
+        self._lock = threading.Lock()
+        self._st: StoreState | None = None
+        self._writer: BatchWriter | None = None
+        self._reader: BlockReader | None = None
+        self._lock_fd = -1
+        self._pending_drops: list[bytes] = []   # invalid entries found while read-only, dropped once writable
+        self._probe_count = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def open(self, *, wipe: bool = False) -> RecoveryReport:
+        with self._writer_lock:
+            if self._st is not None:
+                raise RuntimeError(f"disk store at {self.config.directory} is already open")
+            t0 = time.monotonic()
+            writable = self._prepare_directory()
+            index = DiskIndex(self.config.directory, map_size=self.config.index_map_size,
+                              sync=self.config.sync == "data")
+            try:
+                created = self._open_index(index, writable, wipe)
+                st = self._build_state(index, writable)
+                found = recover(st, writable=writable)
+            except OSError as exc:
+                index.close()
+                self._release_lock_file()
+                raise ConfigError(
+                    f"cannot open the disk store in {self.config.directory}: {exc.strerror or exc}; fix the directory "
+                    "or open it with wipe=True (the daemon's disk wipe option) to start afresh"
+                ) from exc
+            except BaseException:
+                index.close()
+                self._release_lock_file()
+                raise
+            self._pending_drops = [] if writable else found.dropped
+            st.counters.dropped_entries += len(found.dropped)
+            if not writable:
+                st.health.read_only(OSError(errno.EROFS, os.strerror(errno.EROFS), self.config.directory))
+            elif st.table.active is not None:
+                try:   # re-preallocate the segment appends continue in (a no-op unless it was truncated)
+                    st.files.prepare(st.table.active)
+                except OSError as exc:
+                    st.health.fault("preallocating the active segment", exc)
+            self._st, self._writer, self._reader = st, BatchWriter(st), BlockReader(st)
+            return self._report(st, created, wipe, found.dropped, found.removed_files, time.monotonic() - t0)
+
+    def _open_index(self, index: DiskIndex, writable: bool, wipe: bool) -> bool:
+        """Wipe if asked, open (or create) the index, check its format. Returns whether it was created."""
+        cfg = self.config
+        if wipe:
+            if not writable:
+                raise ConfigError(f"cannot wipe disk directory {cfg.directory}: its filesystem is read-only")
+            self._wipe()
+        created = not index.exists()
+        if created and not writable:
+            raise ConfigError(
+                f"disk directory {cfg.directory} is not writable and holds no store: make it writable or choose "
+                "another directory"
+            )
+        index.open(readonly=not writable)
+        self._check_format(index)
+        if created and cfg.sync == "data":
+            self._io.sync_directory(cfg.directory)
+        return created
+
+    def _report(
+        self, st: StoreState, created: bool, wiped: bool, dropped: list[bytes], removed: int, elapsed: float
+    ) -> RecoveryReport:
+        cfg, table = self.config, st.table
+        report = RecoveryReport(
+            created=created, wiped=wiped, blocks=table.blocks, bytes=table.used_bytes,
+            namespaces=len(st.index.namespaces_with_records()), segments_in_use=cfg.segments - len(table.free),
+            dropped_entries=len(dropped), removed_files=removed, read_only=not st.files.writable, elapsed_s=elapsed,
+        )
+        log.info(
+            "disk tier at %s: %s, %d blocks (%d bytes) in %d of %d segments, %d entries dropped, direct I/O %s",
+            cfg.directory, "created" if created else "recovered", report.blocks, report.bytes,
+            report.segments_in_use, cfg.segments, report.dropped_entries, "on" if self._io.direct else "off",
+        )
+        return report
+
+    def close(self) -> None:
+        """Wait for in-flight reads, then close files and index. Later reads answer NOT_FOUND; other calls raise."""
+        with self._writer_lock:
+            st = self._st
+            if st is None:
+                return
+            with st.lock:
+                st.pause_reads()
+            with st.mutate, st.lock:
+                st.closed = True
+                self._st = None
+                st.files.close_all()
+                st.index.close()
+                st.resume_reads()
+            assert self._writer is not None and self._reader is not None
+            self._writer.close()
+            self._reader.close()
+            self._release_lock_file()
+
+    def __enter__(self) -> DiskStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare_directory(self) -> bool:
+        """Create the directory (0700), take its lock file; returns whether the filesystem accepts writes."""
+        d = self.config.directory
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create disk directory {d}: {exc.strerror}; create it or choose another") from exc
+        writable = self._take_lock_file(create=True)
+        return writable and os.access(d, os.W_OK)
+
+    def _take_lock_file(self, *, create: bool) -> bool:
+        """flock DIR/LOCK so two daemons never share a directory; False when only a read-only open was possible."""
+        path = os.path.join(self.config.directory, LOCK_FILE)
+        writable = True
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise ConfigError(f"cannot open {path}: {exc.strerror}") from exc
+            writable = False
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return False   # a read-only directory without a lock file: nobody can write here anyway
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"disk directory {self.config.directory} is in use by another process (lock {path} is held): stop "
+                "it or choose another directory"
+            ) from None
+        self._release_lock_file()
+        self._lock_fd = fd
+        return writable
+
+    def _release_lock_file(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _wipe(self) -> None:
+        d = self.config.directory
+        names = set(_OUR_FILES)
+        names.update(e.name for e in os.scandir(d) if e.name.startswith("segment-") and e.name.endswith(".kvd"))
+        for name in names:
+            try:
+                os.unlink(os.path.join(d, name))
+            except FileNotFoundError:
+                pass
+        log.warning("disk tier at %s wiped: every cached block was erased", d)
+
+    def _check_format(self, index: DiskIndex) -> None:
+        cfg = self.config
+        fmt, seg = index.format_info()
+        if fmt is None and seg is None:
+            if not index.readonly:
+                index.write_format(cfg.segment_bytes)
+            return
+        if fmt != FORMAT_VERSION:
+            raise ConfigError(
+                f"disk store in {cfg.directory} has format version {fmt}, this build reads version {FORMAT_VERSION}: "
+                "open it with wipe=True (the daemon's disk wipe option) to erase it, or use a matching kvstore"
+            )
+        if seg != cfg.segment_bytes:
+            raise ConfigError(
+                f"disk store in {cfg.directory} was created with segment_bytes={seg}, but the config says "
+                f"{cfg.segment_bytes}: set segment_bytes={seg} to keep the cached blocks, or open it with wipe=True "
+                "(the daemon's disk wipe option) to erase them and start with the new size"
+            )
+
+    def _build_state(self, index: DiskIndex, writable: bool) -> StoreState:
+        cfg = self.config
+        files = SegmentFiles(cfg.directory, cfg.segment_bytes, self._io, sync=cfg.sync == "data", writable=writable)
+        return StoreState(
+            cfg, self._io, files, SegmentTable(cfg.segments, cfg.segment_bytes), index,
+            Health(cfg.directory, cfg.probe_interval_s), DiskCounters(), self._writer_lock, self._mutate, self._lock,
+        )
+
+    def _state(self) -> StoreState:
+        st = self._st
+        if st is None:
+            raise RuntimeError(f"disk store at {self.config.directory} is not open: call open() first")
+        return st
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def write_many(self, items: Sequence[WriteItem]) -> list[DiskStatus]:
+        """Store each block; see writer.py. Returns one status per item, in order."""
+        if not items:
+            return []
+        check_items(items, self.config.segment_bytes, self.config.compression)
+        with self._writer_lock:
+            st = self._state()
+            with st.lock:
+                if st.health.degraded:
+                    return [DiskStatus.DEGRADED] * len(items)
+            assert self._writer is not None
+            return self._writer.write_many(items)
+
+    def delete(self, namespace: str, keys: Sequence[bytes]) -> int:
+        st = self._state()
+        ns_id = st.index.ns_id(namespace)
+        if ns_id is None or not keys:
+            return 0
+        return self._remove(st, "deleting blocks", lambda: st.index.delete([make_key(ns_id, bytes(k)) for k in keys]))
+
+    def clear_namespace(self, namespace: str) -> int:
+        st = self._state()
+        ns_id = st.index.ns_id(namespace)
+        if ns_id is None:
+            return 0
+        return self._remove(st, "clearing a namespace", lambda: st.index.delete_namespace(ns_id))
+
+    def _remove(self, st: StoreState, what: str, txn) -> int:  # type: ignore[no-untyped-def]
+        if st.index.readonly:
+            return 0
+        try:
+            with st.mutate:
+                removed = txn()
+                with st.lock:
+                    st.forget(removed)
+        except OSError as exc:
+            with st.lock:
+                st.health.fault(what, exc)
+            return 0
+        return len(removed)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def read_into(self, namespace: str, key: bytes, address: int, capacity: int) -> tuple[DiskStatus, int]:
+        """Read a block into `address` (page-aligned, `capacity` bytes); see reader.py."""
+        reader = self._reader
+        if reader is None:
+            raise RuntimeError(f"disk store at {self.config.directory} is not open: call open() first")
+        return reader.read_into(namespace, key, address, capacity)
+
+    def lookup(self, namespace: str, key: bytes) -> DiskRecord | None:
+        st = self._state()
+        with st.lock:
+            ns_id = st.index.ns_id(namespace)
+            entry = st.index.get(make_key(ns_id, bytes(key))) if ns_id is not None else None
+        return _record(namespace, bytes(key), entry) if entry is not None else None
+
+    def contains_many(self, namespace: str, keys: Sequence[bytes]) -> list[int]:
+        """Length of each block, 0 when absent; one read transaction."""
+        st = self._state()
+        with st.lock:
+            ns_id = st.index.ns_id(namespace)
+            if ns_id is None:
+                return [0] * len(keys)
+            entries = st.index.get_many([make_key(ns_id, bytes(k)) for k in keys])
+        return [e.length if e is not None else 0 for e in entries]
+
+    def list_keys(self, namespace: str, cursor: bytes, limit: int) -> tuple[list[DiskRecord], bytes]:
+        """Records with key > cursor (b"" starts), in key order; the next cursor, b"" when the listing is done."""
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(f"list limit {limit!r} must be a positive integer")
+        st = self._state()
+        with st.lock:
+            ns_id = st.index.ns_id(namespace)
+            found = st.index.scan(ns_id, bytes(cursor), limit + 1) if ns_id is not None else []
+        records = [_record(namespace, k, e) for k, e in found[:limit]]
+        return records, (records[-1].key if len(found) > limit else b"")
+
+    def namespaces(self) -> list[str]:
+        """Namespaces that hold at least one block, sorted."""
+        st = self._state()
+        with st.lock:
+            return st.index.namespaces_with_records()
+
+    # -- health ---------------------------------------------------------------------------------------------
+    @property
+    def degraded(self) -> bool:
+        st = self._st
+        return st is not None and st.health.degraded
+
+    def probe(self) -> bool:
+        """Try the disk: write+sync+read a page in a spare file, commit an index txn, ready the next segment."""
+        with self._writer_lock:
+            st = self._state()
+            try:
+                self._probe_file()
+                if st.index.readonly:
+                    self._become_writable(st)
+                self._probe_count += 1
+                with st.mutate:
+                    st.index.touch(self._probe_count)
+                self._ready_segment(st)
+            except OSError as exc:
+                with st.lock:
+                    if st.health.degraded:
+                        log.debug("disk probe of %s failed: %s", self.config.directory, exc)
+                    st.health.fault("probe", exc)
+                return False
+            with st.lock:
+                st.health.recovered()
+            return True
+
+    def _probe_file(self) -> None:
+        """Write, sync and read back one page of fresh random bytes in the spare file DIR/probe.blk."""
+        path = os.path.join(self.config.directory, PROBE_FILE)
+        buf = AlignedBuffer(2 * PAGE_BYTES)
+        try:
+            pattern = os.urandom(PAGE_BYTES)
+            buf.view(PAGE_BYTES)[:] = pattern
+            fd = self._io.open(path, create=True)
+            try:
+                self._io.pwrite(fd, buf.address, PAGE_BYTES, 0)
+                self._io.fdatasync(fd)
+                got = self._io.pread(fd, buf.address + PAGE_BYTES, PAGE_BYTES, 0)
+            finally:
+                self._io.close(fd)
+            if got != PAGE_BYTES or bytes(buf.view(2 * PAGE_BYTES)[PAGE_BYTES:]) != pattern:
+                raise OSError(errno.EIO, "probe read back other bytes than it wrote", path)
+        finally:
+            buf.close()
+
+    def _become_writable(self, st: StoreState) -> None:
+        """The filesystem accepts writes again: reopen the index and the segment files read-write."""
+        with st.lock:
+            st.pause_reads()
+        try:
+            with st.mutate, st.lock:
+                st.index.close()
+                try:
+                    st.index.open(readonly=False)
+                except OSError:
+                    st.index.open(readonly=True)
+                    raise
+                st.files.close_all()
+                st.files.writable = True
+                drops, self._pending_drops = self._pending_drops, []
+        finally:
+            with st.lock:
+                st.resume_reads()
+        if drops:
+            with st.mutate:
+                st.index.delete(drops)
+        if self._lock_fd < 0:
+            self._take_lock_file(create=True)
+
+    def _ready_segment(self, st: StoreState) -> None:
+        """When no segment is active, prepare a free one now, so a full filesystem keeps the store degraded."""
+        with st.lock:
+            if st.table.active is not None:
+                return
+            seg = st.table.take_free()
+            if seg is None:
+                return      # the next write reclaims the oldest segment: no new space is needed
+            st.table.reset(seg, st.alloc_seq())
+        try:
+            st.files.prepare(seg)
+        except OSError:
+            with st.lock:
+                st.table.release(seg)
+            raise
+        with st.lock:
+            st.table.activate(seg)
+
+    # -- stats ----------------------------------------------------------------------------------------------
+    def stats(self) -> DiskStats:
+        st = self._state()
+        cfg = self.config
+        with st.lock:
+            c, t, h = st.counters, st.table, st.health
+            return DiskStats(
+                capacity_bytes=cfg.effective_capacity, used_bytes=t.used_bytes, blocks=t.blocks,
+                segments_total=cfg.segments, segments_free=len(t.free), degraded=h.degraded,
+                degraded_reason=h.reason, bytes_written=c.bytes_written, bytes_read=c.bytes_read,
+                raw_bytes_in=c.raw_bytes_in, stored_bytes_out=c.stored_bytes_out,
+                checksum_failures=c.checksum_failures, io_errors=c.io_errors, evicted_blocks=c.evicted_blocks,
+                evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
+                direct_io=self._io.direct,
+            )
+
+    def segment_path(self, segment: int) -> str:
+        """Path of a segment file (for tools and tests)."""
+        return os.path.join(self.config.directory, segment_name(segment))
+
+
+def _record(namespace: str, key: bytes, e: IndexEntry) -> DiskRecord:
+    return DiskRecord(
+        namespace=namespace, key=key, length=e.length, stored_length=e.stored_length, checksum=e.checksum,
+        segment=e.segment, offset=e.offset, seq=e.seq, codec=CODEC_NAMES.get(e.codec, f"#{e.codec}"),
+    )
+

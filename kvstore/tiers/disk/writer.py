@@ -1,0 +1,221 @@
+"""The write path: one write_many batch = encode -> reserve -> pwrite -> fdatasync -> ONE index commit.
+
+    encode    checksum (xxh3_64 of the original bytes) and, for zstd codecs, compress. CPU only, no lock.
+    reserve   place each record at the active segment's write pointer (under `lock`); a full segment is sealed
+              and the next one taken: a free one, else the OLDEST sealed one, whose index entries are deleted
+              in one committed transaction BEFORE it is reused (under `mutate`). New segments are created and
+              preallocated here, outside every lock but `writer`.
+    pwrite    no lock. Uncompressed blocks go straight from the caller's page-aligned memory (an arena slot) to
+              the file with O_DIRECT; compressed payloads through a page-aligned bounce buffer.
+    fdatasync once per touched file (sync="data"), so the commit below never points at bytes still in flight.
+    commit    one lmdb write transaction for the whole batch (under `mutate`), then the in-memory membership.
+
+Crash at any point: before the commit nothing new is visible, and the bytes a committed entry points at were
+synced before it (and are never overwritten while an entry points at them, see reclamation). So a re-opened
+store serves committed blocks with their bytes and never a torn block; checksums guard the rest.
+
+Any OSError (data I/O, preallocation, index commit) fails the whole batch with NO_SPACE or IO_ERROR and
+degrades the store. A batch larger than the whole capacity is not a fault: what does not fit is NO_SPACE.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from kvstore.errors import InvalidRequestError
+from kvstore.tiers.disk.codec import CODEC_IDS, encode
+from kvstore.tiers.disk.config import PAGE_BYTES, round_up
+from kvstore.tiers.disk.index import MAX_KEY_BYTES, IndexEntry, make_key
+from kvstore.tiers.disk.io import AlignedBuffer, memory_view
+from kvstore.tiers.disk.state import StoreState
+from kvstore.tiers.disk.types import DiskStatus, WriteItem
+from kvstore.validation import check_namespace_name
+
+__all__ = ["BatchWriter", "check_items"]
+
+OK, NO_SPACE = DiskStatus.OK, DiskStatus.NO_SPACE
+
+
+@dataclass
+class _Pending:
+    pos: int                 # position in the batch
+    item: WriteItem
+    ikey: bytes
+    checksum: int
+    codec: int
+    payload: bytes | None    # encoded bytes, or None: write the caller's memory as is
+    stored: int
+    segment: int = -1
+    offset: int = -1
+    seq: int = 0
+
+    @property
+    def footprint(self) -> int:
+        return round_up(self.stored)
+
+
+def check_items(items: Sequence[WriteItem], segment_bytes: int, default_codec: str) -> None:
+    """Bad requests are bugs of the caller: raise InvalidRequestError naming the item and the rule."""
+    seen: set[tuple[str, bytes]] = set()
+    for i, it in enumerate(items):
+        check_namespace_name(it.namespace)
+        if not isinstance(it.key, (bytes, bytearray)) or not 1 <= len(it.key) <= MAX_KEY_BYTES:
+            raise InvalidRequestError(f"item {i}: keys are 1..{MAX_KEY_BYTES} bytes")
+        if not isinstance(it.length, int) or it.length < 1 or round_up(it.length) > segment_bytes:
+            raise InvalidRequestError(
+                f"item {i}: length {it.length!r} must be 1..{segment_bytes} bytes (one segment; raise segment_bytes "
+                "for larger blocks)"
+            )
+        if not isinstance(it.address, int) or it.address <= 0 or it.address % PAGE_BYTES:
+            raise InvalidRequestError(f"item {i}: address {it.address!r} must point to page-aligned (4096) memory")
+        if (it.codec or default_codec) not in CODEC_IDS:
+            raise InvalidRequestError(f"item {i}: codec {it.codec!r} must be one of {', '.join(CODEC_IDS)}")
+        if (it.namespace, bytes(it.key)) in seen:
+            raise InvalidRequestError(f"item {i}: key repeated in one batch; write each key once per batch")
+        seen.add((it.namespace, bytes(it.key)))
+
+
+class BatchWriter:
+    def __init__(self, state: StoreState) -> None:
+        self._st = state
+        self._bounce = AlignedBuffer()
+
+    def close(self) -> None:
+        self._bounce.close()
+
+    def write_many(self, items: Sequence[WriteItem]) -> list[DiskStatus]:
+        """Caller holds `writer` and has checked the items."""
+        st = self._st
+        statuses = [OK] * len(items)
+        try:
+            pending = self._encode(items)
+            placed = self._reserve(pending, statuses)
+            if placed:
+                self._write(placed)
+                self._commit(placed)
+        except OSError as exc:
+            with st.lock:
+                status = st.health.fault("writing blocks", exc)
+                st.counters.io_errors += 1
+            return [status] * len(items)
+        return statuses
+
+    # -- encode ---------------------------------------------------------------------------------------------
+    def _encode(self, items: Sequence[WriteItem]) -> list[_Pending]:
+        st = self._st
+        out = []
+        for pos, it in enumerate(items):
+            view = memory_view(it.address, it.length)
+            checksum = xxhash.xxh3_64_intdigest(view)
+            codec = it.codec or st.config.compression
+            payload = encode(codec, view)
+            if payload is None:
+                codec = "none"
+            ns_id = st.index.ns_id(it.namespace)
+            if ns_id is None:
+                with st.mutate:
+                    ns_id = st.index.ensure_namespace(it.namespace)
+            stored = it.length if payload is None else len(payload)
+            out.append(_Pending(pos, it, make_key(ns_id, bytes(it.key)), checksum, CODEC_IDS[codec], payload, stored))
+        return out
+
+    # -- reserve --------------------------------------------------------------------------------------------
+    def _reserve(self, pending: list[_Pending], statuses: list[DiskStatus]) -> list[_Pending]:
+        st = self._st
+        placed: list[_Pending] = []
+        touched: set[int] = set()
+        for p in pending:
+            while True:
+                with st.lock:
+                    off = st.table.place(p.footprint)
+                    if off is not None:
+                        p.segment, p.offset, p.seq = st.table.active, off, st.alloc_seq()  # type: ignore[assignment]
+                        touched.add(p.segment)
+                        placed.append(p)
+                        break
+                    st.table.seal_active()
+                if not self._next_segment(touched):
+                    statuses[p.pos] = NO_SPACE   # the batch alone exceeds the capacity
+                    break
+        return placed
+
+    def _next_segment(self, touched: set[int]) -> bool:
+        """Activate a free segment, or reclaim the oldest sealed one. False when only this batch's remain."""
+        st = self._st
+        with st.lock:
+            seg = st.table.take_free()
+            if seg is not None:
+                st.table.reset(seg, st.alloc_seq())
+        if seg is None:
+            seg = self._reclaim_oldest(touched)
+            if seg is None:
+                return False
+        try:
+            st.files.prepare(seg)
+        except OSError:
+            with st.lock:
+                st.table.release(seg)
+            raise
+        with st.lock:
+            st.table.activate(seg)
+        return True
+
+    def _reclaim_oldest(self, touched: set[int]) -> int | None:
+        st = self._st
+        with st.mutate:
+            with st.lock:
+                seg = st.table.oldest_sealed()
+                if seg is None or seg in touched:
+                    return None
+                ikeys = list(st.table.members[seg])
+                open_seq = st.alloc_seq()
+            removed = st.index.reclaim(seg, open_seq, ikeys)   # committed before any byte of seg is reused
+            with st.lock:
+                st.table.reclaim_oldest(seg, open_seq)
+                st.counters.evicted_blocks += len(removed)
+                st.counters.evicted_bytes += sum(e.length for _, e in removed)
+        return seg
+
+    # -- write + sync -------------------------------------------------------------------------------------
+    def _write(self, placed: list[_Pending]) -> None:
+        st = self._st
+        io, files = st.io, st.files
+        for p in placed:
+            fd = files.fd(p.segment)
+            if p.payload is None:
+                io.pwrite(fd, p.item.address, p.footprint, p.offset)
+            else:
+                addr = self._bounce.ensure(p.footprint)
+                ctypes.memmove(addr, p.payload, p.stored)
+                if p.footprint > p.stored:
+                    ctypes.memset(addr + p.stored, 0, p.footprint - p.stored)
+                io.pwrite(fd, addr, p.footprint, p.offset)
+        if st.config.sync == "data":
+            for seg in sorted({p.segment for p in placed}):
+                io.fdatasync(files.fd(seg))
+
+    # -- commit ---------------------------------------------------------------------------------------------
+    def _commit(self, placed: list[_Pending]) -> None:
+        st = self._st
+        puts = [
+            (p.ikey, IndexEntry(p.item.length, p.stored, p.checksum, p.segment, p.offset, p.seq, p.codec))
+            for p in placed
+        ]
+        with st.mutate:
+            with st.lock:
+                segs = {p.segment: st.table.open_seq[p.segment] for p in placed}
+            olds = st.index.commit(puts, segs)
+            with st.lock:
+                table, c = st.table, st.counters
+                for p, old in zip(placed, olds):
+                    if old is not None:
+                        table.remove(old.segment, p.ikey, old.seq, round_up(old.stored_length))
+                    table.add(p.segment, p.ikey, p.seq, p.footprint)
+                    c.writes += 1
+                    c.bytes_written += p.footprint
+                    c.raw_bytes_in += p.item.length
+                    c.stored_bytes_out += p.stored
