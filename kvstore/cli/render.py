@@ -215,7 +215,7 @@ def print_key(namespace: str, info: KeyInfo) -> None:
 
 def print_health(h: Health) -> None:
     _console().print(_kv_table(f"kvstore node {h.node_id}", [
-        ("status", h.status),
+        ("status", h.status + (f" ({h.detail})" if h.detail else "")),
         ("version", h.version),
         ("host", f"{h.hostname} (pid {h.pid})"),
         ("uptime", human_age(h.uptime_s)),

@@ -77,8 +77,7 @@ class Daemon:
         store = DiskStore(DiskConfig(directory=cfg.disk_dir, capacity_bytes=cfg.disk_bytes,
                                      segment_bytes=cfg.disk_segment_bytes, sync=cfg.disk_sync,
                                      compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s))
-        report = store.open(wipe=cfg.disk_wipe)
-        log.info("disk tier %s: %s", cfg.disk_dir, report)
+        store.open(wipe=cfg.disk_wipe)  # logs what it recovered
         return store
 
     def _build_server(self) -> grpc.Server:
