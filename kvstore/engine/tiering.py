@@ -46,11 +46,13 @@ class TieringMixin:
             ns = self._namespace(ns_name)
             eids, tiers = self._locate(ns, keys)
             limit = _prefix_len(tiers) if prefix else len(keys)
-            promos = self._promote(ns, keys, eids, tiers, limit)
             ram = [i for i in range(limit) if tiers[i] == TIER_RAM]
             ram_ids = eids[ram]
-            self._touches.record(ram_ids)
+            self._touches.record(ram_ids)  # before any promotion evicts: the policy sees hits first
             self._note_hits(ram_ids)
+            if lease and len(ram_ids):
+                np.add.at(self._cat.leases, ram_ids, 1)  # hold RAM hits while we wait for promotions
+            promos = self._promote(ns, keys, eids, tiers, limit, keep=set(ram_ids.tolist()))
             self.counters.lookup_calls += 1
             self.counters.lookup_keys += len(keys)
             ns.lookup_keys += len(keys)
@@ -58,8 +60,6 @@ class TieringMixin:
                 found = [tiers[i] != TIER_NONE and (tiers[i] == TIER_RAM or i in promos) for i in range(limit)]
                 return self._answer(ns, keys, prefix, tiers, [(i, int(eids[i])) for i in ram],
                                     found_mask=found, lease=False)
-            if len(ram_ids):
-                np.add.at(self._cat.leases, ram_ids, 1)  # hold RAM hits while promotions may evict
         if promos:
             deadline = time.monotonic() + self.config.promote_timeout_s
             for p in promos.values():
@@ -106,22 +106,24 @@ class TieringMixin:
         return eids, tiers
 
     def _promote(self: Engine, ns: Namespace, keys: Sequence[bytes], eids: np.ndarray, tiers: np.ndarray,
-                 limit: int) -> dict[int, Promotion]:
-        """Start (or join) a promotion for each disk-tier key before `limit`; index -> promotion."""
+                 limit: int, keep: set[int]) -> dict[int, Promotion]:
+        """Start (or join) a promotion for each disk-tier key before `limit`; index -> promotion.
+
+        `keep`: this lookup's RAM hits, which making room for the promotions must not evict."""
         promos: dict[int, Promotion] = {}
         for i in np.flatnonzero(tiers[:limit] == TIER_DISK).tolist():
             eid = int(eids[i])
             if eid >= 0:
                 p = self._promotions.get(eid)
             else:
-                p = self._start_promotion(ns, keys[i], -eid)
+                p = self._start_promotion(ns, keys[i], -eid, keep)
                 eids[i] = p.eid if p is not None else -1
             if p is not None:
                 promos[i] = p
         return promos
 
-    def _start_promotion(self: Engine, ns: Namespace, key: bytes, length: int) -> Promotion | None:
-        off = self._allocate(length, set())
+    def _start_promotion(self: Engine, ns: Namespace, key: bytes, length: int, keep: set[int]) -> Promotion | None:
+        off = self._allocate(length, keep)
         if off is None:
             self.counters.promotion_failures += 1
             return None
