@@ -18,12 +18,11 @@ from bench.replay.agentx_stats import agentx_stats
 from bench.replay.cli import parse_tokens
 from bench.replay.keys import SEED, chain_keys, stamp, verify
 from bench.replay.metrics import CostModel, capacity_model, hit_figures
-from bench.replay.replayer import NAMESPACE, _run
+from bench.replay.replayer import replay
 from bench.replay.report import markdown_table
 from bench.replay.sim import LRUTier, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import DEFAULT_TRACE, Convention, Request, load_trace, write_trace
-from kvstore.testing import DaemonProcess, wait_until
 
 
 def _req(*ids: int, tokens: int | None = None, t: int = 0) -> Request:
@@ -178,19 +177,13 @@ def test_replay_through_real_daemon_equals_simulation() -> None:
     reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1))
     spec = StoreSpec.ram(10_000)
     sim = simulate(reqs, spec.sim_tiers())
-    with DaemonProcess(**spec.daemon_options()) as d, d.client() as c:
-        c.register_namespace(NAMESPACE)
-
-        def leases_back() -> None:
-            # The client releases leases in the background; a block still leased when this request's put runs
-            # cannot be evicted, which the simulator does not model. Waiting between load and put makes the run
-            # exact at any capacity (the CLI does not wait: at real capacities leased blocks are never victims).
-            wait_until(lambda: c.stats().leases_active == 0, timeout_s=5, what="leases released")
-
-        store = _run(c, reqs, spec.block_bytes, Convention.FULL_BLOCKS, after_load=leases_back)
-        stats = c.stats()
+    store = replay(reqs, spec)
     assert store.verify_failures == 0
     assert store.hits == sim.hits
     assert (sum(sim.hits), sim.evictions[0], sim.present_on_put, sim.store_full) == (2_553, 571, 195, 1)
     assert (store.present_on_put, store.store_full) == (sim.present_on_put, sim.store_full)
-    assert (stats.counters["evictions"], stats.blocks) == (sim.evictions[0], sim.resident[0])
+    assert (store.counters["evictions"], store.resident_blocks) == (sim.evictions[0], sim.resident[0])
+    # The client releases leases in the background; a block still leased when the put runs cannot be evicted,
+    # which the simulator does not model. At this capacity the replay waits for the releases between load and
+    # put (as vLLM's prefill compute would), which is what makes the run exact.
+    assert store.synced_leases

@@ -7,7 +7,7 @@ store's hit rate differs from the simulated one by more than one point: that is 
 --quick cuts (and says so in the JSON's "cut"): a trace file to its first 15 minutes (~3,000 of the
 conversation trace's 12,031 requests), AgentX to 20 sessions at scale 0.25, a sweep to 4 capacities.
 AgentX's default capacities (3M tokens, and the sweep's) are multiplied by its --scale, since every token
-count of the trace is.
+count of the trace is; its sweep spans 100K..5M tokens, where its working set lies.
 """
 
 from __future__ import annotations
@@ -30,8 +30,14 @@ from bench.replay.trace import DEFAULT_TRACE, Convention, Request, cut_trace, lo
 
 __all__ = ["main", "build_parser"]
 
-SWEEP = (1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 20_000_000, 50_000_000)
-SWEEP_QUICK = (1_000_000, 3_000_000, 10_000_000, 50_000_000)
+# Default sweep capacities (tokens), (full, quick). AgentX's are smaller: at 100 sessions an hour its working
+# set is ~3M tokens (1M..50M would be flat at the maximum), and they are multiplied by its --scale.
+SWEEPS = {
+    "trace": ((1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 20_000_000, 50_000_000),
+              (1_000_000, 3_000_000, 10_000_000, 50_000_000)),
+    "agentx": ((100_000, 300_000, 500_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000),
+               (100_000, 200_000, 400_000, 1_000_000)),
+}
 QUICK_WINDOW_S = 900.0
 QUICK_AGENTX = {"sessions": 20, "scale": 0.25}
 
@@ -90,8 +96,8 @@ def _workload(a: argparse.Namespace, model: CostModel) -> tuple[Workload, float]
     if a.limit is not None or a.window_s is not None:
         total = len(reqs)
         reqs = cut_trace(reqs, limit=a.limit, window_s=a.window_s)
-        window = f"first {a.window_s:g} s" if a.window_s is not None else "all"
-        cut = f"{window}, first {len(reqs)} of {total} requests" + (" (quick)" if a.quick else "")
+        window = f"first {a.window_s:g} s, " if a.window_s is not None else ""
+        cut = f"{window}first {len(reqs)} of {total} requests" + (" (quick)" if a.quick else "")
     return Workload(name, cut, reqs, conv, model), factor
 
 
@@ -99,12 +105,14 @@ def _capacities(a: argparse.Namespace, factor: float) -> tuple[int, list[int]]:
     headline = a.capacity_tokens or int(3_000_000 * factor)
     if not a.sweep:
         return headline, [headline]
-    base = a.capacities or [int(c * factor) for c in (SWEEP_QUICK if a.quick else SWEEP)]
+    full, quick = SWEEPS["agentx" if a.agentx else "trace"]
+    base = a.capacities or [int(c * factor) for c in (quick if a.quick else full)]
     return headline, sorted(set(base) | {headline})
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
     t0 = time.perf_counter()
     model = CostModel(a.prefill_rate, a.decode_rate)
     w, factor = _workload(a, model)
@@ -112,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no requests to replay (check --limit / --window-s)", file=sys.stderr)
         return 1
     headline, caps = _capacities(a, factor)
+    try:  # a bad size fails here, before any daemon starts
+        specs = [StoreSpec.ram(cap, a.bytes_per_token) for cap in caps]
+    except ValueError as exc:
+        parser.error(str(exc))
     extra: dict = {}
     if a.agentx:
         extra["agentx"] = agentx_stats(w.requests)
@@ -121,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                     ["statistic", "measured", "target"], rows)
     points = []
     with progress(len(w.requests) * len(caps)) as bar:
-        for cap in caps:
-            bar.step(f"{w.name[:24]} RAM {fmt_tokens(cap)} tokens")
-            points.append(run_point(w, StoreSpec.ram(cap, a.bytes_per_token), bar.advance))
+        for spec in specs:
+            bar.step(f"{w.name[:24]} {spec.label} {fmt_tokens(spec.ram_tokens)} tokens")
+            points.append(run_point(w, spec, bar.advance))
     head = next(p for p in points if p["capacity_tokens"] == headline)
     print_table(summary_title(head), ["figure", "value"], summary_rows(head))
     result = {**head, **extra}

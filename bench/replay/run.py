@@ -68,7 +68,7 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
         "evictions": store.counters.get("evictions", -1), "sim_evictions": sim.evictions[0],
         "resident_blocks": store.resident_blocks, "sim_resident_blocks": sim.resident[0],
         "present_on_put": store.present_on_put, "sim_present_on_put": sim.present_on_put,
-        "store_full": store.store_full, "sim_store_full": sim.store_full, "verify_failures": store.verify_failures,
+        "store_full": store.store_full, "synced_leases": store.synced_leases, "sim_store_full": sim.store_full, "verify_failures": store.verify_failures,
         "input_tokens": f.input_tokens, "prefill_tokens_no_cache": f.input_tokens, "prefill_tokens": f.prefill_tokens,
         "prefill_reduction": round(f.prefill_reduction, 4), "max_prefill_reduction": round(fm.prefill_reduction, 4),
         "loaded_bytes": store.loaded_bytes, "stored_bytes": store.stored_bytes,
