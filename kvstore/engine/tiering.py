@@ -111,12 +111,15 @@ class TieringMixin:
 
         `keep`: this lookup's RAM hits, which making room for the promotions must not evict."""
         promos: dict[int, Promotion] = {}
+        started: dict[bytes, Promotion | None] = {}  # a key repeated in one lookup: one promotion, one slot
         for i in np.flatnonzero(tiers[:limit] == TIER_DISK).tolist():
             eid = int(eids[i])
             if eid >= 0:
                 p = self._promotions.get(eid)
             else:
-                p = self._start_promotion(ns, keys[i], -eid, keep)
+                if keys[i] not in started:
+                    started[keys[i]] = self._start_promotion(ns, keys[i], -eid, keep)
+                p = started[keys[i]]
                 eids[i] = p.eid if p is not None else -1
             if p is not None:
                 promos[i] = p
