@@ -58,6 +58,7 @@ class DaemonProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="kvstore-test-") if workdir is None else None
         self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]
         self.port = free_port()
+        self.metrics_port = free_port()
         self.node_id = options.pop("node_id", f"t{uuid.uuid4().hex[:10]}")
         self.arena_name = str(options.pop("arena_name", f"/kvstore-{self.node_id}"))
         self.socket_path = os.path.join(self.workdir, "kvstore.sock")
@@ -66,7 +67,8 @@ class DaemonProcess:
                                    "unix_socket": self.socket_path, "listen": f"127.0.0.1:{self.port}",
                                    "arena_bytes": "64MiB", "max_block_bytes": "4MiB", "arena_lock": "off",
                                    # RAM-only unless a test asks for the disk tier (then it lives in workdir)
-                                   "disk_bytes": 0, "disk_dir": os.path.join(self.workdir, "disk")}
+                                   "disk_bytes": 0, "disk_dir": os.path.join(self.workdir, "disk"),
+                                   "metrics_listen": f"127.0.0.1:{self.metrics_port}"}
         opts.update(options)
         self.args = [sys.executable, "-m", "kvstore.server.main"]
         for k, v in opts.items():
@@ -82,6 +84,10 @@ class DaemonProcess:
     @property
     def address(self) -> str:
         return "unix:" + self.socket_path
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     @property
     def tcp_address(self) -> str:

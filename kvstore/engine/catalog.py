@@ -17,7 +17,7 @@ RESERVED, PROMOTING and COMMITTED entries are in a namespace's index; DOOMED and
 invisible and wait for readers or late writers to be gone before their slot is reused.
 
 `flags` records the disk tier's view of a RAM entry (ON_DISK: a verified copy exists, so eviction only drops
-the RAM copy; QUEUED: waiting for the background writer). `seen` is a saturating use count for admission.
+the RAM copy; QUEUED: waiting for the background writer; WRITING: its write is in flight). `seen` is a saturating use count for admission.
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -30,7 +30,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED"]
+__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING"]
 
 
 class EntryState(IntEnum):
@@ -76,6 +76,7 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
 
 ON_DISK = 1
 QUEUED = 2
+WRITING = 4
 
 
 class Catalog:

@@ -33,6 +33,8 @@ COUNTER_NAMES: tuple[str, ...] = (
     "demote_dropped",
     "demote_queue_full",
     "evicted_to_disk",
+    "hit_bytes_ram",
+    "hit_bytes_disk",
 )
 
 

@@ -59,6 +59,7 @@ class Mover:
         self._promotions: deque[Promotion] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._in_flight = 0  # blocks claimed by the writer and not yet reported back
         self._threads = [threading.Thread(target=self._write_loop, name="kvstore-disk-writer", daemon=True)]
         self._threads += [threading.Thread(target=self._promote_loop, name=f"kvstore-promoter-{i}", daemon=True)
                           for i in range(promoters)]
@@ -78,7 +79,8 @@ class Mover:
 
     @property
     def queued_writes(self) -> int:
-        return len(self._writes)
+        """Blocks waiting for the writer or being written (0 means every admitted block has landed)."""
+        return len(self._writes) + self._in_flight
 
     def enqueue_writes(self, items: list[tuple[int, int, bytes]]) -> int:
         """Queue (eid, namespace id, key) for write-behind; returns how many fit. Never blocks."""
@@ -103,16 +105,24 @@ class Mover:
                 if not self._writes:
                     return
                 batch = [self._writes.popleft() for _ in range(min(self._batch, len(self._writes)))]
-            items, eids = self._hooks.claim_writes(batch)
-            if not items:
-                continue
+                self._in_flight = len(batch)
             try:
-                statuses = self._disk.write_many(items)
-            except Exception:  # the writer must survive a bad batch; the holds must be given back either way
-                log.exception("disk writer failed on a batch of %d blocks", len(items))
-                statuses = [DiskStatus.IO_ERROR] * len(items)
-            for ns, key in self._hooks.finish_writes(eids, statuses):
-                self._disk.delete(ns, [key])  # deleted while its write was in flight
+                self._write_batch(batch)
+            finally:
+                with self._cond:
+                    self._in_flight = 0
+
+    def _write_batch(self, batch: list[tuple[int, int, bytes]]) -> None:
+        items, eids = self._hooks.claim_writes(batch)
+        if not items:
+            return
+        try:
+            statuses = self._disk.write_many(items)
+        except Exception:  # the writer must survive a bad batch; the holds must be given back either way
+            log.exception("disk writer failed on a batch of %d blocks", len(items))
+            statuses = [DiskStatus.IO_ERROR] * len(items)
+        for ns, key in self._hooks.finish_writes(eids, statuses):
+            self._disk.delete(ns, [key])  # deleted while its write was in flight
 
     def _promote_loop(self) -> None:
         while True:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvstore.engine.catalog import ON_DISK, QUEUED, EntryState, Namespace
+from kvstore.engine.catalog import ON_DISK, QUEUED, WRITING, EntryState, Namespace
 from kvstore.engine.movement import Promotion
 from kvstore.engine.results import LookupResult
 from kvstore.tiers.disk import DiskStatus, WriteItem
@@ -164,9 +164,14 @@ class TieringMixin:
         if not len(ids):
             return LookupResult(n, present, [], [], [], [], 0, 0, tier_list)
         offsets = cat.offset[ids]
+        sizes = cat.size[ids]
+        if lease:
+            from_disk = np.array([tiers[i] == TIER_DISK for i, _ in hits], dtype=bool)
+            self.counters.hit_bytes_disk += int(sizes[from_disk].sum())
+            self.counters.hit_bytes_ram += int(sizes[~from_disk].sum())
         gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
         lease_id = self._leases.add(ids) if lease else 0
-        return LookupResult(n, present, offsets.tolist(), cat.size[ids].tolist(), gens.tolist(),
+        return LookupResult(n, present, offsets.tolist(), sizes.tolist(), gens.tolist(),
                             cat.checksum[ids].tolist(), lease_id,
                             int(self.config.lease_ttl_s * 1000) if lease else 0, tier_list)
 
@@ -203,7 +208,7 @@ class TieringMixin:
                 if not live:
                     self.counters.demote_dropped += 1  # evicted or deleted before the writer got to it
                     continue
-                cat.flags[eid] = cat.flags[eid] & (0xFF ^ QUEUED)
+                cat.flags[eid] = WRITING  # not 0: a hit meanwhile must not queue it again
                 cat.leases[eid] += 1
                 ns = cat.namespaces[ns_id]
                 items.append(WriteItem(ns.name, key, self._arena_address + int(cat.offset[eid]), int(cat.size[eid]),
@@ -217,8 +222,9 @@ class TieringMixin:
         with self._lock:
             cat = self._cat
             for eid, status in zip(eids, statuses):
+                cat.flags[eid] = 0  # a failed write may be retried by a later hit (admission runs again)
                 if status is DiskStatus.OK:
-                    cat.flags[eid] |= ON_DISK
+                    cat.flags[eid] = ON_DISK
                     self.counters.disk_writes += 1
                 else:
                     self.counters.disk_write_failures += 1

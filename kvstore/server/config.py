@@ -49,6 +49,7 @@ class ServerConfig:
     node_id: str = field(default_factory=socket.gethostname, **_help("name of this node in logs, stats and (later) the cluster"))
     unix_socket: str = field(default_factory=default_socket_path, **_help("gRPC unix socket path; '' disables it"))
     listen: str = field(default="127.0.0.1:7070", **_help("gRPC TCP address host:port; '' disables it"))
+    metrics_listen: str = field(default="127.0.0.1:9464", **_help("Prometheus /metrics and /healthz host:port; '' disables"))
     arena_name: str = field(default="", **_help("POSIX shm name of the arena, e.g. /kvstore-a; default /kvstore-<node_id>"))
     arena_bytes: int = field(default=1 << 30, **_help("RAM tier size (slots); a size like 1GiB"))
     arena_lock: str = field(default="auto", **_help("mlock the arena: auto (try, warn), on (required), off"))
@@ -92,6 +93,10 @@ class ServerConfig:
             host, _, port = self.listen.rpartition(":")
             _require(bool(host) and port.isdigit() and 0 < int(port) < 65536,
                      f"listen={self.listen!r}: use host:port, e.g. 127.0.0.1:7070")
+        if self.metrics_listen:
+            host, _, port = self.metrics_listen.rpartition(":")
+            _require(bool(host) and port.isdigit() and 0 < int(port) < 65536,
+                     f"metrics_listen={self.metrics_listen!r}: use host:port, e.g. 127.0.0.1:9464")
         _require(self.arena_lock in ("auto", "on", "off"), f"arena_lock={self.arena_lock!r}: use auto, on or off")
         _require(self.policy in POLICY_NAMES, f"policy={self.policy!r}: use one of {', '.join(POLICY_NAMES)}")
         _require(self.max_block_bytes >= 4096 and self.max_block_bytes % 4096 == 0,

@@ -30,6 +30,7 @@ from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
+from kvstore.server.metrics import MetricsServer
 from kvstore.server.service import KVStoreService
 from kvstore.tiers.disk import DiskConfig, DiskStore
 
@@ -62,8 +63,12 @@ class Daemon:
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
+            self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz)
+                            if cfg.metrics_listen else None)
             self.server = self._build_server()
         except BaseException:
+            if getattr(self, "metrics", None) is not None:
+                self.metrics.stop()
             self.arena.destroy()
             if getattr(self, "disk", None) is not None:
                 self.disk.close()
@@ -87,7 +92,8 @@ class Daemon:
                 ("grpc.so_reuseport", 0)]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
                                                         thread_name_prefix="kvstore-rpc"), options=opts)
-        pb_grpc.add_KVStoreServicer_to_server(KVStoreService(self.engine, self.arena.view, self.info), server)
+        observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        pb_grpc.add_KVStoreServicer_to_server(KVStoreService(self.engine, self.arena.view, self.info, observe), server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)
             server.add_insecure_port("unix:" + cfg.unix_socket)
@@ -98,8 +104,15 @@ class Daemon:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
         return server
 
+    def _healthz(self) -> tuple[int, str]:
+        """200 while serving (a degraded disk tier still serves from RAM), 503 while stopping."""
+        h = self.info.health()
+        return (200 if h.status in ("SERVING", "DEGRADED") else 503), h.status + (f": {h.detail}" if h.detail else "")
+
     def start(self) -> None:
         self.engine.start()
+        if self.metrics is not None:
+            self.metrics.start()
         self.server.start()
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
@@ -131,6 +144,8 @@ class Daemon:
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)
         self.engine.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.disk is not None:
             self.disk.close()
         self.arena.destroy()

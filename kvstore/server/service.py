@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -33,16 +34,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _rpc(fn: F) -> F:
     """Turn a KVStoreError into its gRPC status + reason; log anything else and answer INTERNAL."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     def wrapper(self: KVStoreService, request: Any, context: grpc.ServicerContext) -> Any:
+        start = time.perf_counter()
         try:
             return fn(self, request, context)
         except KVStoreError as exc:
             _abort(context, exc)
         except Exception:
-            log.exception("internal error in %s", fn.__name__)
+            log.exception("internal error in %s", name)
             context.set_trailing_metadata((("kvstore-reason", "internal"),))
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log")
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the daemon log")
+        finally:
+            self._observe(name, time.perf_counter() - start)
 
     return wrapper  # type: ignore[return-value]
 
@@ -54,10 +60,12 @@ def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
 
 
 class KVStoreService(pb_grpc.KVStoreServicer):
-    def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo) -> None:
+    def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
+                 observe: Callable[[str, float], None] = lambda method, seconds: None) -> None:
         self._engine = engine
         self._view = arena_view
         self._info = info
+        self._observe = observe  # RPC latency sink (the metrics histogram)
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -161,6 +169,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
         stored = present = 0
         writer: _StreamWriter | None = None  # the block being received, if any
+        start = time.perf_counter()
         try:
             for chunk in request_iterator:
                 part = chunk.WhichOneof("part")
@@ -189,9 +198,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         finally:
             if writer is not None:  # the client went away mid-block: free its slot now rather than at the TTL
                 writer.abort()
+            self._observe("Put", time.perf_counter() - start)
         return pb.PutResponse(stored=stored, already_present=present)
 
     def Get(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> Iterator[pb.GetChunk]:
+        start = time.perf_counter()
         try:
             r = self._engine.lookup(request.namespace, request.keys, prefix=False, lease=True)
         except KVStoreError as exc:
@@ -213,6 +224,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         finally:
             if r.lease_id:
                 self._engine.release([r.lease_id])
+            self._observe("Get", time.perf_counter() - start)
 
 
 def _key_info(r: KeyRecord) -> pb.KeyInfo:

@@ -1,0 +1,204 @@
+"""Prometheus metrics and /healthz on a small HTTP port (loopback by default).
+
+Everything the engine counts is read at scrape time through one `Engine.stats()` call (a custom collector),
+so the hot path pays nothing for metrics. Only RPC latencies are observed as they happen (one histogram
+observe per RPC, ~1 us). Names follow Prometheus conventions (`*_total`, `*_bytes`, `*_seconds`); label
+values are bounded: tiers and states are fixed sets, RPC methods are the service's methods, and namespaces
+are capped at `MAX_NAMESPACE_LABELS` (the largest by bytes; the rest are summed under "_other").
+
+Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
+  kvstore_lookup_keys_total                     keys asked for in lookups
+  kvstore_hit_keys_total{tier}                  keys found, by the tier that held them (ram, disk)
+  kvstore_hit_bytes_total{tier}                 bytes handed to readers, by tier
+  kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
+  kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
+  kvstore_committed_blocks_total / kvstore_committed_bytes_total
+  kvstore_evictions_total / kvstore_evicted_bytes_total / kvstore_evicted_to_disk_total
+  kvstore_promotions_total / kvstore_promotion_failures_total
+  kvstore_disk_writes_total / kvstore_disk_write_failures_total / kvstore_demote_dropped_total
+  kvstore_demote_queue_full_total (admission rejects for lack of queue room)
+  kvstore_deleted_blocks_total / kvstore_store_full_total / kvstore_checksum_failures_total
+  kvstore_lease_expirations_total / kvstore_reservation_expirations_total / kvstore_leases_active
+  kvstore_reservations_active
+  kvstore_arena_bytes{state}                    capacity, allocated, stored, reserved, leased, pinned, stranded
+  kvstore_arena_fragmentation_ratio / kvstore_arena_locked / kvstore_blocks
+  kvstore_disk_bytes{state}                     capacity, used
+  kvstore_disk_blocks / kvstore_disk_degraded / kvstore_disk_compression_ratio
+  kvstore_disk_io_bytes_total{direction}        read, written
+  kvstore_disk_evicted_blocks_total / kvstore_disk_io_errors_total
+  kvstore_disk_write_queue_blocks
+  kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvstore.engine.engine import Engine
+from kvstore.engine.results import EngineStats
+from kvstore.errors import ConfigError
+
+__all__ = ["MetricsServer", "EngineCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
+
+log = logging.getLogger(__name__)
+
+MAX_NAMESPACE_LABELS = 50
+RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# engine counter -> (metric name without _total, help)
+_COUNTERS = {
+    "lookup_keys": ("kvstore_lookup_keys", "Keys asked for in lookups"),
+    "committed_blocks": ("kvstore_committed_blocks", "Blocks committed (puts)"),
+    "committed_bytes": ("kvstore_committed_bytes", "Bytes committed into the arena (puts)"),
+    "evictions": ("kvstore_evictions", "Blocks evicted from the arena"),
+    "evicted_bytes": ("kvstore_evicted_bytes", "Bytes evicted from the arena"),
+    "evicted_to_disk": ("kvstore_evicted_to_disk", "Arena evictions whose block lives on in the disk tier"),
+    "promotions": ("kvstore_promotions", "Disk-tier blocks read back into the arena"),
+    "promotion_failures": ("kvstore_promotion_failures", "Promotions that failed (checksum, I/O, no room)"),
+    "disk_writes": ("kvstore_disk_writes", "Blocks written to the disk tier"),
+    "disk_write_failures": ("kvstore_disk_write_failures", "Blocks the disk tier failed to write"),
+    "demote_dropped": ("kvstore_demote_dropped", "Queued disk writes dropped: evicted or deleted first"),
+    "demote_queue_full": ("kvstore_demote_queue_full", "Blocks not admitted to disk: write queue full"),
+    "deleted_blocks": ("kvstore_deleted_blocks", "Blocks deleted by clients"),
+    "store_full": ("kvstore_store_full", "Reserves refused: nothing evictable"),
+    "checksum_failures": ("kvstore_checksum_failures", "Blocks that failed their checksum (counted as misses)"),
+    "lease_expirations": ("kvstore_lease_expirations", "Read leases dropped by TTL (client died or was slow)"),
+    "reservation_expirations": ("kvstore_reservation_expirations", "Reserved blocks dropped by TTL"),
+}
+
+
+class EngineCollector(Collector):
+    """Turns one Engine.stats() snapshot into metric families at scrape time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._engine.stats()
+        c = s.counters
+        for key, (name, text) in _COUNTERS.items():
+            yield CounterMetricFamily(name, text, value=c[key])
+        hits = CounterMetricFamily("kvstore_hit_keys", "Keys found by lookups, by tier", labels=["tier"])
+        hits.add_metric(["ram"], c["hit_keys_ram"])
+        hits.add_metric(["disk"], c["hit_keys_disk"])
+        yield hits
+        hit_bytes = CounterMetricFamily("kvstore_hit_bytes", "Bytes handed to readers, by tier", labels=["tier"])
+        hit_bytes.add_metric(["ram"], c["hit_bytes_ram"])
+        hit_bytes.add_metric(["disk"], c["hit_bytes_disk"])
+        yield hit_bytes
+        yield from _namespaces(s)
+        yield from _arena(s)
+        yield from _disk(s, self._engine)
+
+
+def _namespaces(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    ranked = sorted(s.namespaces, key=lambda n: n.bytes, reverse=True)
+    shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
+    rows = [(n.name, n.lookup_keys, n.hit_keys, n.blocks, n.bytes) for n in shown]
+    if rest:
+        rows.append(("_other", sum(n.lookup_keys for n in rest), sum(n.hit_keys for n in rest),
+                     sum(n.blocks for n in rest), sum(n.bytes for n in rest)))
+    fams = [
+        CounterMetricFamily("kvstore_namespace_lookup_keys", "Keys looked up, by namespace", labels=["namespace"]),
+        CounterMetricFamily("kvstore_namespace_hit_keys", "Keys found, by namespace", labels=["namespace"]),
+        GaugeMetricFamily("kvstore_namespace_blocks", "Blocks in the arena, by namespace", labels=["namespace"]),
+        GaugeMetricFamily("kvstore_namespace_bytes", "Bytes in the arena, by namespace", labels=["namespace"]),
+    ]
+    for name, *values in rows:
+        for fam, v in zip(fams, values):
+            fam.add_metric([name], v)
+    yield from fams
+
+
+def _arena(s: EngineStats) -> Iterator[GaugeMetricFamily]:
+    arena = GaugeMetricFamily("kvstore_arena_bytes", "Arena bytes by state", labels=["state"])
+    for state, v in (("capacity", s.capacity_bytes), ("allocated", s.allocated_bytes), ("stored", s.stored_bytes),
+                     ("reserved", s.reserved_bytes), ("leased", s.leased_bytes), ("pinned", s.pinned_bytes),
+                     ("stranded", s.stranded_bytes)):
+        arena.add_metric([state], v)
+    yield arena
+    yield GaugeMetricFamily("kvstore_arena_fragmentation_ratio", "Share of allocated slot bytes holding no payload",
+                            value=s.fragmentation)
+    yield GaugeMetricFamily("kvstore_blocks", "Blocks in the arena", value=s.blocks)
+    yield GaugeMetricFamily("kvstore_leases_active", "Read leases held", value=s.leases_active)
+    yield GaugeMetricFamily("kvstore_reservations_active", "Write reservations open", value=s.reservations_active)
+
+
+def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    d = s.disk
+    if d is None:
+        return
+    space = GaugeMetricFamily("kvstore_disk_bytes", "Disk tier bytes by state", labels=["state"])
+    space.add_metric(["capacity"], d.capacity_bytes)
+    space.add_metric(["used"], d.used_bytes)
+    yield space
+    yield GaugeMetricFamily("kvstore_disk_blocks", "Blocks in the disk tier", value=d.blocks)
+    yield GaugeMetricFamily("kvstore_disk_degraded", "1 while the disk tier is degraded", value=int(d.degraded))
+    yield GaugeMetricFamily("kvstore_disk_compression_ratio", "Raw / stored bytes written", value=d.compression_ratio)
+    yield GaugeMetricFamily("kvstore_disk_write_queue_blocks", "Blocks waiting for the disk writer",
+                            value=engine.write_queue_blocks)
+    io = CounterMetricFamily("kvstore_disk_io_bytes", "Disk tier bytes moved", labels=["direction"])
+    io.add_metric(["written"], d.bytes_written)
+    io.add_metric(["read"], d.bytes_read)
+    yield io
+    yield CounterMetricFamily("kvstore_disk_evicted_blocks", "Blocks dropped by disk segment reclamation",
+                              value=d.evicted_blocks)
+    yield CounterMetricFamily("kvstore_disk_io_errors", "Disk tier I/O errors", value=d.io_errors)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        log.debug("metrics http: " + format, *args)
+
+
+class MetricsServer:
+    """/metrics (Prometheus text format) and /healthz on `host:port`, served from one background thread."""
+
+    def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]]) -> None:
+        host, _, port = listen.rpartition(":")
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine))
+        locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
+        self.registry.register(_Static([locked]))
+        self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",
+                                     ["method"], buckets=RPC_BUCKETS, registry=self.registry)
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):  # type: ignore[no-untyped-def]
+            if environ.get("PATH_INFO") == "/healthz":
+                code, text = health()
+                start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
+                               [("Content-Type", "text/plain")])
+                return [text.encode() + b"\n"]
+            return metrics_app(environ, start_response)
+
+        try:
+            self._httpd: WSGIServer = make_server(host, int(port), app, handler_class=_QuietHandler)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror}; choose another metrics_listen") from exc
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kvstore-metrics", daemon=True)
+
+    def observe(self, method: str, seconds: float) -> None:
+        self.rpc_seconds.labels(method).observe(seconds)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class _Static(Collector):
+    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families)
