@@ -9,8 +9,10 @@ Per-iteration setup/teardown (fresh keys, releasing leases) runs outside the tim
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -172,3 +174,69 @@ def progress(total: int) -> _NoProgress:
     except ImportError:
         return _NoProgress(total)
     return _RichProgress(total)
+
+
+# -- phase timing (added for bench/disk.py; generic) ------------------------------------------------------------
+__all__ += ["timed", "TimedLock"]
+
+
+def timed(acc: dict[str, float], phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap `fn` so that each call adds its wall seconds to `acc[phase]` (shadow a bound method with it on one
+    instance, as micro's PhaseClock does: the benchmark sees the real call path)."""
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[phase] += time.perf_counter() - t0
+    return wrapper
+
+
+class TimedLock:
+    """A threading.Lock that adds the seconds spent acquiring it (waits, plus the timer's own cost) to
+    `acc["lock wait"]`; usable wherever a Lock is (with, acquire/release, threading.Condition)."""
+
+    def __init__(self, acc: dict[str, float]) -> None:
+        self._lock, self._acc = threading.Lock(), acc
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        t0 = time.perf_counter()
+        ok = self._lock.acquire(blocking, timeout)
+        self._acc["lock wait"] += time.perf_counter() - t0
+        return ok
+
+    def release(self) -> None:
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+# -- the box a run measured (added for bench/disk.py; generic) --------------------------------------------------
+__all__ += ["fs_type", "pressure"]
+
+
+def fs_type(path: str) -> str:
+    """Filesystem type of `path` (longest mount point prefix in /proc/mounts): tmpfs numbers are RAM numbers."""
+    real, best, kind = os.path.realpath(path), "", "unknown"
+    with open("/proc/mounts") as fh:
+        for line in fh:
+            mnt, typ = line.split()[1:3]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                best, kind = mnt, typ
+    return kind
+
+
+def pressure() -> dict[str, float]:
+    """Seconds some task stalled waiting for a CPU / for I/O since boot (Linux PSI 'some' totals; {} where
+    unsupported). The delta over a run, divided by its length, says how noisy the box was while it ran."""
+    out: dict[str, float] = {}
+    for kind in ("cpu", "io"):
+        try:
+            with open(f"/proc/pressure/{kind}") as fh:
+                out[kind] = int(fh.readline().rsplit("total=", 1)[1]) / 1e6
+        except (OSError, IndexError, ValueError):
+            pass
+    return out

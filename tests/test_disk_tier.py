@@ -18,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kvstore.testing import DaemonProcess, wait_until
+from kvstore.testing import wait_until
 
 NS = "disk/ns"
 BLOCK = 1 << 20
