@@ -1,18 +1,21 @@
 """`kvstore`: inspect and edit a running kvstore-server from the shell.
 
 This module is only the argparse wiring and the one place where errors become exit codes; each subcommand
-lives in `commands.py` and all output in `render.py`. Global options are accepted before or after the
+lives in `commands.py` (the live `top` view in `top.py`, `inspect` in `inspect_cmd.py`) and shared output
+formats in `render.py`. Global options are accepted before or after the
 subcommand (`kvstore --json stats` and `kvstore stats --json`), because people type both.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from kvstore.cli import inspect_cmd, top
 from kvstore.cli.commands import COMMANDS, CommandError
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
@@ -55,6 +58,21 @@ _SPECS: dict[str, tuple[str, str, str]] = {
     "clear": ("delete every block of a namespace",
               "Deletes all blocks of NAMESPACE (the namespace stays registered). Refuses unless --yes is given.",
               "kvstore clear myns --yes"),
+    "top": ("live view of hit rates, throughput and occupancy",
+            "Refreshes every --interval seconds from two successive stats snapshots: hit rate per tier (total "
+            "and over the last interval), committed/read/disk bytes per second, RAM and disk occupancy, leases, "
+            "evictions and promotions per second, disk state and the 10 busiest namespaces. The first frame "
+            "comes after one interval. q or Ctrl-C quits; --iterations N stops after N frames (for scripts; "
+            "output that is not a terminal gets only the last frame). --json prints the last frame as JSON.",
+            "kvstore top\n  kvstore top --interval 5 --iterations 12 > top.txt"),
+    "inspect": ("where keys live: tier, size, pins, leases, age, node",
+                "For each KEY (or each line of --chain FILE, one key per line in the same syntax, - for stdin) "
+                "shows its tier (ram, disk, ram+disk or missing), size, pins, leases, age (none for disk-only "
+                "blocks) and node. With --chain it also reports the longest present prefix and per-tier counts. "
+                "Read-only: it uses Describe, not Lookup, so it counts no lookups, refreshes no block in the "
+                "eviction order and does not promote disk-only blocks into RAM. Exits 0 when the daemon answered, "
+                "missing keys included.",
+                "kvstore inspect myns prompt-0 hex:9f86d0\n  kvstore inspect myns --chain chain.txt --json"),
 }
 
 
@@ -79,6 +97,16 @@ def _positive_float(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
     return value
 
 
@@ -117,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (summary, description, example) in _SPECS.items():
         sp = sub.add_parser(name, help=summary, description=textwrap.fill(description, 90),
                             epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
-        if name not in ("stats", "health"):
+        if name not in ("stats", "health", "top"):
             sp.add_argument("namespace", metavar="NAMESPACE",
                             help="namespace name, e.g. llama-3-8b@3f2a9c/default")
         if name in ("show", "put", "get"):
@@ -135,8 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
                             help="list at most N keys; 0 for all [default: 1000]")
         if name == "clear":
             sp.add_argument("--yes", action="store_true", help="confirm deleting every block")
+        if name == "top":
+            sp.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS",
+                            help="seconds between refreshes [default: 2]")
+            sp.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
+                            help="stop after N refreshes [default: until q or Ctrl-C]")
+        if name == "inspect":
+            sp.add_argument("keys", metavar="KEY", nargs="*", type=parse_key, help=_KEY_HELP)
+            sp.add_argument("--chain", metavar="FILE",
+                            help="a chain of keys, one per line (text or hex:...), - for stdin; "
+                                 "reports its longest present prefix")
         _add_globals(sp, defaults=False)
     return p
+
+
+def _handler(name: str) -> Callable[[Client, argparse.Namespace], int]:
+    """commands.COMMANDS is looked up at call time (tests patch it); top and inspect live in their own modules."""
+    extra: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+        "top": top.run, "inspect": functools.partial(inspect_cmd.run, parse_key=parse_key)}
+    return COMMANDS.get(name) or extra[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with Client(args.address, timeout_s=args.timeout) as client:
-            return COMMANDS[args.command](client, args)
+            return _handler(args.command)(client, args)
     except (KVStoreError, CommandError) as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from rich.text import Text
 from kvstore.client.types import Health, KeyInfo, Stats
 
 __all__ = [
-    "HEX_PREFIX", "human_bytes", "human_age", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
+    "HEX_PREFIX", "human_bytes", "human_age", "pct", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
     "emit_json", "say", "warn", "print_stats", "print_keys", "print_key", "print_health",
 ]
 
@@ -60,6 +60,11 @@ def human_age(seconds: float) -> str:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
+
+
+def pct(x: float) -> str:
+    """A share as a percentage with one decimal: the one format of hit rates and occupancy (top, stats)."""
+    return _pct(x)
 
 
 def key_text(key: bytes) -> str | None:

@@ -16,13 +16,15 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import grpc
+
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.shm import ArenaLayout
 from kvstore.client import stream_path
 from kvstore.client.arena_path import ArenaPath
 from kvstore.client.releaser import Releaser
-from kvstore.client.rpc import Rpc
-from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
+from kvstore.client.rpc import Rpc, translate
+from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
 from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
@@ -264,6 +266,14 @@ class Client:
     def stats(self) -> Stats:
         return Stats.from_pb(self._rpc.call("Stats", pb.StatsRequest()))
 
+    def subscribe(self, namespaces: Sequence[str] = (), *, buffer: int = 0) -> EventStream:
+        """Tail the daemon's KV events (all namespaces by default). Iterate it; close() (or `with`) to stop.
+
+        A subscriber that reads too slowly gets a `gap` event counting what it missed; the store never waits.
+        """
+        call = self._rpc.stub.Subscribe(pb.SubscribeRequest(namespaces=list(namespaces), buffer=buffer))
+        return EventStream(call, self.address)
+
     def describe(self, namespace: str, keys: Sequence[bytes]) -> list[KeyInfo | None]:
         """Where and how each key is stored (None when absent)."""
         out: list[KeyInfo | None] = []
@@ -288,6 +298,32 @@ class Client:
             if not r.next_cursor:
                 return
             cursor = r.next_cursor
+
+
+class EventStream:
+    """An open Subscribe stream: an iterator of KVEvent that can be closed from any thread."""
+
+    def __init__(self, call: Any, address: str) -> None:
+        self._call = call
+        self._address = address
+
+    def __iter__(self) -> Iterator[KVEvent]:
+        try:
+            for m in self._call:
+                yield KVEvent.from_pb(m)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise translate(exc, self._address) from None
+
+    def close(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _scatter(present: list[bool], hits: list[Any], n: int) -> list[Any]:

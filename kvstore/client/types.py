@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvstore._proto import kvstore_pb2 as pb
 
-__all__ = ["Health", "Stats", "DiskInfo", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
+__all__ = ["KVEvent", "TIER_NAMES", "Health", "Stats", "DiskInfo", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
 
 
 @dataclass(frozen=True)
@@ -189,3 +189,35 @@ class Lease:
     @property
     def hits(self) -> int:
         return len(self.offsets)
+
+
+TIER_NAMES = {0: "none", 1: "ram", 2: "disk", 3: "peer"}
+
+
+@dataclass(frozen=True)
+class KVEvent:
+    """One KV event. kind: stored | removed | moved | gap. For moved, `tier` is the source, `to_tier` the target."""
+
+    seq: int
+    time: float
+    node_id: str
+    kind: str
+    namespace: str = ""
+    keys: tuple[bytes, ...] = ()
+    tier: str = ""
+    to_tier: str = ""
+    whole_namespace: bool = False
+    dropped: int = 0
+
+    @staticmethod
+    def from_pb(m: pb.KVEvent) -> KVEvent:
+        kind = m.WhichOneof("event") or "gap"
+        base = {"seq": m.seq, "time": m.time, "node_id": m.node_id, "kind": kind}
+        if kind == "gap":
+            return KVEvent(**base, dropped=m.gap.dropped)
+        e = getattr(m, kind)
+        if kind == "moved":
+            return KVEvent(**base, namespace=e.namespace, keys=tuple(e.keys), tier=TIER_NAMES[e.from_tier],
+                           to_tier=TIER_NAMES[e.to_tier])
+        return KVEvent(**base, namespace=e.namespace, keys=tuple(e.keys), tier=TIER_NAMES[e.tier],
+                       whole_namespace=getattr(e, "whole_namespace", False))

@@ -38,6 +38,7 @@ from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.shm import ArenaLayout
 from kvstore.engine.catalog import ON_DISK, Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
+from kvstore.engine.events import MOVED, REMOVED, STORED, EventBus
 from kvstore.engine.results import (
     ALREADY_PRESENT,
     IN_FLIGHT,
@@ -48,7 +49,7 @@ from kvstore.engine.results import (
 from kvstore.engine.movement import Mover, Promotion
 from kvstore.engine.read_buffer import ReadBuffer
 from kvstore.engine.inspection import InspectionMixin
-from kvstore.engine.tiering import TieringMixin
+from kvstore.engine.tiering import TIER_DISK, TIER_RAM, TieringMixin
 from kvstore.engine.ttl import TtlTable
 from kvstore.errors import (
     ConflictError,
@@ -99,6 +100,7 @@ class Engine(TieringMixin, InspectionMixin):
         self._quarantine: deque[tuple[float, int]] = deque()
         self._touches = ReadBuffer(policy)
         self.counters = Counters()
+        self.events = EventBus()
         self._lock = threading.Lock()
         # disk tier (optional): the store, its admission policy, the I/O threads, promotions in flight
         self._disk = disk
@@ -230,6 +232,12 @@ class Engine(TieringMixin, InspectionMixin):
     def _evict(self, eid: int) -> None:
         """Drop a committed entry the policy has already forgotten."""
         size = int(self._cat.size[eid])
+        if self.events.subscribers:
+            ns, key = self._cat.namespace_of(eid).name, self._cat.keys[eid]
+            if self._cat.flags[eid] & ON_DISK:
+                self.events.publish(MOVED, ns, [key], TIER_RAM, TIER_DISK)
+            else:
+                self.events.publish(REMOVED, ns, [key], TIER_RAM)
         if self._cat.flags[eid] & ON_DISK:
             self.counters.evicted_to_disk += 1  # the disk tier keeps it: only the RAM copy goes
         self._forget_committed(eid)
@@ -278,6 +286,8 @@ class Engine(TieringMixin, InspectionMixin):
                 policy.on_insert(eid, hash(cat.keys[eid]) ^ ns.id)
             ns.puts += len(eids)
             self.counters.committed_blocks += len(eids)
+            if self.events.subscribers:
+                self.events.publish(STORED, ns.name, [cat.keys[e] for e in eids], TIER_RAM)
             if self._disk is not None:
                 ids = np.array(eids, dtype=np.int64)
                 cat.seen[ids] = 1
@@ -361,7 +371,9 @@ class Engine(TieringMixin, InspectionMixin):
             in_ram = [self._delete_one(ns.index.get(k)) for k in keys]
             on_disk = self._disk.contains_many(ns.name, keys) if self._disk is not None else [0] * len(keys)
         if self._disk is not None and any(on_disk):
-            self._disk.delete(ns.name, [k for k, d in zip(keys, on_disk) if d])  # index I/O: outside the lock
+            gone = [k for k, d in zip(keys, on_disk) if d]
+            self._disk.delete(ns.name, gone)  # index I/O: outside the lock
+            self.events.publish(REMOVED, ns.name, gone, TIER_DISK)
         return sum(1 for r, d in zip(in_ram, on_disk) if r or d)
 
     def _delete_one(self, eid: int | None) -> int:
@@ -374,6 +386,8 @@ class Engine(TieringMixin, InspectionMixin):
             return 0
         self._touches.apply()
         self._policy.on_remove(eid)
+        if self.events.subscribers:
+            self.events.publish(REMOVED, cat.namespace_of(eid).name, [cat.keys[eid]], TIER_RAM)
         self._forget_committed(eid)
         self.counters.deleted_blocks += 1
         if cat.leases[eid] > 0:
@@ -389,6 +403,7 @@ class Engine(TieringMixin, InspectionMixin):
             ram_keys = {k for k, e in list(ns.index.items()) if self._delete_one(e)}
         if self._disk is None:
             return len(ram_keys)
+        self.events.publish(REMOVED, ns.name, [], TIER_DISK, whole_namespace=True)
         both = sum(1 for n in self._disk.contains_many(ns.name, list(ram_keys)) if n) if ram_keys else 0
         return len(ram_keys) + self._disk.clear_namespace(ns.name) - both
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvstore.engine.catalog import ON_DISK, QUEUED, WRITING, EntryState, Namespace
+from kvstore.engine.events import MOVED, STORED
 from kvstore.engine.movement import Promotion
 from kvstore.engine.results import LookupResult
 from kvstore.tiers.disk import DiskStatus, WriteItem
@@ -226,6 +227,7 @@ class TieringMixin:
                 if status is DiskStatus.OK:
                     cat.flags[eid] = ON_DISK
                     self.counters.disk_writes += 1
+                    self.events.publish(STORED, cat.namespace_of(eid).name, [cat.keys[eid]], TIER_DISK)
                 else:
                     self.counters.disk_write_failures += 1
                 if cat.state[eid] == _DOOMED:
@@ -248,6 +250,7 @@ class TieringMixin:
                 ns.blocks += 1
                 ns.bytes += int(cat.size[p.eid])
                 self._policy.on_insert(p.eid, hash(p.key) ^ ns.id)
+                self.events.publish(MOVED, ns.name, [p.key], TIER_DISK, TIER_RAM)
                 p.ok = True
             else:
                 if alive:

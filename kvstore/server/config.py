@@ -73,7 +73,8 @@ class ServerConfig:
     max_batch_keys: int = field(default=4096, **_help("most keys one RPC may carry"))
     max_message_bytes: int = field(default=64 << 20, **_help("largest gRPC message"))
     sweep_interval_s: float = field(default=0.25, **_help("how often leases and reservations are checked for expiry"))
-    grpc_workers: int = field(default=8, **_help("gRPC server threads"))
+    grpc_workers: int = field(default=16, **_help("gRPC server threads (event subscribers hold one each)"))
+    max_subscribers: int = field(default=4, **_help("most concurrent KV-event subscribers"))
     log_level: str = field(default="info", **_help("debug, info, warning, error"))
     log_format: str = field(default="text", **_help("text or json (one object a line)"))
 
@@ -110,6 +111,8 @@ class ServerConfig:
         _require(1 <= self.max_batch_keys <= 65536, f"max_batch_keys={self.max_batch_keys}: use 1..65536")
         _require(self.max_message_bytes >= 1 << 20, "max_message_bytes must be at least 1MiB")
         _require(1 <= self.grpc_workers <= 256, f"grpc_workers={self.grpc_workers}: use 1..256")
+        _require(0 <= self.max_subscribers < self.grpc_workers,
+                 f"max_subscribers={self.max_subscribers} must be below grpc_workers={self.grpc_workers}")
         _require(self.log_level in ("debug", "info", "warning", "error"), f"log_level={self.log_level!r}: use debug, info, warning or error")
         _require(self.log_format in ("text", "json"), f"log_format={self.log_format!r}: use text or json")
         if self.disk_bytes:

@@ -93,7 +93,8 @@ class Daemon:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
                                                         thread_name_prefix="kvstore-rpc"), options=opts)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
-        pb_grpc.add_KVStoreServicer_to_server(KVStoreService(self.engine, self.arena.view, self.info, observe), server)
+        service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers)
+        pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)
             server.add_insecure_port("unix:" + cfg.unix_socket)

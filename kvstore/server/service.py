@@ -20,7 +20,8 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import RESERVED, KeyRecord
-from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError
+from kvstore.engine.events import MOVED, REMOVED, STORED, Event
+from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
 from kvstore.server.info import NodeInfo
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
@@ -61,11 +62,12 @@ def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
 
 class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
-                 observe: Callable[[str, float], None] = lambda method, seconds: None) -> None:
+                 observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8) -> None:
         self._engine = engine
         self._view = arena_view
         self._info = info
         self._observe = observe  # RPC latency sink (the metrics histogram)
+        self._max_subscribers = max_subscribers  # each Subscribe stream holds one RPC thread
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -201,6 +203,24 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             self._observe("Put", time.perf_counter() - start)
         return pb.PutResponse(stored=stored, already_present=present)
 
+    def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.KVEvent]:
+        bus = self._engine.events
+        if bus.subscribers >= self._max_subscribers:
+            _abort(context, StoreFullError(f"{bus.subscribers} event subscribers already (max_subscribers="
+                                           f"{self._max_subscribers}): close one or raise the limit"))
+            return
+        if request.buffer > 1 << 20:
+            _abort(context, InvalidRequestError(f"buffer {request.buffer} too large: use 1..1048576 (0 = default)"))
+            return
+        sub = bus.subscribe(list(request.namespaces), request.buffer)
+        try:
+            while context.is_active():
+                ev = sub.next(timeout_s=0.5)
+                if ev is not None:
+                    yield _event_pb(ev, self._info.node_id)
+        finally:
+            sub.close()
+
     def Get(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> Iterator[pb.GetChunk]:
         start = time.perf_counter()
         try:
@@ -225,6 +245,20 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             if r.lease_id:
                 self._engine.release([r.lease_id])
             self._observe("Get", time.perf_counter() - start)
+
+
+def _event_pb(ev: Event, node_id: str) -> pb.KVEvent:
+    out = pb.KVEvent(seq=ev.seq, time=ev.time, node_id=node_id)
+    if ev.kind == STORED:
+        out.stored.CopyFrom(pb.BlockStored(namespace=ev.namespace, keys=ev.keys, tier=ev.tier))
+    elif ev.kind == REMOVED:
+        out.removed.CopyFrom(pb.BlockRemoved(namespace=ev.namespace, keys=ev.keys, tier=ev.tier,
+                                             whole_namespace=ev.whole_namespace))
+    elif ev.kind == MOVED:
+        out.moved.CopyFrom(pb.BlockMoved(namespace=ev.namespace, keys=ev.keys, from_tier=ev.tier, to_tier=ev.to_tier))
+    else:
+        out.gap.CopyFrom(pb.Gap(dropped=ev.dropped))
+    return out
 
 
 def _key_info(r: KeyRecord) -> pb.KeyInfo:
