@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
 
@@ -34,19 +33,16 @@ from kvstore.tiers.disk.types import DiskStatus
 __all__ = ["BlockReader"]
 
 NOT_FOUND = DiskStatus.NOT_FOUND
-_PIPELINE_CHUNK = 512 << 10  # blocks larger than this are read in chunks of this size, hashing behind the read
 
 
 class BlockReader:
     def __init__(self, state: StoreState) -> None:
         self._st = state
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-pread")
         self._local = threading.local()
         self._buffers: list[AlignedBuffer] = []
         self._buffers_lock = threading.Lock()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         with self._buffers_lock:
             for buf in self._buffers:
                 buf.close()
@@ -107,12 +103,8 @@ class BlockReader:
         size = round_up(e.stored_length)
         direct = CODEC_NAMES[e.codec] == "none" and address % PAGE_BYTES == 0 and capacity >= size
         buf = address if direct else self._bounce(size)
-        digest = None
         try:
-            if direct and size > _PIPELINE_CHUNK:
-                got, digest = self._read_hashing(fd, address, size, e.offset, e.length)
-            else:
-                got = st.io.pread(fd, buf, size, e.offset)
+            got = st.io.pread(fd, buf, size, e.offset)
         except OSError as exc:
             return self._io_error(ikey, e, exc, scrub=address if direct else 0)
         with st.lock:
@@ -130,7 +122,7 @@ class BlockReader:
                 decode_into(CODEC_NAMES[e.codec], memory_view(buf, e.stored_length), dst)
             elif not direct:
                 ctypes.memmove(address, buf, e.length)
-            ok = (digest if digest is not None else xxhash.xxh3_64_intdigest(dst)) == e.checksum
+            ok = xxhash.xxh3_64_intdigest(dst) == e.checksum
         except CodecError:
             ok = False
         if not ok:
@@ -144,33 +136,6 @@ class BlockReader:
             st.counters.reads += 1
             st.counters.bytes_read += size
         return DiskStatus.OK, e.length
-
-    def _read_hashing(self, fd: int, address: int, size: int, offset: int, length: int) -> tuple[int, int]:
-        """pread a large block in chunks, hashing chunk i while chunk i+1 is being read.
-
-        The pread releases the GIL and xxhash does not, so on one thread the checksum would add its whole time
-        (~20 % of a 2 MiB promotion here) to the read; pipelined, only the last chunk's hash is exposed. One
-        read is in flight at a time, as in a plain read. Returns (bytes read, xxh3 of the first `length`)."""
-        h = xxhash.xxh3_64()
-        starts = list(range(0, size, _PIPELINE_CHUNK))
-        pread = self._st.io.pread
-
-        def submit(i: int) -> Future[int]:
-            n = min(_PIPELINE_CHUNK, size - starts[i])
-            return self._pool.submit(pread, fd, address + starts[i], n, offset + starts[i])
-
-        got = 0
-        pending = submit(0)
-        for i, start in enumerate(starts):
-            n = pending.result()
-            pending = submit(i + 1) if i + 1 < len(starts) and n == min(_PIPELINE_CHUNK, size - start) else None
-            got += n
-            hashed = min(n, max(0, length - start))
-            if hashed:
-                h.update(memory_view(address + start, hashed))
-            if pending is None:
-                break
-        return got, h.intdigest()
 
     def _io_error(self, ikey: bytes, e: IndexEntry, exc: OSError, scrub: int = 0) -> tuple[DiskStatus, int]:
         st = self._st
