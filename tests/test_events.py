@@ -140,3 +140,32 @@ def test_bus_gap_sits_where_events_were_lost() -> None:
     assert [(e.kind, e.keys, e.dropped) for e in out] == [
         ("stored", (b"2",), 0), ("gap", (), 3), ("stored", (b"late",), 0)]
     assert sub.next(0) is None
+
+
+def test_kvstore_events_cli_tails_the_stream(make_daemon) -> None:
+    import json
+    import subprocess
+    import sys
+
+    d = make_daemon()
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli.main", "--address", d.address, "events",
+                             "--json", "--count", "2", "--namespace", NS], stdout=subprocess.PIPE, text=True)
+    with d.client() as c:
+        c.register_namespace(NS)
+        wait_until(lambda: c.stats() is not None and _subscribed(d), what="the CLI to subscribe")
+        c.put(NS, b"cli-1", b"v")
+        c.delete(NS, [b"cli-1"])
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert [(x["kind"], x["tier"], x["namespace"], [k["key"] for k in x["keys"]]) for x in docs] == [
+        ("stored", "ram", NS, [b"cli-1".hex()]), ("removed", "ram", NS, [b"cli-1".hex()])]
+
+
+def _subscribed(d) -> bool:
+    """The daemon has one more RPC in flight than a bare client would: poll the subscriber count via metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(d.metrics_url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return "kvstore_event_subscribers 1.0" in text

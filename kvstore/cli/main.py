@@ -1,7 +1,8 @@
 """`kvstore`: inspect and edit a running kvstore-server from the shell.
 
 This module is only the argparse wiring and the one place where errors become exit codes; each subcommand
-lives in `commands.py` (the live `top` view in `top.py`, `inspect` in `inspect_cmd.py`) and shared output
+lives in `commands.py` (the live `top` view in `top.py`, `inspect` in `inspect_cmd.py`, `events` in
+`events_cmd.py`) and shared output
 formats in `render.py`. Global options are accepted before or after the
 subcommand (`kvstore --json stats` and `kvstore stats --json`), because people type both.
 """
@@ -15,7 +16,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from kvstore.cli import inspect_cmd, top
+from kvstore.cli import events_cmd, inspect_cmd, top
 from kvstore.cli.commands import COMMANDS, CommandError
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
@@ -65,6 +66,11 @@ _SPECS: dict[str, tuple[str, str, str]] = {
             "comes after one interval. q or Ctrl-C quits; --iterations N stops after N frames (for scripts; "
             "output that is not a terminal gets only the last frame). --json prints the last frame as JSON.",
             "kvstore top\n  kvstore top --interval 5 --iterations 12 > top.txt"),
+    "events": ("tail the daemon's KV events (stored / removed / moved, by tier)",
+               "One line per event as it happens: blocks stored in a tier, removed from it, or moved between RAM and "
+               "disk, with the namespace and keys; what a KV-aware router indexes. A 'gap' line counts events the "
+               "daemon dropped because this tail read too slowly. --json prints one JSON object per line.",
+               "kvstore events\n  kvstore events --namespace llama-3-8b@3f2a9c/default --json --count 100"),
     "inspect": ("where keys live: tier, size, pins, leases, age, node",
                 "For each KEY (or each line of --chain FILE, one key per line in the same syntax, - for stdin) "
                 "shows its tier (ram, disk, ram+disk or missing), size, pins, leases, age (none for disk-only "
@@ -145,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (summary, description, example) in _SPECS.items():
         sp = sub.add_parser(name, help=summary, description=textwrap.fill(description, 90),
                             epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
-        if name not in ("stats", "health", "top"):
+        if name not in ("stats", "health", "top", "events"):
             sp.add_argument("namespace", metavar="NAMESPACE",
                             help="namespace name, e.g. llama-3-8b@3f2a9c/default")
         if name in ("show", "put", "get"):
@@ -168,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
                             help="seconds between refreshes [default: 2]")
             sp.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
                             help="stop after N refreshes [default: until q or Ctrl-C]")
+        if name == "events":
+            sp.add_argument("--namespace", action="append", metavar="NS",
+                            help="only this namespace (repeatable) [default: all]")
+            sp.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                            help="exit after N events [default: until Ctrl-C]")
+            sp.add_argument("--buffer", type=_positive_int, default=4096, metavar="N",
+                            help="events the daemon buffers for this tail before dropping [default: 4096]")
         if name == "inspect":
             sp.add_argument("keys", metavar="KEY", nargs="*", type=parse_key, help=_KEY_HELP)
             sp.add_argument("--chain", metavar="FILE",
@@ -180,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _handler(name: str) -> Callable[[Client, argparse.Namespace], int]:
     """commands.COMMANDS is looked up at call time (tests patch it); top and inspect live in their own modules."""
     extra: dict[str, Callable[[Client, argparse.Namespace], int]] = {
-        "top": top.run, "inspect": functools.partial(inspect_cmd.run, parse_key=parse_key)}
+        "top": top.run, "events": events_cmd.run, "inspect": functools.partial(inspect_cmd.run, parse_key=parse_key)}
     return COMMANDS.get(name) or extra[name]
 
 

@@ -27,6 +27,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_io_bytes_total{direction}        read, written
   kvstore_disk_evicted_blocks_total / kvstore_disk_io_errors_total
   kvstore_disk_write_queue_blocks
+  kvstore_event_subscribers                     KV-event streams open
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
 """
 
@@ -93,6 +94,8 @@ class EngineCollector(Collector):
         hit_bytes.add_metric(["ram"], c["hit_bytes_ram"])
         hit_bytes.add_metric(["disk"], c["hit_bytes_disk"])
         yield hit_bytes
+        yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
+                                value=self._engine.events.subscribers)
         yield from _namespaces(s)
         yield from _arena(s)
         yield from _disk(s, self._engine)
