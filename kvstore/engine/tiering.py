@@ -47,44 +47,49 @@ class TieringMixin:
             ns = self._namespace(ns_name)
             eids, tiers = self._locate(ns, keys)
             limit = _prefix_len(tiers) if prefix else len(keys)
-            ram = [i for i in range(limit) if tiers[i] == TIER_RAM]
+            ram = np.flatnonzero(tiers[:limit] == TIER_RAM)
             ram_ids = eids[ram]
             self._touches.record(ram_ids)  # before any promotion evicts: the policy sees hits first
             self._note_hits(ram_ids)
             if lease and len(ram_ids):
                 np.add.at(self._cat.leases, ram_ids, 1)  # hold RAM hits while we wait for promotions
-            promos = self._promote(ns, keys, eids, tiers, limit, keep=set(ram_ids.tolist()))
+            promos = self._promote(ns, keys, eids, tiers, limit, ram_ids)
             self.counters.lookup_calls += 1
             self.counters.lookup_keys += len(keys)
             ns.lookup_keys += len(keys)
             if not lease:
-                found = [tiers[i] != TIER_NONE and (tiers[i] == TIER_RAM or i in promos) for i in range(limit)]
-                return self._answer(ns, keys, prefix, tiers, [(i, int(eids[i])) for i in ram],
-                                    found_mask=found, lease=False)
-        if promos:
-            deadline = time.monotonic() + self.config.promote_timeout_s
-            for p in promos.values():
-                p.done.wait(max(0.0, deadline - time.monotonic()))
+                found = tiers[:limit] == TIER_RAM
+                found[list(promos)] = True
+                return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=False, found=found)
+            if not promos and (not prefix or len(ram) == limit):  # the common case: all in RAM, already held
+                return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=True)
+        deadline = time.monotonic() + self.config.promote_timeout_s
+        for p in promos.values():
+            p.done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             cat = self._cat
-            hits: list[tuple[int, int]] = []
-            held = set(ram)
+            hit_idx: list[int] = []
+            hit_ids: list[int] = []
+            held = set(ram.tolist())
             for i in range(limit):
                 if i in held:
-                    hits.append((i, int(eids[i])))
+                    hit_idx.append(i)
+                    hit_ids.append(int(eids[i]))
                     continue
                 p = promos.get(i)
                 if p is not None and p.ok and cat.state[p.eid] == _COMMITTED and cat.keys[p.eid] == keys[i]:
                     cat.leases[p.eid] += 1
-                    hits.append((i, p.eid))
+                    hit_idx.append(i)
+                    hit_ids.append(p.eid)
                 elif prefix:
                     break
             if prefix:  # give back holds of RAM hits past the first miss
-                n = len(hits)
-                extra = np.array([eids[i] for i in ram if i >= n], dtype=np.int64)
+                n = len(hit_idx)
+                extra = eids[ram[ram >= n]]
                 if len(extra):
                     self._unlease(extra)
-            return self._answer(ns, keys, prefix, tiers, hits, lease=True)
+            return self._answer(ns, keys, prefix, tiers, np.array(hit_idx, dtype=np.int64),
+                                np.array(hit_ids, dtype=np.int64), lease=True)
 
     def _locate(self: Engine, ns: Namespace, keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """Entry id (or -1) and tier of each key. PROMOTING counts as TIER_DISK (a promotion to join)."""
@@ -107,13 +112,17 @@ class TieringMixin:
         return eids, tiers
 
     def _promote(self: Engine, ns: Namespace, keys: Sequence[bytes], eids: np.ndarray, tiers: np.ndarray,
-                 limit: int, keep: set[int]) -> dict[int, Promotion]:
+                 limit: int, ram_ids: np.ndarray) -> dict[int, Promotion]:
         """Start (or join) a promotion for each disk-tier key before `limit`; index -> promotion.
 
-        `keep`: this lookup's RAM hits, which making room for the promotions must not evict."""
+        `ram_ids`: this lookup's RAM hits, which making room for the promotions must not evict."""
         promos: dict[int, Promotion] = {}
+        disk = np.flatnonzero(tiers[:limit] == TIER_DISK)
+        if not len(disk):
+            return promos
+        keep = set(ram_ids.tolist())
         started: dict[bytes, Promotion | None] = {}  # a key repeated in one lookup: one promotion, one slot
-        for i in np.flatnonzero(tiers[:limit] == TIER_DISK).tolist():
+        for i in disk.tolist():
             eid = int(eids[i])
             if eid >= 0:
                 p = self._promotions.get(eid)
@@ -142,32 +151,35 @@ class TieringMixin:
         return p
 
     def _answer(self: Engine, ns: Namespace, keys: Sequence[bytes], prefix: bool, tiers: np.ndarray,
-                hits: list[tuple[int, int]], *, lease: bool, found_mask: list[bool] | None = None) -> LookupResult:
+                hit_idx: np.ndarray, ids: np.ndarray, *, lease: bool, found: np.ndarray | None = None) -> LookupResult:
+        """Build the result from the hits (key index + entry id, in order); vectorized: it runs per Lookup."""
         cat = self._cat
-        if found_mask is None:
-            hit_at = {i for i, _ in hits}
-            found_mask = [i in hit_at for i in range(len(keys))]
+        mask = np.zeros(len(keys), dtype=bool)
+        if found is None:
+            mask[hit_idx] = True
+        else:
+            mask[: len(found)] = found
         if prefix:
-            n = found_mask.index(False) if False in found_mask else len(found_mask)
+            n = int(np.argmin(mask)) if not mask.all() else len(keys)
             present = [True] * n + ([False] if n < len(keys) else [])
         else:
-            present = found_mask + [False] * (len(keys) - len(found_mask))
-            n = present.index(False) if False in present else len(present)
+            present = mask.tolist()
+            n = int(np.argmin(mask)) if not mask.all() else len(keys)
         looked = len(present)
-        hits_disk = sum(1 for i, ok in enumerate(present) if ok and tiers[i] == TIER_DISK)
-        hits_all = sum(present)
+        shown = mask[:looked]
+        hits_all = int(shown.sum())
+        hits_disk = int((shown & (tiers[:looked] == TIER_DISK)).sum())
         ns.hit_keys += n if prefix else hits_all
         self.counters.hit_keys += hits_all
         self.counters.hit_keys_ram += hits_all - hits_disk
         self.counters.hit_keys_disk += hits_disk
-        ids = np.array([e for _, e in hits], dtype=np.int64)
         tier_list = tiers[:looked].tolist()
         if not len(ids):
             return LookupResult(n, present, [], [], [], [], 0, 0, tier_list)
         offsets = cat.offset[ids]
         sizes = cat.size[ids]
         if lease:
-            from_disk = np.array([tiers[i] == TIER_DISK for i, _ in hits], dtype=bool)
+            from_disk = tiers[hit_idx] == TIER_DISK
             self.counters.hit_bytes_disk += int(sizes[from_disk].sum())
             self.counters.hit_bytes_ram += int(sizes[~from_disk].sum())
         gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
