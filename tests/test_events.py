@@ -134,6 +134,7 @@ def test_bus_gap_sits_where_events_were_lost() -> None:
     sub = bus.subscribe(capacity=3)
     for i in range(6):  # e1 e2 e3 fit; e4 e5 e6 are lost
         bus.publish("stored", "n", [b"%d" % i], 1)
+    assert bus.dropped_total == 3
     assert [sub.next(0).keys for _ in range(2)] == [(b"0",), (b"1",)]
     bus.publish("stored", "n", [b"late"], 1)  # room again: the gap goes before it
     out = [sub.next(0) for _ in range(3)]

@@ -52,6 +52,7 @@ class Subscription:
         if len(self._queue) + (1 if self._pending_gap else 0) >= self.capacity:
             self._pending_gap += 1
             self.dropped_total += 1
+            self._bus.dropped_total += 1
             return
         if self._pending_gap:
             self._queue.append(self._gap())
@@ -83,6 +84,7 @@ class EventBus:
         self._cond = threading.Condition()
         self._subs: list[Subscription] = []
         self._seq = 0
+        self.dropped_total = 0  # events lost by any subscriber, ever (a metric)
 
     def subscribe(self, namespaces: Sequence[str] = (), capacity: int = 0) -> Subscription:
         sub = Subscription(self, frozenset(namespaces), capacity or self.default_capacity)

@@ -28,6 +28,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_evicted_blocks_total / kvstore_disk_io_errors_total
   kvstore_disk_write_queue_blocks
   kvstore_event_subscribers                     KV-event streams open
+  kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
 """
 
@@ -96,6 +97,8 @@ class EngineCollector(Collector):
         yield hit_bytes
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
                                 value=self._engine.events.subscribers)
+        yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",
+                                  value=self._engine.events.dropped_total)
         yield from _namespaces(s)
         yield from _arena(s)
         yield from _disk(s, self._engine)
