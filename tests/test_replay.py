@@ -1,8 +1,9 @@
-"""Tests of bench.replay: the exact simulator, stable keys, the AgentX generator, and one real replay.
+"""Tests of bench.replay: the exact simulator (RAM and disk rules), stable keys, the AgentX generator, and two
+real replays (RAM alone; RAM + disk with FIFO segment reclamation), each equal to its simulation.
 
 The simulator tests are scripts over hand-made traces with every expected hit spelled out; RAM contents are
-written least recent first. Blocks are named by request letter and hash id: a1 = key of [1], a2 = key of
-[1, 2], b4 = key of [1, 2, 4], c5 = key of [5] ...
+written least recent first, disk segments oldest first. Blocks are named by request letter and hash id:
+a1 = key of [1], a2 = key of [1, 2], b4 = key of [1, 2, 4], c5 = key of [5] ...
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from bench.replay.cli import parse_tokens
 from bench.replay.keys import SEED, chain_keys, stamp, verify
 from bench.replay.metrics import CostModel, capacity_model, hit_figures
 from bench.replay.replayer import replay
-from bench.replay.report import markdown_table
-from bench.replay.sim import LRUTier, infinite_cache, simulate
+from bench.replay.report import markdown_table, series_from_points
+from bench.replay.run import _tier_checks
+from bench.replay.sim import LRUTier, SegmentLog, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import DEFAULT_TRACE, Convention, Request, load_trace, write_trace
 
@@ -62,17 +64,64 @@ def test_put_is_all_or_nothing_like_reserve() -> None:
     assert (r.hits, r.store_full, r.stored_blocks, r.resident) == ([0, 0, 0], 1, 4, [2])
 
 
-def test_two_tiers_demote_victims_and_promote_hits() -> None:
-    # Provisional rules for the later disk tier: RAM victims go down, lower hits move up (exclusive).
+def test_disk_tier_promotes_hits_and_keeps_its_copy() -> None:
+    # Every stored block is written to disk (write-behind); a RAM eviction drops only the RAM copy; a disk hit
+    # is promoted (it is then in RAM and on disk) and never rewritten.
+    disk = SegmentLog("disk", segments=8, segment_bytes=8192, block_bytes=4096)
     trace = [
-        _req(1, 2),  # RAM: a1 a2                    disk: -
-        _req(3, 4),  # RAM: b3 b4 (a1, a2 demoted)   disk: a1 a2
-        _req(1, 2),  # 2 hits from disk: a1 up (b3 down), a2 up (b4 down)   RAM: a1 a2  disk: b3 b4
-        _req(3, 4),  # 2 hits from disk again
+        _req(1, 2),     # A: miss; put a1 a2, both written              RAM: a1 a2    disk: a1 a2
+        _req(3, 4),     # B: miss; put b3 b4 -> evicts a1 a2 (RAM copies only)    RAM: b3 b4    disk: + b3 b4
+        _req(1, 2),     # C: 2 disk hits: a1 promoted (evicts b3), a2 promoted (evicts b4, not the promoting a1)
+        _req(3, 4),     # D: 2 disk hits: b3 b4 are still on disk       RAM: b3 b4
+        _req(1, 2, 5),  # E: 2 disk hits (evicting b3 b4); put c5 -> evicts a1       RAM: a2 c5    disk: + c5
+        _req(1, 2, 5),  # F: a2 c5 are RAM hits, held; a1 needs a slot but nothing else is evictable: its
+                        #    promotion fails and the prefix ends there (0 hits); the put finds all 3 present
     ]
-    r = simulate(trace, [LRUTier("ram", 2), LRUTier("disk", 2)])
-    assert r.hits == [0, 0, 2, 2]
-    assert r.hits_by_tier == [0, 4]
+    r = simulate(trace, [LRUTier("ram", 2), disk])
+    assert r.hits == [0, 0, 2, 2, 2, 0]
+    assert r.disk_hits == [(), (), (0, 1), (0, 1), (0, 1), ()]
+    assert r.hits_by_tier == [0, 6] and r.present_on_put == 3 and r.resident == [2, 5]
+    c = r.counters
+    assert (c["promotions"], c["promotion_failures"], c["disk_writes"]) == (6, 1, 5)  # promotions: no rewrite
+    assert c["evictions"] == c["evicted_to_disk"] == 2 + 2 + 2 + 3
+    # the daemon's counters: a probe counts its RAM and disk hits, then the get counts all as RAM hits
+    assert (c["hit_keys_ram"], c["hit_keys_disk"]) == (6, 6)
+
+
+def test_segment_log_reclaims_the_oldest_segment_whole() -> None:
+    keys = [bytes([i]) * 32 for i in range(8)]
+    log = SegmentLog("disk", segments=3, segment_bytes=16384, block_bytes=5000)
+    assert (log.record_bytes, log.capacity_blocks) == (8192, 6)  # records round up to 4 KiB: 2 a segment
+    assert log.write(keys[:6]) == [True] * 6  # [k0 k1] [k2 k3] [k4 k5]
+    assert log.write(keys[6:7]) == [True]  # no free segment: the oldest, [k0 k1], goes whole
+    assert [k in log for k in keys[:7]] == [False, False, True, True, True, True, True]
+    assert log.write(keys[7:8]) == [True] and (log.reclaimed, len(log)) == (2, 6)  # fits in [k6 k7]
+    # A batch never reclaims a segment it wrote itself: with 2 segments, a 5-block batch gets NO_SPACE.
+    small = SegmentLog("disk", segments=2, segment_bytes=8192, block_bytes=4096)
+    assert small.write(keys[:5]) == [True] * 4 + [False] and small.no_space == 1
+    assert small.write(keys[5:6]) == [True] and keys[0] not in small and keys[2] in small
+
+
+def test_disk_fifo_ignores_hits() -> None:
+    # One record a segment, 3 segments. FIFO by segment: a hit neither keeps a block on disk nor rewrites it.
+    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096)
+    trace = [
+        _req(1),  # put a1                                   RAM: a1      disk: [a1]
+        _req(1),  # RAM hit
+        _req(2),  # put b2                                   RAM: a1 b2   disk: [a1] [b2]
+        _req(1),  # RAM hit                                  RAM: b2 a1
+        _req(3),  # put c3 -> evicts b2                      RAM: a1 c3   disk: [a1] [b2] [c3]
+        _req(2),  # disk hit: b2 promoted, evicting a1       RAM: c3 b2
+        _req(4),  # put d4 -> evicts c3; the disk reclaims [a1], the hottest block   disk: [b2] [c3] [d4]
+        _req(1),  # miss: a1 is gone; put a1 -> evicts b2; reclaims [b2]             disk: [c3] [d4] [a1]
+        _req(2),  # miss: b2's hit did not rewrite it; put b2 -> evicts d4; reclaims [c3]
+    ]
+    r = simulate(trace, [LRUTier("ram", 2), disk])
+    assert r.hits == [0, 1, 0, 1, 0, 1, 0, 0, 0]
+    assert r.disk_hits[5] == (0,) and r.hits_by_tier == [2, 1]
+    c = r.counters
+    assert (c["evictions"], c["evicted_to_disk"], c["disk_writes"], c["disk_evicted_blocks"]) == (5, 5, 6, 3)
+    assert (c["hit_keys_ram"], c["hit_keys_disk"], c["disk_blocks"]) == (5, 1, 3)
 
 
 def test_partial_last_block_convention() -> None:
@@ -156,17 +205,43 @@ def test_agentx_statistics_match_targets() -> None:
 def test_parse_tokens_and_spec() -> None:
     assert [parse_tokens(x) for x in ("3M", "500K", "1.5M", "4096")] == [3_000_000, 500_000, 1_500_000, 4096]
     opts = StoreSpec.ram(3_000_000, 64).daemon_options()
-    assert opts["arena_bytes"] == 192_000_000 and opts["max_block_bytes"] == 32_768
+    assert opts["arena_bytes"] == 192_000_000 and opts["max_block_bytes"] == 32_768 and "disk_bytes" not in opts
     with pytest.raises(ValueError, match="multiple of 8"):
         StoreSpec.ram(3_000_000, 12)
 
 
-def test_markdown_table() -> None:
-    point = {"capacity_tokens": 3_000_000, "store": "RAM", "bytes_per_token": 64, "block_bytes": 32768,
-             "hit_rate": 0.1435, "sim_hit_rate": 0.1435, "max_hit_rate": 0.3734, "prefill_reduction": 1.17,
-             "load_gbps": 0.06, "put_gbps": 0.15, "requests_per_s": 128}
-    table = markdown_table([point], "t")
-    assert "| 3M | RAM | 183 MiB | 0.1435 | 0.1435 | 38.4% |" in table
+def test_disk_layout_and_daemon_options() -> None:
+    spec = StoreSpec.ram_disk(3_000_000, 30_000_000)
+    d = spec.disk
+    assert d is not None and (d.segment_bytes, d.segments, d.record_bytes) == (28 * 2**20, 65, 32_768)
+    assert d.capacity_bytes <= 30_000_000 * 64 and d.capacity_blocks == 65 * 896  # rounded down to segments
+    opts = spec.daemon_options()
+    assert (opts["disk_bytes"], opts["disk_segment_bytes"]) == (d.capacity_bytes, d.segment_bytes)
+    assert (opts["disk_sync"], opts["disk_admission"], opts["disk_codec"]) == ("none", "always", "none")
+    assert spec.label == "RAM+disk" and StoreSpec.ram_disk(3_000_000, 0).label == "RAM"
+    assert spec.sim_tiers()[1].capacity_blocks == d.capacity_blocks
+    with pytest.raises(ValueError, match="segments"):
+        StoreSpec.ram_disk(10_000, 20_000)  # 1.3 MB: a single 1 MiB segment
+
+
+def _point(ram: int, disk: int, hit: float) -> dict:
+    return {"capacity_tokens": ram, "disk_tokens": disk, "store": "RAM+disk" if disk else "RAM",
+            "bytes_per_token": 64, "block_bytes": 32768, "arena_bytes": ram * 64, "disk_bytes": disk * 63,
+            "hit_rate": hit, "sim_hit_rate": hit, "hit_rate_ram": 0.1435, "hit_rate_disk": hit - 0.1435,
+            "max_hit_rate": 0.3734, "prefill_reduction": 1.17, "load_gbps": 0.06, "put_gbps": 0.15,
+            "requests_per_s": 128}
+
+
+def test_markdown_table_and_series() -> None:
+    points = [_point(3_000_000, 0, 0.1435), _point(10_000_000, 0, 0.25), _point(3_000_000, 30_000_000, 0.35)]
+    table = markdown_table(points, "t")
+    assert "| 3M | RAM | 3M (183 MiB) | - | 0.1435 | 0.1435 | 0.1435 / 0.0000 | 38.4% |" in table
+    assert "| 33M | RAM+disk | 3M (183 MiB) | 30M (1802 MiB) | 0.3500 | 0.3500 | 0.1435 / 0.2065 | 93.7% |" in table
+    ram, disk = series_from_points(points)
+    assert (ram.label, ram.capacity_tokens) == ("RAM", (3_000_000, 10_000_000))
+    # the RAM+disk line starts at RAM alone (disk 0), on the total-capacity axis
+    assert (disk.label, disk.capacity_tokens, disk.hit_rate) == ("RAM 3M + disk", (3_000_000, 33_000_000),
+                                                                (0.1435, 0.35))
 
 
 # -- one real replay ---------------------------------------------------------------------------------------
@@ -187,3 +262,21 @@ def test_replay_through_real_daemon_equals_simulation() -> None:
     # which the simulator does not model. At this capacity the replay waits for the releases between load and
     # put (as vLLM's prefill compute would), which is what makes the run exact.
     assert store.synced_leases
+
+
+def test_replay_with_disk_tier_equals_simulation() -> None:
+    # The same 469 calls into 19 blocks of RAM and 96 blocks of disk (3 segments of 1 MiB = 32 blocks of 32 KiB):
+    # promotions, a failed all-or-nothing put, and FIFO reclamation of a whole segment, all exactly as modelled.
+    reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1))
+    spec = StoreSpec.ram_disk(10_000, 49_152)
+    assert spec.disk is not None and (spec.disk.segments, spec.disk.capacity_blocks) == (3, 96)
+    sim = simulate(reqs, spec.sim_tiers())
+    store = replay(reqs, spec)
+    assert store.verify_failures == 0  # every promoted block came back from disk with its marks
+    assert store.hits == sim.hits and store.disk_hits == sim.disk_hits
+    checks = _tier_checks(store, sim)
+    assert [k for k, (a, b) in checks.items() if a != b] == [], checks
+    assert (sum(sim.hits), sim.hits_by_tier, sim.store_full) == (3_203, [2_724, 479], 1)
+    c = sim.counters
+    assert (c["promotions"], c["disk_writes"], c["disk_evicted_blocks"], c["disk_blocks"]) == (479, 125, 32, 93)
+    assert store.synced_writes and store.counters["demote_dropped"] == 0

@@ -1,15 +1,15 @@
-"""Trace replay: the real store and an exact simulator on the same workload (issue 6, first stage: RAM tier).
+"""Trace replay: the real store and an exact simulator on the same workload (issue 6: RAM and disk tiers).
 
 `python -m bench.replay --help` runs it. One concern a module:
 
 - trace.py        load / write the Mooncake JSONL format; which blocks of a request are cacheable
 - keys.py         stable chained block keys (sha256, fixed seed) and the content marks a load verifies
-- tiers.py        the store under test (tiers, capacities in tokens, KV bytes a token) for daemon and simulator
-- sim.py          offline exact LRU simulation with pluggable tiers; the infinite-cache maximum
+- tiers.py        the store under test (RAM, disk segments; capacities in tokens) for daemon and simulator
+- sim.py          offline exact simulation: LRU RAM tier, FIFO-segment disk tier; the infinite-cache maximum
 - replayer.py     the connector's lookup -> load -> put loop through a real daemon and client
 - metrics.py      hit rates, prefill reduction, the GPU-seconds capacity model, time-to-next-action
 - run.py          one capacity point: store + simulator -> one flat figures dict
-- report.py       the sweep's markdown table and PNG (one line per store shape)
+- report.py       the sweep's markdown table and PNG (RAM-only and RAM+disk lines)
 - agentx.py       seeded AgentX-shaped trace generator; agentx_stats.py measures its statistics
 - cli.py          the command line
 """
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from bench.replay.agentx import AgentXParams, generate
 from bench.replay.keys import SEED, chain_keys
-from bench.replay.sim import CacheSim, LRUTier, SimTier, infinite_cache, simulate
-from bench.replay.tiers import StoreSpec, TierSpec
+from bench.replay.sim import CacheSim, LRUTier, SegmentLog, SimTier, infinite_cache, simulate
+from bench.replay.tiers import DiskLayout, StoreSpec, TierSpec
 from bench.replay.trace import BLOCK_TOKENS, Convention, Request, load_trace, write_trace
 
-__all__ = ["AgentXParams", "generate", "SEED", "chain_keys", "CacheSim", "LRUTier", "SimTier", "infinite_cache",
-           "simulate", "StoreSpec", "TierSpec", "BLOCK_TOKENS", "Convention", "Request", "load_trace", "write_trace"]
+__all__ = ["AgentXParams", "generate", "SEED", "chain_keys", "CacheSim", "LRUTier", "SegmentLog", "SimTier",
+           "infinite_cache", "simulate", "DiskLayout", "StoreSpec", "TierSpec", "BLOCK_TOKENS", "Convention",
+           "Request", "load_trace", "write_trace"]

@@ -4,10 +4,19 @@ stdout: a short human summary (and the sweep's markdown table), then, as its LAS
 with every figure (see run.py for the names). stderr: the progress bar and notes. Exit status 2 when the
 store's hit rate differs from the simulated one by more than one point: that is a finding, not noise.
 
---quick cuts (and says so in the JSON's "cut"): a trace file to its first 15 minutes (~3,000 of the
-conversation trace's 12,031 requests), AgentX to 20 sessions at scale 0.25, a sweep to 4 capacities.
+--disk-tokens N adds the daemon's disk tier (see tiers.py for its segments; disk_sync none: a hit-rate
+replay). A run with a disk tier also replays RAM alone at the same RAM size ("ram_only" in the JSON), so one
+run shows what the disk adds. --unique-share F sizes RAM + disk to F x the trace's unique KV tokens (every
+distinct cacheable block once), RAM taking --ram-share of it.
+
+--quick cuts (and says so in the JSON's "cut"): a trace file to its first 15 minutes (~2,700 of the
+conversation trace's 12,031 requests), AgentX to 20 sessions at scale 0.25, a sweep to fewer capacities;
+its headline is RAM 3M + disk 30M tokens (next to RAM 3M alone).
 AgentX's default capacities (3M tokens, and the sweep's) are multiplied by its --scale, since every token
 count of the trace is; its sweep spans 100K..5M tokens, where its working set lies.
+
+--sweep draws two lines on one PNG: RAM alone at each --capacities size, and RAM + disk (RAM fixed, disks of
+--disk-capacities; its first point is RAM alone), against the total capacity RAM + disk.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from bench.replay.metrics import CostModel
 from bench.replay.report import markdown_table, plot_sweep, series_from_points, summary_rows, summary_title
 from bench.replay.run import Workload, run_point
 from bench.replay.tiers import StoreSpec, fmt_tokens
-from bench.replay.trace import DEFAULT_TRACE, Convention, Request, cut_trace, load_trace, write_trace
+from bench.replay.trace import BLOCK_TOKENS, DEFAULT_TRACE, Convention, Request, cut_trace, load_trace, write_trace
 
 __all__ = ["main", "build_parser"]
 
@@ -38,6 +47,13 @@ SWEEPS = {
     "agentx": ((100_000, 300_000, 500_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000),
                (100_000, 200_000, 400_000, 1_000_000)),
 }
+# The sweep's RAM+disk line (tokens): its RAM size and disk sizes (full, quick). AgentX's RAM is smaller
+# than its headline, where RAM alone already holds the working set and a disk would add nothing.
+DISK_SWEEPS = {
+    "trace": (3_000_000, (10_000_000, 30_000_000, 50_000_000), (10_000_000, 30_000_000)),
+    "agentx": (1_000_000, (500_000, 1_000_000, 2_000_000, 4_000_000), (500_000, 2_000_000)),
+}
+QUICK_DISK_TOKENS = 30_000_000
 QUICK_WINDOW_S = 900.0
 QUICK_AGENTX = {"sessions": 20, "scale": 0.25}
 
@@ -61,15 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="AgentX seed")
     p.add_argument("--write-trace", type=Path, help="also write the generated AgentX trace here")
     p.add_argument("--capacity-tokens", type=parse_tokens, help="RAM tier capacity in tokens [3M; AgentX: 3M x scale]")
+    p.add_argument("--disk-tokens", type=parse_tokens,
+                   help="disk tier capacity in tokens, 0 = none [0; --quick: 30M x scale]")
+    p.add_argument("--unique-share", type=float,
+                   help="size RAM + disk to this share of the trace's unique KV tokens (instead of the two above)")
+    p.add_argument("--ram-share", type=float, default=0.5, help="with --unique-share: RAM's part of it")
+    p.add_argument("--no-baseline", action="store_true", help="with a disk tier: skip the RAM-alone replay")
     p.add_argument("--bytes-per-token", type=int, default=64, help="KV bytes a token (64: a block is 32 KiB)")
     p.add_argument("--partial-blocks", choices=("drop", "keep"), default="drop",
                    help="drop: only full 512-token blocks are cached (vLLM); keep: every hash id (dataset README)")
     p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--window-s", type=float, help="replay only the first S seconds of the trace")
     p.add_argument("--quick", action="store_true", help="a cut-down run (< 3 minutes on 2 cores)")
-    p.add_argument("--sweep", action="store_true", help="replay at several RAM capacities; plot and table to --out")
+    p.add_argument("--sweep", action="store_true",
+                   help="replay RAM alone at several capacities and RAM + disk at several disk sizes; "
+                        "plot and table to --out")
     p.add_argument("--capacities", type=lambda s: [parse_tokens(x) for x in s.split(",")],
-                   help="sweep capacities, e.g. 1M,3M,10M")
+                   help="sweep: RAM-only capacities, e.g. 1M,3M,10M")
+    p.add_argument("--disk-capacities", type=lambda s: [parse_tokens(x) for x in s.split(",")],
+                   help="sweep: disk sizes of the RAM+disk line, e.g. 10M,30M,50M (its RAM: --capacity-tokens)")
     p.add_argument("--prefill-rate", type=float, default=20_000.0, help="capacity model: prefill tokens/s")
     p.add_argument("--decode-rate", type=float, default=50.0, help="capacity model: decode tokens/s per call")
     p.add_argument("--out", type=Path, default=Path("bench/out"), help="directory for the sweep's files")
@@ -101,13 +127,37 @@ def _workload(a: argparse.Namespace, model: CostModel) -> tuple[Workload, float]
     return Workload(name, cut, reqs, conv, model), factor
 
 
-def _capacities(a: argparse.Namespace, factor: float) -> tuple[int, list[int]]:
-    headline = a.capacity_tokens or int(3_000_000 * factor)
-    if not a.sweep:
-        return headline, [headline]
-    full, quick = SWEEPS["agentx" if a.agentx else "trace"]
-    base = a.capacities or [int(c * factor) for c in (quick if a.quick else full)]
-    return headline, sorted(set(base) | {headline})
+def _specs(a: argparse.Namespace, w: Workload, factor: float) -> list[StoreSpec]:
+    """Every store to replay, the headline first (then RAM alone at its size, then the sweep). ValueError for a
+    bad size, so it fails before any daemon starts."""
+    bpt = a.bytes_per_token
+    if a.unique_share is not None:
+        if a.capacity_tokens is not None or a.disk_tokens is not None:
+            raise ValueError("--unique-share sizes RAM and disk itself: drop --capacity-tokens / --disk-tokens")
+        if not (0 < a.unique_share and 0 < a.ram_share <= 1):
+            raise ValueError("--unique-share must be > 0 and --ram-share in (0, 1]")
+        total = int(a.unique_share * w.max_result().resident[0] * BLOCK_TOKENS)
+        ram, disk = int(total * a.ram_share), total - int(total * a.ram_share)
+    else:
+        ram = a.capacity_tokens or int(3_000_000 * factor)
+        disk = a.disk_tokens if a.disk_tokens is not None else int(QUICK_DISK_TOKENS * factor) if a.quick else 0
+    head = StoreSpec.ram_disk(ram, disk, bpt)
+    specs = [head]
+    if disk and not a.no_baseline:
+        specs.append(StoreSpec.ram(ram, bpt))
+    if a.sweep:
+        kind = "agentx" if a.agentx else "trace"
+        full, quick = SWEEPS[kind]
+        caps = a.capacities or [int(c * factor) for c in (quick if a.quick else full)]
+        specs += [StoreSpec.ram(c, bpt) for c in caps]
+        line_ram, dfull, dquick = DISK_SWEEPS[kind]
+        line_ram = a.capacity_tokens or int(line_ram * factor)
+        disks = a.disk_capacities or [int(d * factor) for d in (dquick if a.quick else dfull)]
+        specs += [StoreSpec.ram(line_ram, bpt)] + [StoreSpec.ram_disk(line_ram, d, bpt) for d in disks if d]
+    unique: dict[tuple[int, int], StoreSpec] = {}
+    for spec in specs:
+        unique.setdefault((spec.ram_tokens, spec.disk_tokens), spec)
+    return list(unique.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if not w.requests:
         print("no requests to replay (check --limit / --window-s)", file=sys.stderr)
         return 1
-    headline, caps = _capacities(a, factor)
     try:  # a bad size fails here, before any daemon starts
-        specs = [StoreSpec.ram(cap, a.bytes_per_token) for cap in caps]
+        specs = _specs(a, w, factor)
     except ValueError as exc:
         parser.error(str(exc))
     extra: dict = {}
@@ -132,23 +181,33 @@ def main(argv: list[str] | None = None) -> int:
         print_table(f"AgentX generator check (measured from the records; token targets x scale {factor:g})",
                     ["statistic", "measured", "target"], rows)
     points = []
-    with progress(len(w.requests) * len(caps)) as bar:
+    with progress(len(w.requests) * len(specs)) as bar:
         for spec in specs:
-            bar.step(f"{w.name[:24]} {spec.label} {fmt_tokens(spec.ram_tokens)} tokens")
+            disk = f" + disk {fmt_tokens(spec.disk_tokens)}" if spec.disk_tokens else ""
+            bar.step(f"{w.name[:24]} RAM {fmt_tokens(spec.ram_tokens)}{disk}")
             points.append(run_point(w, spec, bar.advance))
-    head = next(p for p in points if p["capacity_tokens"] == headline)
+    head = points[0]
     print_table(summary_title(head), ["figure", "value"], summary_rows(head))
     result = {**head, **extra}
+    base = next((p for p in points[1:] if p["capacity_tokens"] == head["capacity_tokens"] and not p["disk_tokens"]
+                 and head["disk_tokens"]), None)
+    if base is not None:
+        result["ram_only"] = {k: base[k] for k in ("hit_rate", "sim_hit_rate", "hit_rate_of_max", "prefill_reduction",
+                                                   "mismatched_requests", "tier_mismatches", "replay_s")}
+        print(f"RAM {fmt_tokens(head['capacity_tokens'])} alone: hit rate {base['hit_rate']:.4f} "
+              f"({base['hit_rate_of_max']:.1%} of the maximum), prefill reduction {base['prefill_reduction']:.2f}x")
     if a.sweep:
         a.out.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9]+", "_", w.name).strip("_") + ("_quick" if a.quick else "_cut" if w.cut else "")
-        table = markdown_table(points, f"Hit rate vs RAM capacity: {w.name}" + (f" ({w.cut})" if w.cut else ""))
+        title = f"Hit rate vs capacity (RAM, RAM + disk): {w.name}" + (f" ({w.cut})" if w.cut else "")
+        table = markdown_table(points, title)
         (a.out / f"sweep_{stem}.md").write_text(table)
         png = plot_sweep(series_from_points(points), head["max_hit_rate"], a.out / f"sweep_{stem}.png",
                          f"{w.name}{' (quick)' if a.quick else ' (cut)' if w.cut else ''}: hit rate vs capacity")
         print(table)
-        keep = ("capacity_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_of_max", "prefill_reduction",
-                "mismatched_requests", "load_gbps", "put_gbps", "requests_per_s")
+        keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
+                "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "mismatched_requests", "tier_mismatches",
+                "load_gbps", "put_gbps", "requests_per_s", "replay_s")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),
                       table=str(a.out / f"sweep_{stem}.md"))
     result["elapsed_s"] = round(time.perf_counter() - t0, 1)

@@ -8,6 +8,9 @@ Conventions (stated once, here):
   cacheable by default, so a prompt's partial last block always counts as computed. (vLLM also recomputes the
   last token of a fully cached prompt; that <= 1 token a request is ignored.)
 - block_hit_rate is hit blocks / cacheable blocks: the dataset README's measure when partial blocks are kept.
+- hit_rate_ram + hit_rate_disk = hit_rate: the hit tokens split by the tier the lookup found each block in
+  (a disk hit is promoted to RAM and then loaded from there, but it is a disk hit: without the disk tier it
+  would have been computed).
 - prefill_reduction = prefill tokens computed without a cache / prefill tokens computed with it.
 - Capacity model: a call costs uncached_prefill / prefill_rate + output / decode_rate GPU-seconds; a task is a
   session when the trace has session ids, else one request. The same per-call time is the agent's
@@ -24,7 +27,7 @@ import numpy as np
 
 from bench.replay.trace import Convention, Request
 
-__all__ = ["CostModel", "HitFigures", "hit_figures", "capacity_model"]
+__all__ = ["CostModel", "HitFigures", "hit_figures", "capacity_model", "disk_hit_tokens"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,13 @@ def hit_figures(requests: Sequence[Request], hits: Sequence[int],
         hit_blocks=sum(hits),
         hit_tokens=sum(r.hit_tokens(h) for r, h in zip(requests, hits)),
     )
+
+
+def disk_hit_tokens(requests: Sequence[Request], disk_hits: Sequence[Sequence[int]]) -> int:
+    """Hit tokens served by disk-tier blocks, given each request's hit positions found on disk."""
+    if len(disk_hits) != len(requests):
+        raise ValueError(f"{len(disk_hits)} disk-hit lists for {len(requests)} requests")
+    return sum(r.hit_tokens(i + 1) - r.hit_tokens(i) for r, pos in zip(requests, disk_hits) for i in pos)
 
 
 def _call_seconds(requests: Sequence[Request], hits: Sequence[int], model: CostModel) -> np.ndarray:

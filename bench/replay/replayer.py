@@ -1,24 +1,34 @@
 """Replay a trace through the REAL daemon with the REAL client, the way a vLLM connector drives the store.
 
 Per request, in arrival order (as fast as the store answers; arrival times shape only the capacity model):
-  1. lookup_prefix(keys): the scheduler side asks how many leading blocks are stored (no lease);
+  1. lookup(keys, prefix, no lease) -- what lookup_prefix sends: the scheduler side asks how many leading
+     blocks are stored; the answer's per-key tiers say which of them are on disk only (their promotion starts);
   2. get_many_into(hit keys, preallocated rows): the worker side loads them (lease -> copy -> release) and the
      replay checks each block's key marks, trusting the chain only up to the first bad block;
   3. put_many(the missed keys, stamped rows): the worker side saves the blocks it computed.
 The hit of a request is the number of verified loaded blocks: the store's measured hit, to compare with the
 simulator's request by request.
 
-Why leases can matter: the client releases leases asynchronously, so a put may run while the blocks it just
-loaded are still leased and unevictable, which the simulator does not model. Those blocks are the most recent
-ones, so this can change a victim only when a request's blocks fill most of the RAM tier. There, and only
-there (capacity under 4 of the largest request), the replay waits between a load and its put until the daemon
-holds no lease, which makes store and simulator agree exactly at any capacity. This is also the realistic
-order: in vLLM the prefill compute sits between the load and the put, so the releases have long landed.
+Sync points, each making the daemon's result independent of thread timing (so store == simulation exactly):
+- leases: the client releases leases asynchronously, so a put may run while the blocks it just loaded are
+  still leased and unevictable. Those blocks are the most recent ones, so this can change a victim only when a
+  request's blocks fill most of the RAM tier. There (capacity under 4 of the largest request) the replay waits
+  between a load and its put until the daemon holds no lease. This is also the realistic order: in vLLM the
+  prefill compute sits between the load and the put, so the releases have long landed.
+- promotions (disk tier): after a probe that found blocks on disk only, wait until they have landed in RAM
+  before the get. Otherwise a promotion still in flight when the get looks joins it and is inserted into the
+  LRU at completion, after the get's touches, in the two promoter threads' finishing order. In vLLM the
+  scheduler's probe runs a step before the worker's load, so the prefetch has usually landed too.
+- write-behind (disk tier): after each request, wait until the disk writer has written every committed block
+  and no lease is held ("synced_writes"). Otherwise a block whose write is in flight is held (not evictable),
+  and a next lookup could race with a write batch that reclaims the oldest segment. One Stats call answers
+  both; its cost is measured (`settle_s`) and reported.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +39,7 @@ from bench.replay.keys import chain_keys, stamp, verify
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import Convention, Request
 from kvstore.client import Client
+from kvstore.client.types import Stats
 from kvstore.errors import StoreFullError
 from kvstore.testing import DaemonProcess, wait_until
 
@@ -36,11 +47,16 @@ __all__ = ["ReplayResult", "replay", "wait_for_leases", "memcpy_gbps"]
 
 NAMESPACE = "replay"
 SYNC_BELOW_REQUESTS = 4
+TIER_DISK = 2  # Lease.tiers: 0 miss, 1 RAM, 2 disk
+WRITE_S_PER_32K = 0.00025  # the disk writer's best case here (O_DIRECT, no fsync): where polling starts
+DISK_STATS = ("blocks", "used_bytes", "capacity_bytes", "segments_total", "segments_free", "bytes_written",
+              "bytes_read", "evicted_blocks", "evicted_bytes", "io_errors", "checksum_failures")
 
 
 @dataclass
 class ReplayResult:
     hits: list[int]
+    disk_hits: list[tuple[int, ...]] = field(default_factory=list)  # per request: hit positions found on disk
     loaded_bytes: int = 0
     stored_bytes: int = 0
     stored_blocks: int = 0
@@ -50,10 +66,14 @@ class ReplayResult:
     lookup_s: float = 0.0
     get_s: float = 0.0
     put_s: float = 0.0
+    settle_s: float = 0.0  # waiting for promotions, the disk writer and lease releases (disk tier only)
+    settle_polls: int = 0
     wall_s: float = 0.0
     resident_blocks: int = 0
     synced_leases: bool = False
+    synced_writes: bool = False
     counters: dict[str, int] = field(default_factory=dict)
+    disk: dict[str, int] = field(default_factory=dict)  # the disk tier's Stats at the end (empty without one)
 
 
 class _Rows:
@@ -68,23 +88,68 @@ class _Rows:
         return self._a[:n]
 
 
+class _Settle:
+    """The disk tier's sync points (see the module docstring), polled through Stats and timed.
+
+    A Stats call costs ~3 ms of the daemon's CPU (two cores here, shared with the writer thread), and the
+    writer needs >= ~0.25 ms a 32 KiB block, so polling right after a put mostly slows the writer down: the
+    first poll waits for the fastest plausible write time of the blocks, then polls come every 2 ms.
+    """
+
+    def __init__(self, client: Client, res: ReplayResult, block_bytes: int, timeout_s: float = 30.0) -> None:
+        self._client, self._res, self._timeout = client, res, timeout_s
+        self._min_write_s = WRITE_S_PER_32K * block_bytes / 32768
+
+    def _wait(self, ready: Callable[[Stats], bool], what: str, first_s: float = 0.0) -> None:
+        t0 = time.perf_counter()
+        if first_s > 0:
+            time.sleep(first_s)
+
+        def check() -> bool:
+            self._res.settle_polls += 1
+            return ready(self._client.stats())
+
+        wait_until(check, timeout_s=self._timeout, interval_s=0.002, what=what)
+        self._res.settle_s += time.perf_counter() - t0
+
+    def promotions(self) -> None:
+        # one slot per slab of exactly one block: allocated == stored once no slot is held by a promotion
+        self._wait(lambda s: s.allocated_bytes == s.stored_bytes, "the probe's promotions to land")
+
+    def writes(self, blocks: int) -> None:
+        self._wait(_written, "the disk writer to drain and the leases to be released", blocks * self._min_write_s)
+
+
+def _written(s: Stats) -> bool:
+    c = s.counters  # admission "always": every committed block was queued once (or refused: queue full)
+    done = c["disk_writes"] + c["disk_write_failures"] + c["demote_dropped"]
+    queued = c["committed_blocks"] - c["demote_queue_full"]
+    return s.disk is not None and s.disk.write_queue_blocks == 0 and done >= queued and s.leases_active == 0
+
+
 def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Convention = Convention.FULL_BLOCKS,
            on_request: Callable[[], None] | None = None, sync_leases: bool | None = None) -> ReplayResult:
     """Start a daemon sized by `spec`, replay `requests` through it, stop it; the measured result.
 
     sync_leases: wait between each load and its put until the daemon holds no lease. None = only where it can
     change a victim, i.e. when the RAM tier holds fewer than `SYNC_BELOW_REQUESTS` of the largest request.
+    With a disk tier the replay also waits for promotions and for the disk writer (always: see above).
     """
+    largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
     if sync_leases is None:
-        largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
         sync_leases = spec.tiers[0].capacity_blocks < SYNC_BELOW_REQUESTS * largest
     with DaemonProcess(**spec.daemon_options()) as daemon, daemon.client() as client:
         client.register_namespace(NAMESPACE, model="trace-replay", layout_digest=f"bpt{spec.bytes_per_token}")
+        if largest > client.max_batch_keys:  # the client splits such a request into calls the model does not split
+            print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "
+                  f"({client.max_batch_keys}); the simulation may differ on it", file=sys.stderr)
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
-        result = _run(client, requests, spec.block_bytes, convention, on_request, sync)
+        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None)
         stats = client.stats()
         result.resident_blocks = stats.blocks
         result.counters = dict(stats.counters)
+        if stats.disk is not None:
+            result.disk = {k: int(getattr(stats.disk, k)) for k in DISK_STATS}
         result.synced_leases = sync_leases
     return result
 
@@ -95,19 +160,38 @@ def wait_for_leases(client: Client, timeout_s: float = 10.0) -> None:
                what="the replay's leases to be released")
 
 
+def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...]]:
+    """client.lookup_prefix (same RPCs, same chunks), also returning which hit positions are on disk only."""
+    n, on_disk = 0, []
+    step = client.max_batch_keys
+    for start in range(0, len(keys), step):
+        part = list(keys[start:start + step])
+        r = client.lookup(NAMESPACE, part, prefix=True, lease=False)
+        on_disk += [start + i for i, t in enumerate(r.tiers[:r.num_prefix]) if t == TIER_DISK]
+        n += r.num_prefix
+        if r.num_prefix < len(part):
+            break
+    return n, tuple(on_disk)
+
+
 def _run(client: Client, requests: Sequence[Request], block_bytes: int, convention: Convention,
-         on_request: Callable[[], None] | None = None, after_load: Callable[[], None] | None = None) -> ReplayResult:
+         on_request: Callable[[], None] | None = None, after_load: Callable[[], None] | None = None,
+         *, disk: bool = False) -> ReplayResult:
     """The loop; `after_load` is a sync point between a request's load and its put (tests wait there for the
     background lease releases, which makes the run exact at any capacity)."""
-    res = ReplayResult(hits=[])
+    res = ReplayResult(hits=[], synced_writes=disk)
+    settle = _Settle(client, res, block_bytes) if disk else None
     get_rows, put_rows = _Rows(block_bytes), _Rows(block_bytes)
     clock = time.perf_counter
     start = clock()
     for r in requests:
         keys = chain_keys(r.cacheable_ids(convention))
         t0 = clock()
-        n = client.lookup_prefix(NAMESPACE, keys) if keys else 0
+        n, on_disk = _probe(client, keys) if keys else (0, ())
         t1 = clock()
+        if on_disk and settle is not None:
+            settle.promotions()
+        tg = clock()
         if n:
             rows = get_rows.take(n)
             sizes = client.get_many_into(NAMESPACE, keys[:n], list(rows))
@@ -119,6 +203,7 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
             if after_load is not None:
                 after_load()
         t2 = clock()
+        stored = 0
         if n < len(keys):
             todo = keys[n:]
             rows = put_rows.take(len(todo))
@@ -129,14 +214,16 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
                 res.present_on_put += put.already_present
             except StoreFullError:
                 res.store_full += 1
-                stored = 0
             res.stored_blocks += stored
             res.stored_bytes += stored * block_bytes
         t3 = clock()
+        if settle is not None and (n or stored):
+            settle.writes(stored)
         res.lookup_s += t1 - t0
-        res.get_s += t2 - t1
+        res.get_s += t2 - tg
         res.put_s += t3 - t2
         res.hits.append(n)
+        res.disk_hits.append(tuple(i for i in on_disk if i < n))
         if on_request is not None:
             on_request()
     res.wall_s = clock() - start

@@ -1,9 +1,12 @@
 """The sweep's outputs: a markdown table and a PNG of hit rate vs capacity, one line per store shape.
 
 A point is the flat figures dict of one run (the same dict the CLI prints as JSON). Points are grouped into
-series by their `store` label ('RAM' today; 'RAM+disk', 'RAM+disk+peer' when those tiers exist), so adding a
-tier adds a line without touching this file. matplotlib is imported only here and only when plotting (Agg
-backend: no display), so the replay itself needs nothing beyond the project's dependencies.
+series by their `store` label ('RAM', 'RAM+disk'), so adding a tier adds a line without touching this file.
+The x axis is the store's total capacity, RAM + disk tokens: the RAM-only line and the RAM+disk line (a fixed
+RAM size plus growing disks; its first point, disk 0, is RAM alone) then answer "what does a token of
+capacity buy" in either tier. Points without a disk tier read as disk 0. matplotlib is imported only here
+and only when plotting (Agg backend: no display), so the replay itself needs nothing beyond the project's
+dependencies.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ from bench.replay.tiers import fmt_tokens
 
 __all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title"]
 
+
+def _total(p: dict) -> int:
+    return p["capacity_tokens"] + p.get("disk_tokens", 0)
+
+
 _COLUMNS = (
-    ("capacity", lambda p: fmt_tokens(p["capacity_tokens"])),
+    ("capacity", lambda p: fmt_tokens(_total(p))),
     ("store", lambda p: p["store"]),
-    ("RAM bytes", lambda p: f"{p['capacity_tokens'] * p['bytes_per_token'] / 2**20:.0f} MiB"),
+    ("RAM", lambda p: f"{fmt_tokens(p['capacity_tokens'])} ({p['arena_bytes'] / 2**20:.0f} MiB)"),
+    ("disk", lambda p: f"{fmt_tokens(p['disk_tokens'])} ({p['disk_bytes'] / 2**20:.0f} MiB)"
+     if p.get("disk_tokens") else "-"),
     ("hit rate", lambda p: f"{p['hit_rate']:.4f}"),
     ("sim hit rate", lambda p: f"{p['sim_hit_rate']:.4f}"),
+    ("RAM / disk hit rate",
+     lambda p: f"{p.get('hit_rate_ram', p['hit_rate']):.4f} / {p.get('hit_rate_disk', 0.0):.4f}"),
     ("of max", lambda p: f"{p['hit_rate'] / p['max_hit_rate']:.1%}" if p["max_hit_rate"] else "-"),
     ("prefill reduction", lambda p: f"{p['prefill_reduction']:.3f}x"),
     ("loads GB/s", lambda p: f"{p['load_gbps']:.2f}"),
@@ -38,21 +50,30 @@ class Series:
     sim_hit_rate: tuple[float, ...]
 
 
+def _series_label(p: dict) -> str:
+    """'RAM' for the RAM-only line; 'RAM 3M + disk' for a RAM size with growing disks."""
+    return "RAM" if p["store"] == "RAM" else f"RAM {fmt_tokens(p['capacity_tokens'])} + {p['store'][4:]}"
+
+
 def series_from_points(points: Sequence[dict]) -> list[Series]:
     by_label: dict[str, list[dict]] = {}
     for p in points:
-        by_label.setdefault(p["store"], []).append(p)
+        by_label.setdefault(_series_label(p), []).append(p)
+    ram_only = {q["capacity_tokens"]: q for q in by_label.get("RAM", ())}
     out = []
-    for label, pts in by_label.items():
-        pts = sorted(pts, key=lambda p: p["capacity_tokens"])
-        out.append(Series(label, tuple(p["capacity_tokens"] for p in pts), tuple(p["hit_rate"] for p in pts),
+    for label, pts in sorted(by_label.items(), key=lambda kv: (kv[0] != "RAM", kv[0])):  # RAM's line first
+        pts = sorted(pts, key=_total)
+        if label != "RAM" and pts[0]["capacity_tokens"] in ram_only:  # the line starts at disk 0 (RAM alone)
+            pts = [ram_only[pts[0]["capacity_tokens"]], *pts]
+        out.append(Series(label, tuple(_total(p) for p in pts), tuple(p["hit_rate"] for p in pts),
                           tuple(p["sim_hit_rate"] for p in pts)))
     return out
 
 
 def summary_title(p: dict) -> str:
     cut = f"; {p['cut']}" if p["cut"] else ""
-    return (f"{p['trace']} ({p['requests']} requests{cut}): {p['store']} {fmt_tokens(p['capacity_tokens'])} "
+    disk = f" + disk {fmt_tokens(p['disk_tokens'])}" if p.get("disk_tokens") else ""
+    return (f"{p['trace']} ({p['requests']} requests{cut}): RAM {fmt_tokens(p['capacity_tokens'])}{disk} "
             f"tokens, {p['bytes_per_token']} B/token")
 
 
@@ -67,15 +88,28 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
          _triple(p, ".4f", "hit_rate", "sim_hit_rate", "max_hit_rate")),
         ("store hit rate as a share of the maximum", f"{p['hit_rate_of_max']:.1%}"),
         ("requests where store and simulator differ", str(p["mismatched_requests"])),
+        ("counters where store and simulator differ", ", ".join(p.get("tier_mismatches", ())) or "none"),
         ("prefill tokens: no cache -> store (reduction)",
          f"{p['prefill_tokens_no_cache']:,} -> {p['prefill_tokens']:,} ({p['prefill_reduction']:.3f}x)"),
-        ("bytes loaded / stored", f"{p['loaded_bytes'] / 1e9:.2f} GB / {p['stored_bytes'] / 1e9:.2f} GB"),
+        ("bytes loaded from RAM / stored", f"{p['loaded_bytes'] / 1e9:.2f} GB / {p['stored_bytes'] / 1e9:.2f} GB"),
         ("loads / puts GB/s (memcpy ceiling)",
          f"{_triple(p, '.2f', 'load_gbps', 'put_gbps')} ({p['memcpy_gbps']:.1f})"),
         ("requests/s through the store", str(p["requests_per_s"])),
         ("GPU-s per task: store / no cache / infinite",
          _triple(p, ".2f", "gpu_s_per_task_mean", "gpu_s_per_task_mean_no_cache", "gpu_s_per_task_mean_max")),
     ]
+    if p.get("disk_tokens"):
+        rows[1:1] = [
+            ("hit rate by tier: RAM / disk (simulated)",
+             f"{p['hit_rate_ram']:.4f} / {p['hit_rate_disk']:.4f} ({p['sim_hit_rate_ram']:.4f} / "
+             f"{p['sim_hit_rate_disk']:.4f})"),
+            ("disk: segments x size (blocks held)",
+             f"{p['disk_segments']} x {p['disk_segment_bytes'] / 2**20:.0f} MiB ({p['disk_blocks']:,} blocks)"),
+            ("disk bytes promoted / written; blocks reclaimed",
+             f"{p['promoted_bytes'] / 1e9:.2f} GB / {p['disk_written_bytes'] / 1e9:.2f} GB; "
+             f"{p['disk_reclaimed_blocks']:,}"),
+            ("waiting for the disk writer and promotions", f"{p['settle_s']:.1f} s ({p['settle_polls']:,} polls)"),
+        ]
     if "ttna_p50_s" in p:
         for suffix, what in (("", "store"), ("_no_cache", "no cache")):
             keys = (f"ttna_p50_s{suffix}", f"ttna_p90_s{suffix}", f"ttna_p99_s{suffix}")
@@ -86,18 +120,19 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
 def markdown_table(points: Sequence[dict], title: str) -> str:
     head = [c for c, _ in _COLUMNS]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in sorted(points, key=lambda p: (p["store"], p["capacity_tokens"])):
+    for p in sorted(points, key=lambda p: (p["store"], _total(p))):
         lines.append("| " + " | ".join(f(p) for _, f in _COLUMNS) + " |")
     if points:
         p = points[0]
         lines += ["", f"Infinite-cache maximum hit rate: {p['max_hit_rate']:.4f}. Token-level rates over all "
                   f"input tokens; {p['bytes_per_token']} KV bytes a token "
-                  f"({p['block_bytes'] // 1024} KiB a 512-token block)."]
+                  f"({p['block_bytes'] // 1024} KiB a 512-token block). Capacity = RAM + disk tokens; the disk "
+                  "is rounded down to whole segments (its MiB column); disk_sync none (a hit-rate replay)."]
     return "\n".join(lines) + "\n"
 
 
 def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title: str) -> Path:
-    """Hit rate (measured: markers; simulated: dashed) vs capacity in tokens, log x, with the maximum."""
+    """Hit rate (measured: markers; simulated: dashed) vs total capacity in tokens, log x, with the maximum."""
     import matplotlib
     import matplotlib.ticker
 
@@ -108,12 +143,12 @@ def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title:
     for s in series:
         line = ax.plot(s.capacity_tokens, s.hit_rate, marker="o", label=f"{s.label} (store)")[0]
         ax.plot(s.capacity_tokens, s.sim_hit_rate, linestyle="--", color=line.get_color(), alpha=0.6,
-                label=f"{s.label} (simulated LRU)")
+                label=f"{s.label} (simulated)")
     ax.axhline(max_hit_rate, color="grey", linestyle=":", label=f"infinite cache ({max_hit_rate:.3f})")
     ax.axhline(max_hit_rate / 2, color="grey", linestyle=(0, (1, 4)), linewidth=0.8, label="half of the maximum")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: fmt_tokens(int(x))))
-    ax.set_xlabel("capacity (tokens)")
+    ax.set_xlabel("capacity: RAM + disk (tokens)")
     ax.set_ylabel("token hit rate")
     ax.set_ylim(0, max(max_hit_rate * 1.1, 0.05))
     ax.set_title(title)

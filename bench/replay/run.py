@@ -2,6 +2,11 @@
 
 The dict is what the CLI prints as its JSON line and what the sweep's table and plot read, so every figure
 has exactly one definition (metrics.py) and one name.
+
+Store vs model is checked on more than the hit rate: `tier_checks` pairs each daemon counter that the model
+predicts (RAM evictions, evictions of blocks with a disk copy, promotions, hits by tier, disk writes, blocks
+reclaimed from disk, blocks and bytes on disk, ...) as [store, simulated]; `tier_mismatches` names those that
+differ, and `mismatched_disk_hits` counts requests whose disk-served positions differ.
 """
 
 from __future__ import annotations
@@ -10,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.replay.metrics import CostModel, capacity_model, hit_figures
-from bench.replay.replayer import memcpy_gbps, replay
+from bench.replay.metrics import CostModel, capacity_model, disk_hit_tokens, hit_figures
+from bench.replay.replayer import ReplayResult, memcpy_gbps, replay
 from bench.replay.sim import SimResult, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
-from bench.replay.trace import Convention, Request
+from bench.replay.trace import BLOCK_TOKENS, Convention, Request
 
 __all__ = ["Workload", "run_point"]
 
@@ -44,6 +49,44 @@ def _mismatches(store: Sequence[int], sim: Sequence[int]) -> list[tuple[int, int
     return [(i, a, b) for i, (a, b) in enumerate(zip(store, sim)) if a != b]
 
 
+# counter name -> where the store reports it (engine counters, or the disk tier's stats)
+_CHECKED = ("evictions", "evicted_to_disk", "promotions", "promotion_failures", "hit_keys_ram", "hit_keys_disk",
+            "store_full", "disk_writes", "disk_write_failures")
+_CHECKED_DISK = {"disk_evicted_blocks": "evicted_blocks", "disk_blocks": "blocks",
+                 "disk_bytes_written": "bytes_written", "disk_bytes_read": "bytes_read"}
+
+
+def _tier_checks(store: ReplayResult, sim: SimResult) -> dict[str, list[int]]:
+    checks = {k: [store.counters.get(k, -1), sim.counters[k]] for k in _CHECKED if k in sim.counters}
+    checks.update({k: [store.disk.get(v, -1), sim.counters[k]] for k, v in _CHECKED_DISK.items() if k in sim.counters})
+    checks["resident_blocks"] = [store.resident_blocks, sim.resident[0]]
+    checks["present_on_put"] = [store.present_on_put, sim.present_on_put]
+    return checks
+
+
+def _disk_figures(spec: StoreSpec, store: ReplayResult, sim: SimResult) -> dict:
+    """The disk tier's size and traffic (zeros without one), and how the replay synchronised with it."""
+    d = spec.disk
+    out: dict = {"disk_bytes": d.capacity_bytes if d else 0, "disk_blocks": d.capacity_blocks if d else 0,
+                 "disk_segment_bytes": d.segment_bytes if d else 0, "disk_segments": d.segments if d else 0,
+                 "total_tokens": spec.ram_tokens + spec.disk_tokens,
+                 "mismatched_disk_hits": sum(a != b for a, b in zip(store.disk_hits, sim.disk_hits)),
+                 "promoted_bytes": store.disk.get("bytes_read", 0),
+                 "sim_promoted_bytes": sim.counters.get("disk_bytes_read", 0),
+                 "disk_written_bytes": store.disk.get("bytes_written", 0),
+                 "sim_disk_written_bytes": sim.counters.get("disk_bytes_written", 0),
+                 "disk_resident_blocks": store.disk.get("blocks", 0),
+                 "disk_reclaimed_blocks": store.disk.get("evicted_blocks", 0),
+                 "synced_writes": store.synced_writes,
+                 "settle_s": round(store.settle_s, 2), "settle_polls": store.settle_polls}
+    if d:
+        out["disk_sync"] = "none"
+        out["disk_note"] = ("disk_sync=none: a hit-rate replay, not a durability test. After each request the "
+                            "replay waits for the disk writer to drain (synced_writes) and, before a get, for "
+                            "the probe's promotions to land, so the store is deterministic")
+    return out
+
+
 def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None) -> dict:
     """Replay `w` through a daemon sized by `spec`, simulate the same store, and report both."""
     t0 = time.perf_counter()
@@ -53,24 +96,37 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
     store = replay(reqs, spec, convention=conv, on_request=on_request)
     f, fs, fm = (hit_figures(reqs, h, conv) for h in (store.hits, sim.hits, best.hits))
     bad = _mismatches(store.hits, sim.hits)
+    checks = _tier_checks(store, sim)
     ceiling = memcpy_gbps(spec.block_bytes)
     load_gbps = _gbps(store.loaded_bytes, store.get_s)
+    tokens = f.input_tokens or 1
+    disk_tok, sim_disk_tok = disk_hit_tokens(reqs, store.disk_hits), disk_hit_tokens(reqs, sim.disk_hits)
+    unique = best.resident[0] * BLOCK_TOKENS
+    held = spec.ram_tokens + (spec.disk.capacity_bytes // spec.bytes_per_token if spec.disk else 0)
     out: dict = {
         "trace": w.name, "cut": w.cut, "requests": len(reqs), "store": spec.label, "policy": spec.policy,
-        "capacity_tokens": spec.ram_tokens, "capacity_blocks": spec.tiers[0].capacity_blocks,
-        "bytes_per_token": spec.bytes_per_token, "block_bytes": spec.block_bytes,
-        "arena_bytes": spec.ram_tokens * spec.bytes_per_token, "convention": conv.value,
+        "capacity_tokens": spec.ram_tokens, "disk_tokens": spec.disk_tokens,
         "hit_rate": round(f.hit_rate, 5), "sim_hit_rate": round(fs.hit_rate, 5), "max_hit_rate": round(fm.hit_rate, 5),
         "hit_rate_of_max": round(f.hit_rate / fm.hit_rate, 4) if fm.hit_rate else 0.0,
+        "hit_rate_ram": round((f.hit_tokens - disk_tok) / tokens, 5), "hit_rate_disk": round(disk_tok / tokens, 5),
+        "sim_hit_rate_ram": round((fs.hit_tokens - sim_disk_tok) / tokens, 5),
+        "sim_hit_rate_disk": round(sim_disk_tok / tokens, 5),
+        "prefill_reduction": round(f.prefill_reduction, 4), "max_prefill_reduction": round(fm.prefill_reduction, 4),
+        "mismatched_requests": len(bad), "first_mismatches": bad[:5],
+        "tier_checks": checks, "tier_mismatches": [k for k, (a, b) in checks.items() if a != b],
+        "unique_kv_tokens": unique, "store_share_of_unique": round(held / unique, 4) if unique else 0.0,
+        "capacity_blocks": spec.tiers[0].capacity_blocks,
+        **_disk_figures(spec, store, sim),
+        "bytes_per_token": spec.bytes_per_token, "block_bytes": spec.block_bytes,
+        "arena_bytes": spec.ram_tokens * spec.bytes_per_token, "convention": conv.value,
         "block_hit_rate": round(f.block_hit_rate, 5), "sim_block_hit_rate": round(fs.block_hit_rate, 5),
         "max_block_hit_rate": round(fm.block_hit_rate, 5),
-        "mismatched_requests": len(bad), "first_mismatches": bad[:5],
         "evictions": store.counters.get("evictions", -1), "sim_evictions": sim.evictions[0],
         "resident_blocks": store.resident_blocks, "sim_resident_blocks": sim.resident[0],
         "present_on_put": store.present_on_put, "sim_present_on_put": sim.present_on_put,
-        "store_full": store.store_full, "synced_leases": store.synced_leases, "sim_store_full": sim.store_full, "verify_failures": store.verify_failures,
+        "store_full": store.store_full, "sim_store_full": sim.store_full, "synced_leases": store.synced_leases,
+        "verify_failures": store.verify_failures,
         "input_tokens": f.input_tokens, "prefill_tokens_no_cache": f.input_tokens, "prefill_tokens": f.prefill_tokens,
-        "prefill_reduction": round(f.prefill_reduction, 4), "max_prefill_reduction": round(fm.prefill_reduction, 4),
         "loaded_bytes": store.loaded_bytes, "stored_bytes": store.stored_bytes,
         "load_gbps": load_gbps, "put_gbps": _gbps(store.stored_bytes, store.put_s),
         "memcpy_gbps": round(ceiling, 2), "load_of_memcpy": round(load_gbps / ceiling, 3) if ceiling else 0.0,

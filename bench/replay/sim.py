@@ -1,54 +1,49 @@
-"""Offline exact simulation of the store's block cache: pure Python, no daemon, same access order.
+"""Offline exact simulation of the store: pure Python, no daemon, the same event order as the daemon.
 
 Why exact and not "an LRU of about this size": the replay through the real daemon is checked against this
-model request by request, so the model copies the daemon's event order, including its corner cases:
+model request by request (and counter by counter), so the model copies the daemon's rules, corner cases
+included. A request is the replayer's three calls, lookup_prefix -> (promotions land) -> get -> put:
 
-- lookup: the leading present blocks are touched in order (the daemon defers these touches but applies them,
-  in order, before any insert or eviction, so the order is the same). The replayer's lookup_prefix and the
-  get that follows touch the same run twice in a row, which leaves the LRU order as one pass does.
-- put: only blocks not present anywhere are inserted, in order, as most recent; blocks already present are
-  not touched (Reserve answers ALREADY_PRESENT and leaves them alone) and cannot be evicted to make room for
-  this put (the engine's `keep` set). Victims are the least recent other entries. Like Reserve, it is all or
-  nothing: when too few entries are evictable, the victims already taken stay evicted and nothing is stored.
-- Because touches go first-block-first, the head of a chain is older than its tail and goes first: a chain
-  can lose its head and keep an orphaned tail, which a later put then finds ALREADY_PRESENT.
+RAM tier (exact LRU over block keys, kvstore/engine/engine.py):
+- lookup: the leading blocks present in RAM or on disk form the hit prefix. Its RAM hits are touched in order
+  first (the daemon defers these touches but applies them, in order, before any insert or eviction). Then each
+  disk-only hit is promoted: it takes a RAM slot, evicting the least recent entry that is not one of this
+  lookup's RAM hits and not itself being promoted; with nothing evictable the promotion fails and the prefix
+  ends there. The get that follows re-touches the whole prefix in order (promoted blocks are RAM hits by
+  then: the replayer waits for promotions to land, see replayer.py), so a request leaves its prefix as the
+  most recent entries in chain order, whatever order the two promoter threads finished in.
+- put: only blocks present nowhere (neither RAM nor disk: Reserve answers ALREADY_PRESENT for both) are
+  inserted, in order, as most recent; blocks present in RAM are not touched and cannot be evicted for this put
+  (the engine's `keep` set). Like Reserve it is all or nothing: when too few entries are evictable the victims
+  already taken stay evicted and nothing is stored. Because touches go first-block-first, the head of a chain
+  is older than its tail and goes first: a chain can lose its head and keep an orphaned tail.
+- eviction of a block that has a disk copy (written or promoted) only drops the RAM copy (`evicted_to_disk`).
 
-Tiers are pluggable (`SimTier`): tier 0 is RAM; each tier's victims are offered to the next (demotion), and a
-hit below tier 0 moves the block up to tier 0 (exclusive caching). Only the one-tier path is checked against
-the daemon today; the disk and peer issues will pin down the lower tiers' rules and check them the same way.
-An unbounded tier (capacity None) gives the infinite-cache maximum.
+Disk tier (`SegmentLog`, kvstore/tiers/disk/segments.py + writer.py):
+- write-behind: every stored block is written once, in commit order, in the writer's batches of 16; the
+  replayer waits for the writer after each put, so no block is evicted before its write. Promoted blocks are
+  not rewritten. Each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and
+  a free one (or, when none is left, the OLDEST sealed one, reclaimed whole: all its blocks leave the tier)
+  becomes active. FIFO by segment: hits do not keep a block on disk, and a block's RAM copy keeps its
+  "on disk" mark after its segment was reclaimed (the daemon does not rewrite it).
+
+An unbounded LRU tier (capacity None) gives the infinite-cache maximum.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from bench.replay.keys import chain_keys
 from bench.replay.trace import Convention, Request
 
-__all__ = ["SimTier", "LRUTier", "CacheSim", "SimResult", "simulate", "infinite_cache"]
+__all__ = ["LRUTier", "SegmentLog", "SimTier", "CacheSim", "SimResult", "simulate", "infinite_cache",
+           "WRITER_BATCH_BLOCKS", "PAGE_BYTES"]
 
-
-class SimTier(Protocol):
-    """One level of the simulated hierarchy. Keys are the 32-byte chained block keys."""
-
-    name: str
-    capacity_blocks: int | None
-
-    def __contains__(self, key: object) -> bool: ...
-
-    def __len__(self) -> int: ...
-
-    def touch(self, keys: Sequence[bytes]) -> None:
-        """Hits, in order."""
-
-    def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
-        """Insert absent keys as most recent, in order, evicting outside `keep`: (stored?, victims in order)."""
-
-    def remove(self, key: bytes) -> None: ...
+WRITER_BATCH_BLOCKS = 16  # kvstore.engine.movement.Mover: blocks one write_many call takes from the queue
+PAGE_BYTES = 4096  # every disk record starts on a page and is rounded up to whole pages
 
 
 class LRUTier:
@@ -68,11 +63,13 @@ class LRUTier:
         return len(self._od)
 
     def touch(self, keys: Sequence[bytes]) -> None:
+        """Hits, in order: each becomes the most recent."""
         move = self._od.move_to_end
         for k in keys:
             move(k)
 
     def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
+        """Insert absent keys as most recent, in order, evicting outside `keep`: (stored?, victims in order)."""
         od = self._od
         need = 0 if self.capacity_blocks is None else len(od) + len(keys) - self.capacity_blocks
         victims: list[bytes] = []
@@ -90,99 +87,184 @@ class LRUTier:
             od[k] = None
         return True, victims
 
-    def remove(self, key: bytes) -> None:
-        self._od.pop(key, None)
+
+class SegmentLog:
+    """The daemon's disk tier: a log of `segments` segments of `segment_bytes`, reclaimed oldest first."""
+
+    def __init__(self, name: str, segments: int, segment_bytes: int, block_bytes: int,
+                 batch_blocks: int = WRITER_BATCH_BLOCKS) -> None:
+        self.record_bytes = -(-block_bytes // PAGE_BYTES) * PAGE_BYTES
+        if segments < 2 or self.record_bytes > segment_bytes:
+            raise ValueError(f"tier {name}: need >= 2 segments that each hold a {self.record_bytes}-byte record")
+        self.name = name
+        self.segments, self.segment_bytes, self.batch_blocks = segments, segment_bytes, batch_blocks
+        self.capacity_blocks: int | None = segments * (segment_bytes // self.record_bytes)
+        self._where: dict[bytes, int] = {}  # key -> the segment use holding it
+        self._members: dict[int, list[bytes]] = {}  # segment use -> keys written into it
+        self._sealed: deque[int] = deque()  # oldest first
+        self._active: int | None = None
+        self._wp = 0
+        self._free = segments
+        self._uses = 0
+        self.written = self.reclaimed = self.no_space = 0
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def write(self, keys: Sequence[bytes]) -> list[bool]:
+        """Append records in order, batch by batch (writer.py's _reserve); whether each was written."""
+        out: list[bool] = []
+        for start in range(0, len(keys), self.batch_blocks):
+            touched: set[int] = set()
+            for k in keys[start:start + self.batch_blocks]:
+                ok = self._place(k, touched)
+                out.append(ok)
+                self.written += ok
+                self.no_space += not ok
+        return out
+
+    def _place(self, key: bytes, touched: set[int]) -> bool:
+        while self._active is None or self._wp + self.record_bytes > self.segment_bytes:
+            if self._active is not None:
+                self._sealed.append(self._active)  # seal the full one
+                self._active = None
+            if self._free:
+                self._free -= 1
+            elif self._sealed and self._sealed[0] not in touched:
+                for k in self._members.pop(self._sealed.popleft()):  # reclaim the oldest whole
+                    del self._where[k]
+                    self.reclaimed += 1
+            else:
+                return False  # this batch alone fills the tier: NO_SPACE
+            self._uses += 1
+            self._active, self._wp = self._uses, 0
+            self._members[self._active] = []
+        old = self._where.get(key)
+        if old is not None:  # a rewrite replaces the older record (not reached by the replay's puts)
+            self._members[old].remove(key)
+        self._where[key] = self._active
+        self._members[self._active].append(key)
+        self._wp += self.record_bytes
+        touched.add(self._active)
+        return True
+
+
+SimTier = LRUTier | SegmentLog
 
 
 class CacheSim:
-    """A hierarchy of tiers driven with the connector's calls: lookup(prefix) then put(missed blocks)."""
+    """RAM (an LRUTier) and optionally a disk tier (a SegmentLog), driven with the connector's calls."""
 
     def __init__(self, tiers: Sequence[SimTier]) -> None:
-        if not tiers:
-            raise ValueError("CacheSim needs at least one tier")
-        self.tiers = list(tiers)
-        self.store_full = 0
-        self.evictions = [0] * len(self.tiers)
-        self.present_on_put = 0  # blocks a put found already stored: orphaned tails of evicted chain heads
-
-    def _where(self, key: bytes) -> int:
-        for i, t in enumerate(self.tiers):
-            if key in t:
-                return i
-        return -1
+        if not tiers or not isinstance(tiers[0], LRUTier):
+            raise ValueError("CacheSim needs an LRUTier first (RAM)")
+        if len(tiers) > 2 or (len(tiers) == 2 and not isinstance(tiers[1], SegmentLog)):
+            raise ValueError("CacheSim models RAM and at most one disk tier (a SegmentLog) below it")
+        self.ram: LRUTier = tiers[0]
+        self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]
+        self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted)
+        # the daemon's counter names (kvstore/engine/counters.py), so store and model compare one to one
+        self.counters = dict.fromkeys(("evictions", "evicted_to_disk", "promotions", "promotion_failures",
+                                       "hit_keys_ram", "hit_keys_disk", "store_full"), 0)
+        self.present_on_put = 0  # blocks a put found already stored (RAM or disk)
 
     def lookup(self, keys: Sequence[bytes]) -> list[int]:
-        """Tier index of each leading present block (its length is the prefix hit); hits are touched."""
+        """lookup_prefix, promotions, then the get: the tier of each hit (0 RAM, 1 disk); its length is the hit."""
+        ram, disk, c = self.ram, self.disk, self.counters
         found: list[int] = []
         for k in keys:
-            i = self._where(k)
-            if i < 0:
+            if k in ram:
+                found.append(0)
+            elif disk is not None and k in disk:
+                found.append(1)
+            else:
                 break
-            found.append(i)
-        ram = self.tiers[0]
-        prefix = set(keys[: len(found)])  # held like leases: a promotion must not evict the run it serves
-        run: list[bytes] = []
-        for k, i in zip(keys, found):
-            if i == 0:
-                run.append(k)
-                continue
-            ram.touch(run)
-            run = []
-            self.tiers[i].remove(k)
-            self._admit(0, [k], prefix)
-        ram.touch(run)
-        return found
+        held = [k for k, t in zip(keys, found) if t == 0]
+        ram.touch(held)
+        keep = set(held)
+        n = len(found)
+        for i, t in enumerate(found):
+            if t:
+                if self._ram_admit([keys[i]], keep):  # a promoting block is no victim either
+                    keep.add(keys[i])
+                    self._flagged.add(keys[i])
+                    c["promotions"] += 1
+                else:
+                    c["promotion_failures"] += 1
+                    n = min(n, i)
+        disk_hits = sum(found[:n])
+        c["hit_keys_disk"] += disk_hits
+        c["hit_keys_ram"] += (n - disk_hits) + n  # the probe's RAM hits, then the get's (all in RAM by then)
+        ram.touch(keys[:n])
+        return found[:n]
 
     def put(self, keys: Sequence[bytes]) -> int:
-        """Insert the absent blocks of `keys` into tier 0; how many were stored."""
-        present = {k for k in keys if self._where(k) >= 0}
+        """Insert the blocks of `keys` stored nowhere; write them to disk; how many were stored."""
+        ram, disk = self.ram, self.disk
+        in_ram = {k for k in keys if k in ram}
+        present = in_ram | ({k for k in keys if k in disk} if disk is not None else set())
         new = [k for k in keys if k not in present]
-        if new and not self._admit(0, new, present):
+        if new and not self._ram_admit(new, in_ram):
+            self.counters["store_full"] += 1
             return 0  # like a failed Reserve, which reports nothing about the keys it found
         self.present_on_put += len(present)
+        if disk is not None and new:
+            self._flagged.update(k for k, ok in zip(new, disk.write(new)) if ok)
         return len(new)
 
-    def _admit(self, level: int, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
-        stored, victims = self.tiers[level].admit(keys, keep)
-        self.evictions[level] += len(victims)
-        if not stored:
-            self.store_full += 1
-        if level + 1 < len(self.tiers):
-            for v in victims:  # one at a time: a victim batch larger than the next tier still fills it
-                self._admit(level + 1, [v], ())
+    def _ram_admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
+        stored, victims = self.ram.admit(keys, keep)
+        self.counters["evictions"] += len(victims)
+        for v in victims:
+            if v in self._flagged:
+                self._flagged.discard(v)
+                self.counters["evicted_to_disk"] += 1
         return stored
 
 
 @dataclass
 class SimResult:
-    """Per-request prefix hits in blocks, and where they were found."""
+    """Per-request prefix hits in blocks (and which of them came from disk), and the model's counters."""
 
     hits: list[int]
-    hits_by_tier: list[int]
+    hits_by_tier: list[int]  # [RAM, disk] hit blocks over the run
+    disk_hits: list[tuple[int, ...]] = field(default_factory=list)  # per request: positions served from disk
     stored_blocks: int = 0
     store_full: int = 0
     tier_names: list[str] = field(default_factory=list)
-    evictions: list[int] = field(default_factory=list)  # per tier
+    evictions: list[int] = field(default_factory=list)  # per tier: RAM evictions, disk blocks reclaimed
     resident: list[int] = field(default_factory=list)  # blocks per tier at the end
     present_on_put: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # the daemon's names, plus disk_* for the disk tier
 
 
 def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
              convention: Convention = Convention.FULL_BLOCKS) -> SimResult:
     sim = CacheSim(tiers)
     hits: list[int] = []
-    by_tier = [0] * len(tiers)
+    disk_hits: list[tuple[int, ...]] = []
     stored = 0
     for r in requests:
         keys = chain_keys(r.cacheable_ids(convention))
         found = sim.lookup(keys)
-        for i in found:
-            by_tier[i] += 1
         hits.append(len(found))
+        disk_hits.append(tuple(i for i, t in enumerate(found) if t) if sim.disk is not None else ())
         if len(found) < len(keys):
             stored += sim.put(keys[len(found):])
-    return SimResult(hits, by_tier, stored, sim.store_full, [t.name for t in tiers], sim.evictions,
-                     [len(t) for t in sim.tiers], sim.present_on_put)
+    on_disk = sum(len(d) for d in disk_hits)
+    counters = dict(sim.counters)
+    evictions = [counters["evictions"]]
+    if sim.disk is not None:
+        d = sim.disk
+        counters.update(disk_writes=d.written, disk_write_failures=d.no_space, disk_evicted_blocks=d.reclaimed,
+                        disk_blocks=len(d), disk_bytes_written=d.written * d.record_bytes,
+                        disk_bytes_read=counters["promotions"] * d.record_bytes)
+        evictions.append(d.reclaimed)
+    return SimResult(hits, [sum(hits) - on_disk, on_disk], disk_hits, stored, counters["store_full"],
+                     [t.name for t in tiers], evictions, [len(t) for t in tiers], sim.present_on_put, counters)
 
 
 def infinite_cache(requests: Sequence[Request], convention: Convention = Convention.FULL_BLOCKS) -> SimResult:

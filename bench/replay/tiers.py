@@ -1,29 +1,39 @@
 """What store a replay runs against: tiers with capacities in tokens, and the KV bytes a token costs.
 
 One description feeds both sides, so the daemon and the simulator can never be sized differently:
-`daemon_options()` for the real store and `sim_tiers()` for the model. Capacities are in TOKENS (what the
-paper's Fig. 9 plots) and convert to bytes exactly: arena_bytes = capacity_tokens * bytes_per_token, one slot
-= one 512-token block. max_block_bytes = the block size makes every slab exactly one slot, so the daemon holds
-capacity_tokens // 512 blocks, the simulator's capacity. Watermarks high = low = 1.0: only allocation
-pressure evicts, one block at a time, as in an offline LRU (the default 0.95/0.90 would run the daemon ~5-10 %
-smaller and evict in bursts).
+`daemon_options()` for the real store and `sim_tiers()` for the model.
 
-The disk and peer tiers are described here already so that the CLI, the simulator and the plot series take
-them unchanged; the daemon side refuses them until it has them.
+RAM: capacities are in TOKENS (what the paper's Fig. 9 plots) and convert to bytes exactly: arena_bytes =
+capacity_tokens * bytes_per_token, one slot = one 512-token block. max_block_bytes = the block size makes every
+slab exactly one slot, so the daemon holds capacity_tokens // 512 blocks, the simulator's capacity. Watermarks
+high = low = 1.0: only allocation pressure evicts, one block at a time, as in an offline LRU (the default
+0.95/0.90 would run the daemon ~5-10 % smaller and evict in bursts).
+
+Disk (`DiskLayout`): disk_bytes = disk_tokens * bytes_per_token, rounded DOWN to whole segments (the unit the
+daemon reclaims, FIFO). The segment size is the largest whole MiB that still gives >= 64 segments (so the
+oldest-segment reclamation drops at most ~1.6 % of the tier at once, close to a block-grained FIFO), and at
+least one record (the block rounded up to 4 KiB). disk_sync "none": this is a hit-rate replay, not a
+durability test, so no fsync. Codec none (the stamped rows would compress to nothing and skew the bytes),
+admission always (every committed block gets its disk copy, which the simulator assumes).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-from bench.replay.sim import LRUTier, SimTier
+from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, SegmentLog, SimTier
 from bench.replay.trace import BLOCK_TOKENS
 
-__all__ = ["TierSpec", "StoreSpec", "fmt_tokens"]
+__all__ = ["TierSpec", "StoreSpec", "DiskLayout", "fmt_tokens", "MIN_SEGMENTS"]
 
 TierKind = Literal["ram", "disk", "peer"]
-_PAGE = 4096
+MIB = 1 << 20
+MIN_SEGMENTS = 64
+# The write-behind queue only ever holds one put's blocks (the replayer drains it after each put); this bound
+# just has to exceed the largest request, which the daemon's 4096-key batches keep far below it.
+WRITE_QUEUE_BLOCKS = 1 << 16
 
 
 def fmt_tokens(n: int) -> str:
@@ -32,6 +42,36 @@ def fmt_tokens(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return str(n)
+
+
+@dataclass(frozen=True)
+class DiskLayout:
+    """How a disk budget becomes the daemon's segments, and what it then holds."""
+
+    segment_bytes: int
+    segments: int
+    record_bytes: int
+
+    @staticmethod
+    def for_budget(disk_bytes: int, block_bytes: int) -> DiskLayout:
+        record = -(-block_bytes // PAGE_BYTES) * PAGE_BYTES
+        seg = max(MIB, disk_bytes // MIN_SEGMENTS // MIB * MIB, -(-record // MIB) * MIB)
+        layout = DiskLayout(seg, disk_bytes // seg, record)
+        # A write batch that needed every segment would find the oldest one in use by itself (NO_SPACE): keep
+        # enough segments that one batch of the writer never spans them all.
+        need = 2 + math.ceil(WRITER_BATCH_BLOCKS / (seg // record))
+        if layout.segments < need:
+            raise ValueError(f"disk of {disk_bytes} bytes: only {layout.segments} segments of {seg} bytes; need at "
+                             f"least {need} ({need * seg} bytes) for {block_bytes}-byte blocks")
+        return layout
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.segments * self.segment_bytes
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.segments * (self.segment_bytes // self.record_bytes)
 
 
 @dataclass(frozen=True)
@@ -53,19 +93,27 @@ class StoreSpec:
     def __post_init__(self) -> None:
         if not self.tiers or self.tiers[0].kind != "ram":
             raise ValueError("the first tier must be 'ram'")
-        if self.block_bytes % _PAGE:
+        if [t.kind for t in self.tiers[1:]] not in ([], ["disk"]):
+            raise ValueError("a store is RAM, or RAM then disk (the daemon has no peer tier yet)")
+        if self.block_bytes % PAGE_BYTES:
             raise ValueError(f"bytes_per_token={self.bytes_per_token}: a {BLOCK_TOKENS}-token block must be a "
-                             f"multiple of {_PAGE} bytes (the arena's page), so use a multiple of 8")
+                             f"multiple of {PAGE_BYTES} bytes (the arena's page), so use a multiple of 8")
         if self.policy != "lru":
             raise ValueError(f"policy={self.policy!r}: only 'lru' has an exact simulator so far")
-        for t in self.tiers:
-            if t.capacity_blocks < 2:
-                raise ValueError(f"{t.kind} capacity {t.capacity_tokens} tokens: need at least "
-                                 f"{2 * BLOCK_TOKENS} (two blocks; the daemon's arena minimum)")
+        if self.tiers[0].capacity_blocks < 2:
+            raise ValueError(f"ram capacity {self.tiers[0].capacity_tokens} tokens: need at least "
+                             f"{2 * BLOCK_TOKENS} (two blocks; the daemon's arena minimum)")
+        _ = self.disk  # a disk budget too small for its segments fails here, before any daemon starts
 
     @staticmethod
     def ram(capacity_tokens: int, bytes_per_token: int = 64) -> StoreSpec:
         return StoreSpec((TierSpec("ram", capacity_tokens),), bytes_per_token)
+
+    @staticmethod
+    def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64) -> StoreSpec:
+        """RAM alone when disk_tokens is 0."""
+        tiers = (TierSpec("ram", ram_tokens),) + ((TierSpec("disk", disk_tokens),) if disk_tokens else ())
+        return StoreSpec(tiers, bytes_per_token)
 
     @property
     def block_bytes(self) -> int:
@@ -76,17 +124,36 @@ class StoreSpec:
         return self.tiers[0].capacity_tokens
 
     @property
+    def disk_tokens(self) -> int:
+        """The disk budget asked for (0 without a disk tier); `disk.capacity_bytes` is what it became."""
+        return self.tiers[1].capacity_tokens if len(self.tiers) > 1 else 0
+
+    @property
+    def disk(self) -> DiskLayout | None:
+        if len(self.tiers) < 2:
+            return None
+        return DiskLayout.for_budget(self.disk_tokens * self.bytes_per_token, self.block_bytes)
+
+    @property
     def label(self) -> str:
-        """The plot series this store belongs to: 'RAM', 'RAM+disk', 'RAM+disk+peer'."""
+        """The plot series this store belongs to: 'RAM', 'RAM+disk'."""
         return "+".join(t.kind if t.kind != "ram" else "RAM" for t in self.tiers)
 
     def daemon_options(self) -> dict[str, object]:
-        """kvstore.testing.DaemonProcess options (= kvstore-server flags) for this store."""
-        unsupported = [t.kind for t in self.tiers[1:]]
-        if unsupported:
-            raise NotImplementedError(f"the daemon has no {', '.join(unsupported)} tier yet: simulate it only")
-        return {"arena_bytes": self.ram_tokens * self.bytes_per_token, "max_block_bytes": self.block_bytes,
-                "policy": self.policy, "high_watermark": 1.0, "low_watermark": 1.0}
+        """kvstore.testing.DaemonProcess options (= kvstore-server flags) for this store. The disk directory is
+        DaemonProcess's default: a `disk` folder in the daemon's private temporary workdir."""
+        opts: dict[str, object] = {"arena_bytes": self.ram_tokens * self.bytes_per_token,
+                                   "max_block_bytes": self.block_bytes, "policy": self.policy,
+                                   "high_watermark": 1.0, "low_watermark": 1.0}
+        d = self.disk
+        if d is not None:
+            opts.update(disk_bytes=d.capacity_bytes, disk_segment_bytes=d.segment_bytes, disk_sync="none",
+                        disk_codec="none", disk_admission="always", write_queue_blocks=WRITE_QUEUE_BLOCKS)
+        return opts
 
     def sim_tiers(self) -> list[SimTier]:
-        return [LRUTier(t.kind, t.capacity_blocks) for t in self.tiers]
+        tiers: list[SimTier] = [LRUTier("ram", self.tiers[0].capacity_blocks)]
+        d = self.disk
+        if d is not None:
+            tiers.append(SegmentLog("disk", d.segments, d.segment_bytes, self.block_bytes))
+        return tiers
