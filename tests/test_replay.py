@@ -124,6 +124,22 @@ def test_disk_fifo_ignores_hits() -> None:
     assert (c["hit_keys_ram"], c["hit_keys_disk"], c["disk_blocks"]) == (5, 1, 3)
 
 
+def test_disk_writes_follow_entry_ids() -> None:
+    # The daemon queues a commit's blocks sorted by catalog entry id, and ids freed by evictions are reused
+    # last-freed-first: b3 b4 reuse the ids of a2 a1, so b4 is written before b3 and its segment goes first.
+    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096)  # one record a segment
+    trace = [
+        _req(1, 2),  # put a1 (id 0) a2 (id 1)                        disk: [a1] [a2]
+        _req(3, 4),  # put b3 b4: evicts a1 then a2; b3 gets id 1, b4 id 0: written b4, b3   disk: [a2] [b4] [b3]
+        _req(3),     # RAM hit b3                                     RAM: b4 b3
+        _req(5, 6),  # put c5 c6: evicts b4 (id 0), b3 (id 1); c5 gets 1, c6 0: written c6, c5   disk: [b3] [c6] [c5]
+        _req(3, 4),  # b3 is still on disk (written in chain order it would be gone, and b4 kept): 1 disk hit
+    ]
+    r = simulate(trace, [LRUTier("ram", 2), disk])
+    assert r.hits == [0, 0, 1, 0, 1] and r.disk_hits[4] == (0,)
+    assert (r.counters["disk_writes"], r.counters["disk_evicted_blocks"]) == (7, 4)
+
+
 def test_partial_last_block_convention() -> None:
     r = _req(7, 8, tokens=1000)  # one full block and 488 tokens
     assert r.cacheable_ids(Convention.FULL_BLOCKS) == (7,)

@@ -20,11 +20,16 @@ RAM tier (exact LRU over block keys, kvstore/engine/engine.py):
 - eviction of a block that has a disk copy (written or promoted) only drops the RAM copy (`evicted_to_disk`).
 
 Disk tier (`SegmentLog`, kvstore/tiers/disk/segments.py + writer.py):
-- write-behind: every stored block is written once, in commit order, in the writer's batches of 16; the
-  replayer waits for the writer after each put, so no block is evicted before its write. Promoted blocks are
-  not rewritten. Each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and
-  a free one (or, when none is left, the OLDEST sealed one, reclaimed whole: all its blocks leave the tier)
-  becomes active. FIFO by segment: hits do not keep a block on disk, and a block's RAM copy keeps its
+- write-behind: every stored block is written once, in the writer's batches of 16; the replayer waits for
+  the writer after each put, so no block is evicted before its write. Promoted blocks are not rewritten.
+  Order: the daemon queues a commit's blocks sorted by catalog entry id (np.unique in
+  TieringMixin._queue_writes), not in chain order, and the catalog hands out ids LIFO from the ids that
+  evictions freed (Catalog.add/drop). Within one put this decides which blocks land in a segment that is
+  reclaimed first, so the model keeps the same ids (`_EntryIds`) and writes in that order.
+- space: each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and a free
+  one (or, when none is left, the OLDEST sealed one, reclaimed whole: all its blocks leave the tier) becomes
+  active; a batch never reclaims a segment it wrote into itself (NO_SPACE: tiers.py sizes segments so that
+  this cannot happen). FIFO by segment: hits do not keep a block on disk, and a block's RAM copy keeps its
   "on disk" mark after its segment was reclaimed (the daemon does not rewrite it).
 
 An unbounded LRU tier (capacity None) gives the infinite-cache maximum.
@@ -155,6 +160,23 @@ class SegmentLog:
 SimTier = LRUTier | SegmentLog
 
 
+class _EntryIds:
+    """The daemon's catalog entry ids of the RAM blocks: a freed id is reused first (a LIFO free list)."""
+
+    def __init__(self) -> None:
+        self._of: dict[bytes, int] = {}
+        self._free: list[int] = []
+
+    def add(self, key: bytes) -> None:
+        self._of[key] = self._free.pop() if self._free else len(self._of) + len(self._free)
+
+    def drop(self, key: bytes) -> None:
+        self._free.append(self._of.pop(key))
+
+    def __getitem__(self, key: bytes) -> int:
+        return self._of[key]
+
+
 class CacheSim:
     """RAM (an LRUTier) and optionally a disk tier (a SegmentLog), driven with the connector's calls."""
 
@@ -166,6 +188,7 @@ class CacheSim:
         self.ram: LRUTier = tiers[0]
         self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]
         self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted)
+        self._ids = _EntryIds()  # only the disk tier's write order depends on them
         # the daemon's counter names (kvstore/engine/counters.py), so store and model compare one to one
         self.counters = dict.fromkeys(("evictions", "evicted_to_disk", "promotions", "promotion_failures",
                                        "hit_keys_ram", "hit_keys_disk", "store_full"), 0)
@@ -212,16 +235,21 @@ class CacheSim:
             return 0  # like a failed Reserve, which reports nothing about the keys it found
         self.present_on_put += len(present)
         if disk is not None and new:
-            self._flagged.update(k for k, ok in zip(new, disk.write(new)) if ok)
+            order = sorted(new, key=self._ids.__getitem__)
+            self._flagged.update(k for k, ok in zip(order, disk.write(order)) if ok)
         return len(new)
 
     def _ram_admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
-        stored, victims = self.ram.admit(keys, keep)
+        stored, victims = self.ram.admit(keys, keep)  # all victims first, then the inserts, like Reserve
         self.counters["evictions"] += len(victims)
         for v in victims:
+            self._ids.drop(v)
             if v in self._flagged:
                 self._flagged.discard(v)
                 self.counters["evicted_to_disk"] += 1
+        if stored:
+            for k in keys:
+                self._ids.add(k)
         return stored
 
 
