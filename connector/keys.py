@@ -1,0 +1,65 @@
+"""Stable block keys: a chained 128-bit hash over token ids, the same in every process and after restarts.
+
+vLLM's own block hashes start from a per-process random NONE_HASH (unless PYTHONHASHSEED is set), so keys
+built on them never hit across restarts or across two vLLM instances. Ours are deterministic:
+
+    root  = xxh3_128(b"kvstore/v1" + extra, seed)      extra = LoRA name and multimodal hashes
+    key_i = xxh3_128(key_{i-1} + int64 tokens of chunk i, seed)
+
+A key therefore names the whole prefix up to the end of its chunk, which is what makes a prefix Lookup
+meaningful. Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
+a different image changes every key of the request, including ones before it — but never wrong.
+The cache_salt is not hashed here: it selects the namespace (see connector/namespace.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+__all__ = ["KeyChain", "chain_root"]
+
+_DOMAIN = b"kvstore/v1"
+
+
+def chain_root(seed: int, *, lora_name: str | None = None, mm_hashes: Sequence[str] = ()) -> bytes:
+    """The chain's starting value for one request's extra inputs."""
+    parts = [_DOMAIN]
+    if lora_name:
+        parts.append(b"\x00lora:" + lora_name.encode())
+    for h in mm_hashes:
+        parts.append(b"\x00mm:" + str(h).encode())
+    return xxhash.xxh3_128_digest(b"".join(parts), seed=seed)
+
+
+class KeyChain:
+    """Keys of the full chunks of one growing token sequence, computed once each (the prompt grows by turns
+    and by generated tokens; hashing the whole prefix again every scheduler step would be quadratic)."""
+
+    def __init__(self, tokens_per_key: int, seed: int, root: bytes) -> None:
+        if tokens_per_key < 1:
+            raise ValueError(f"tokens_per_key must be >= 1, got {tokens_per_key}")
+        self.tokens_per_key = tokens_per_key
+        self.seed = seed
+        self._prev = root
+        self.keys: list[bytes] = []
+
+    def extend(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Hash every full chunk of ``token_ids`` not hashed yet; returns all keys so far.
+
+        ``token_ids`` must extend the sequence seen before (the same request's tokens): the chain does not
+        re-check earlier chunks.
+        """
+        t = self.tokens_per_key
+        full = len(token_ids) // t
+        done = len(self.keys)
+        if full > done:
+            arr = np.asarray(token_ids[done * t: full * t], dtype="<i8").reshape(full - done, t)
+            prev, seed = self._prev, self.seed
+            for row in arr:
+                prev = xxhash.xxh3_128_digest(prev + row.tobytes(), seed=seed)
+                self.keys.append(prev)
+            self._prev = prev
+        return self.keys

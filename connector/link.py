@@ -1,0 +1,101 @@
+"""A fail-soft handle on the kvstore daemon for code running inside vLLM.
+
+Principle 7 of the design: a store that is down, slow or full costs vLLM its hits, never a request. So the
+connector never lets a kvstore exception escape into vLLM's scheduler or model runner. `StoreLink` connects
+lazily, and after a failure stays "down" for ``retry_s`` (no RPC, no timeout paid per request) before trying
+again; every call returns None while down. Namespaces are registered on first use and again after a daemon
+restart (the daemon forgets them; UnknownNamespaceError triggers one re-register + retry).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kvstore.client import Client
+from kvstore.errors import KVStoreError, UnknownNamespaceError
+
+__all__ = ["StoreLink"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StoreLink:
+    def __init__(self, address: str | None, *, timeout_s: float, copy_threads: int = 2, retry_s: float = 5.0,
+                 namespace_spec: Callable[[str], dict[str, Any]] | None = None,
+                 client_factory: Callable[[], Client] | None = None) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._factory = client_factory or (lambda: Client(address, timeout_s=timeout_s, copy_threads=copy_threads))
+        self._namespace_spec = namespace_spec or (lambda name: {})
+        self._client: Client | None = None
+        self._down_until = 0.0
+        self._registered: set[str] = set()
+        self._lock = threading.Lock()
+        self.failures = 0
+
+    @property
+    def client(self) -> Client | None:
+        """The connected client, connecting if the retry pause is over; None while the store is down."""
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            if time.monotonic() < self._down_until:
+                return None
+            try:
+                self._client = self._factory()
+                log.info("kvstore connector connected to %s (%s mode)", self._client.address, self._client.mode)
+            except KVStoreError as exc:
+                self._mark_down_locked(exc)
+            return self._client
+
+    def _mark_down_locked(self, exc: BaseException) -> None:
+        self.failures += 1
+        if self._down_until == 0.0 or self._client is not None:
+            log.warning("kvstore unavailable (%s); serving without it, retrying every %.0fs", exc, self.retry_s)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self._registered.clear()
+        self._down_until = time.monotonic() + self.retry_s
+
+    def mark_down(self, exc: BaseException) -> None:
+        with self._lock:
+            self._mark_down_locked(exc)
+
+    def call(self, namespace: str, fn: Callable[[Client], T]) -> T | None:
+        """Run ``fn(client)`` with ``namespace`` registered; None (and a log line) on any store error."""
+        c = self.client
+        if c is None:
+            return None
+        try:
+            self._ensure(c, namespace)
+            try:
+                return fn(c)
+            except UnknownNamespaceError:
+                self._registered.discard(namespace)  # daemon restarted: it forgot its namespaces
+                self._ensure(c, namespace)
+                return fn(c)
+        except KVStoreError as exc:
+            if exc.grpc_code == "UNAVAILABLE":
+                self.mark_down(exc)
+            else:
+                self.failures += 1
+                log.warning("kvstore call failed: %s", exc)
+            return None
+
+    def _ensure(self, c: Client, namespace: str) -> None:
+        if namespace not in self._registered:
+            c.register_namespace(namespace, **self._namespace_spec(namespace))
+            self._registered.add(namespace)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None

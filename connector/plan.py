@@ -1,0 +1,45 @@
+"""What the scheduler side tells the worker side each step: small, picklable value objects.
+
+vLLM ships the connector metadata from the scheduler process to every worker each step, so it carries only
+keys and block ids; the worker owns the bytes. `block_ids` of a job is flat, ``blocks_per_key`` entries per
+key in key order; an entry of -1 is a block the worker must not touch (already in vLLM's own prefix cache,
+possibly shared with other requests), which happens when a hit starts inside a stored block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["LoadJob", "SaveJob", "StepPlan"]
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Copy the stored blocks ``keys`` into vLLM blocks ``block_ids``; report ``req_id`` as received."""
+
+    req_id: str
+    cache_salt: str | None  # the worker derives its own rank's namespace from it
+    keys: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    """Store vLLM blocks ``block_ids`` under ``keys`` (keys already present are skipped by the daemon)."""
+
+    req_id: str
+    cache_salt: str | None  # the worker derives its own rank's namespace from it
+    keys: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass
+class StepPlan:
+    loads: list[LoadJob] = field(default_factory=list)
+    saves: list[SaveJob] = field(default_factory=list)
+    #: requests whose request_finished() returned True: the worker reports them in finished_sending once
+    #: their saves are committed (vLLM keeps their blocks alive until then)
+    delayed_frees: list[str] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.loads or self.saves or self.delayed_frees)

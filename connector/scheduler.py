@@ -1,0 +1,208 @@
+"""Scheduler side of the connector: metadata only, no bytes.
+
+Per request it keeps the chained keys of its full stored blocks (`KeyChain`), its vLLM block table, how many
+stored blocks the store already has (from the lookup) and how many it has asked the worker to save. Each
+step it turns that into a `StepPlan`:
+
+- get_num_new_matched_tokens: one batched prefix Lookup (lease=False: it only counts, and starts promoting
+  disk-resident blocks into RAM) for the request's full stored blocks. The answer is remembered until the
+  request is scheduled, so a request waiting for GPU blocks does not cost one RPC per scheduler step. Loads
+  are asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
+- update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`.
+- build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
+  not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
+- request_finished: if any save was issued for the request, vLLM must keep its blocks until the worker has
+  committed them (delay_free=True; the worker reports the request in finished_sending).
+
+Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
+all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
+with a plain object and no vLLM installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connector.config import ConnectorConfig
+from connector.keys import KeyChain, chain_root
+from connector.link import StoreLink
+from connector.namespace import KVLayoutSpec, namespace_for
+from connector.plan import LoadJob, SaveJob, StepPlan
+from connector.stats import ConnectorCounters
+
+__all__ = ["SchedulerSide", "ScheduledRequest"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request in this step's scheduler output: its block table (whole, or this step's additions)."""
+
+    req_id: str
+    block_ids: list[int] | None
+    is_full_table: bool
+    num_scheduled_tokens: int
+
+
+@dataclass
+class _ReqState:
+    request: Any
+    namespace: str
+    salt: str | None
+    chain: KeyChain
+    block_ids: list[int] = field(default_factory=list)
+    stored_keys: int = 0        # keys known to be in the store (lookup answer or saved)
+    lookup_keys: int | None = None  # remembered lookup answer until scheduled
+    pending_load: tuple[int, int] | None = None  # (first key, number of keys) to load after alloc
+    load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
+    saves_issued: int = 0
+    local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
+
+
+def _mm_hashes(request: Any) -> list[str]:
+    out = []
+    for f in getattr(request, "mm_features", None) or ():
+        h = getattr(f, "identifier", None) or getattr(f, "mm_hash", None)
+        if h is not None:
+            out.append(str(h))
+    return out
+
+
+def _lora_name(request: Any) -> str | None:
+    lora = getattr(request, "lora_request", None)
+    return getattr(lora, "lora_name", None) if lora is not None else None
+
+
+class SchedulerSide:
+    def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
+                 counters: ConnectorCounters | None = None) -> None:
+        self.config = config
+        self.spec = spec
+        self.link = link
+        self.counters = counters or ConnectorCounters()
+        self.tokens_per_key = spec.tokens_per_key
+        self.blocks_per_key = spec.blocks_per_key
+        self._reqs: dict[str, _ReqState] = {}
+        self._loads: list[LoadJob] = []
+        self._delayed: list[str] = []
+
+    # -- state -------------------------------------------------------------------------------------------
+    def _state(self, request: Any) -> _ReqState:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=_mm_hashes(request))
+            salt = getattr(request, "cache_salt", None) or None
+            st = _ReqState(request, namespace_for(self.spec, salt), salt,
+                           KeyChain(self.tokens_per_key, self.config.key_seed, root))
+            self._reqs[request.request_id] = st
+        st.request = request
+        return st
+
+    def track(self, request: Any) -> None:
+        """vLLM's on_new_request: start the request's state (keys are hashed lazily)."""
+        self._state(request)
+
+    # -- lookup ------------------------------------------------------------------------------------------
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """(tokens the store can add beyond vLLM's own prefix cache, load asynchronously?)."""
+        if not self.config.load:
+            return 0, False
+        st = self._state(request)
+        st.local_tokens = num_computed_tokens
+        prompt = request.prompt_token_ids or []
+        # vLLM must compute at least the last prompt token to sample the next one.
+        usable = max(0, len(prompt) - 1) // self.tokens_per_key
+        keys = st.chain.extend(prompt)[:usable]
+        if st.lookup_keys is None:
+            n = 0
+            if keys:
+                lease = self.link.call(st.namespace, lambda c: c.lookup(st.namespace, keys, prefix=True, lease=False))
+                n = lease.num_prefix if lease is not None else 0
+                self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key,
+                                  hit_tokens=n * self.tokens_per_key)
+            st.lookup_keys = n
+            st.stored_keys = max(st.stored_keys, n)
+        hit_tokens = st.lookup_keys * self.tokens_per_key
+        extra = hit_tokens - num_computed_tokens
+        return (extra, True) if extra > 0 else (0, False)
+
+    def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+        """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``."""
+        st = self._state(request)
+        if num_external_tokens <= 0:
+            return
+        t = self.tokens_per_key
+        local = st.local_tokens
+        first_key = local // t
+        last_key = (local + num_external_tokens) // t
+        st.pending_load = (first_key, last_key - first_key)
+        st.load_skip_blocks = (local - first_key * t) // self.spec.block_size
+        st.block_ids = list(block_ids)
+        g = self.blocks_per_key
+        blocks = list(block_ids[first_key * g: last_key * g])
+        for i in range(st.load_skip_blocks):
+            blocks[i] = -1
+        if len(blocks) != (last_key - first_key) * g:
+            log.error("request %s: %d blocks allocated for %d stored blocks; not loading", request.request_id,
+                      len(block_ids), last_key)
+            st.pending_load = None
+            return
+        keys = st.chain.keys[first_key:last_key]
+        self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks))
+        self.counters.add(load_requests=1)
+
+    # -- per step ----------------------------------------------------------------------------------------
+    def build(self, scheduled: Iterable[ScheduledRequest], finished_req_ids: Iterable[str] = ()) -> StepPlan:
+        plan = StepPlan(loads=self._loads, delayed_frees=self._delayed)
+        self._loads, self._delayed = [], []
+        for s in scheduled:
+            st = self._reqs.get(s.req_id)
+            if st is None:
+                continue
+            st.lookup_keys = None  # scheduled: a later re-lookup (after preemption) must ask again
+            if s.block_ids is not None:
+                if s.is_full_table:
+                    st.block_ids = list(s.block_ids)
+                else:
+                    st.block_ids.extend(s.block_ids)
+            job = self._save_job(st, s.num_scheduled_tokens)
+            if job is not None:
+                plan.saves.append(job)
+        for rid in finished_req_ids:
+            self._reqs.pop(rid, None)
+        return plan
+
+    def _save_job(self, st: _ReqState, num_scheduled_tokens: int) -> SaveJob | None:
+        if self.config.save == "off":
+            return None
+        req = st.request
+        tokens = req.all_token_ids if self.config.save == "all" else req.prompt_token_ids
+        computed = min(req.num_computed_tokens + num_scheduled_tokens, len(tokens))
+        g = self.blocks_per_key
+        full = min(computed // self.tokens_per_key, len(st.block_ids) // g)
+        if full <= st.stored_keys:
+            return None
+        keys = st.chain.extend(tokens[: full * self.tokens_per_key])[st.stored_keys:full]
+        blocks = st.block_ids[st.stored_keys * g: full * g]
+        first = st.stored_keys
+        st.stored_keys = full
+        st.saves_issued += 1
+        self.counters.add(save_keys=full - first)
+        return SaveJob(req.request_id, st.salt, list(keys), list(blocks))
+
+    def request_finished(self, request: Any) -> bool:
+        """True when vLLM must keep the request's blocks until its saves are committed."""
+        st = self._reqs.get(request.request_id)
+        if st is None or st.saves_issued == 0:
+            self._reqs.pop(request.request_id, None)
+            return False
+        self._delayed.append(request.request_id)
+        return True
+
+    def forget(self, req_id: str) -> None:
+        self._reqs.pop(req_id, None)
+

@@ -1,0 +1,38 @@
+"""Counters the connector keeps for vLLM's stats logging and for tests: hit tokens, bytes, failures.
+
+Plain numbers behind a lock (the worker's load and commit threads update them). vLLM pulls them with
+get_kv_connector_stats(), which takes and resets the interval's values; `totals` keeps running sums.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["ConnectorCounters", "COUNTER_NAMES"]
+
+COUNTER_NAMES = (
+    "lookup_tokens", "hit_tokens", "load_requests", "save_keys",          # scheduler side
+    "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
+    "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
+)
+
+
+class ConnectorCounters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._interval: dict[str, float] = {}
+        self.totals: dict[str, float] = {}
+
+    def add(self, **deltas: float) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                if k not in COUNTER_NAMES:
+                    raise KeyError(f"unknown connector counter {k!r}")
+                self._interval[k] = self._interval.get(k, 0) + v
+                self.totals[k] = self.totals.get(k, 0) + v
+
+    def take(self) -> dict[str, float]:
+        """This interval's values (and reset them)."""
+        with self._lock:
+            out, self._interval = self._interval, {}
+            return out

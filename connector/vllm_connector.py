@@ -1,0 +1,204 @@
+"""`KVStoreConnector`: vLLM's KVConnectorBase_V1 over kvstore-server. A thin facade.
+
+Load it with::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KVStoreConnector",
+        "kv_connector_module_path": "connector.vllm_connector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"address": "/tmp/kvstore-0/kvstore.sock"}}'
+
+vLLM builds the class once per role in different processes. The SCHEDULER instance delegates to
+`connector.scheduler.SchedulerSide` (metadata only), the WORKER instance to `connector.worker.WorkerSide`
+(bytes); each method here is one line of translation between vLLM's objects and ours. Extra config keys
+are documented and validated in `connector.config`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from connector.config import ConnectorConfig
+from connector.link import StoreLink
+from connector.namespace import KVLayoutSpec, registration
+from connector.plan import StepPlan
+from connector.scheduler import ScheduledRequest, SchedulerSide
+from connector.stats import ConnectorCounters
+from connector.worker import WorkerSide
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "layout_spec"]
+
+log = logging.getLogger(__name__)
+
+
+class KVStoreMetadata(KVConnectorMetadata):
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+class KVStoreStats(KVConnectorStats):
+    """Sums of connector counters over an interval (see connector.stats.COUNTER_NAMES)."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = dict(self.data)
+        if self.data.get("lookup_tokens"):
+            out["hit_rate"] = round(self.data.get("hit_tokens", 0) / self.data["lookup_tokens"], 4)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def _dtype_name(vllm_config: VllmConfig) -> str:
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype != "auto":
+        return cache_dtype
+    return str(vllm_config.model_config.dtype).removeprefix("torch.")
+
+
+def layout_spec(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) -> KVLayoutSpec:
+    """The KV layout both sides derive from the vLLM config (the worker checks it against real tensors)."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    base = KVLayoutSpec(
+        model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
+        block_size=int(vllm_config.cache_config.block_size), num_layers=int(mc.get_num_layers(pc)),
+        num_kv_heads=int(mc.get_num_kv_heads(pc)), head_dim=int(mc.get_head_size()), tp_rank=tp_rank,
+        tp_size=int(pc.tensor_parallel_size), blocks_per_key=1)
+    g = config.resolve_blocks_per_key(base.block_bytes)
+    return KVLayoutSpec(**{**base.__dict__, "blocks_per_key": g})
+
+
+def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
+    """New and cached requests of one step, with their block tables (group 0: full-attention models)."""
+    res = [ScheduledRequest(r.req_id, list(r.block_ids[0]), True, out.num_scheduled_tokens.get(r.req_id, 0))
+           for r in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    resumed = getattr(cached, "resumed_req_ids", None)  # 0.33; older releases: resumed_from_preemption
+    flags = ([rid in resumed for rid in cached.req_ids] if resumed is not None
+             else list(getattr(cached, "resumed_from_preemption", [False] * len(cached.req_ids))))
+    for rid, blocks, full in zip(cached.req_ids, cached.new_block_ids, flags):
+        res.append(ScheduledRequest(rid, list(blocks[0]) if blocks is not None else None, bool(full),
+                                    out.num_scheduled_tokens.get(rid, 0)))
+    return res
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        rank = 0
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+        self.spec = layout_spec(vllm_config, self.config, rank)
+        timeout = self.config.lookup_timeout_s if role == KVConnectorRole.SCHEDULER else self.config.load_timeout_s
+        self.counters = ConnectorCounters()
+        self.link = StoreLink(self.config.address, timeout_s=timeout, copy_threads=self.config.copy_threads,
+                              namespace_spec=lambda _name: registration(self.spec))
+        self._sched: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters)
+        else:
+            self._worker = WorkerSide(self.config, self.spec, self.link, self.counters)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is a future miss
+
+    # -- scheduler side ----------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._sched is not None
+        return self._sched.num_new_matched_tokens(request, num_computed_tokens)
+
+    def on_new_request(self, request: Request) -> None:
+        assert self._sched is not None
+        self._sched.track(request)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self._sched is not None
+        ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
+        self._sched.after_alloc(request, list(ids), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._sched is not None
+        return KVStoreMetadata(self._sched.build(_scheduled(scheduler_output), scheduler_output.finished_req_ids))
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._sched is not None
+        return self._sched.request_finished(request), None
+
+    # -- worker side -------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register(kv_caches, self._kv_cache_config.num_blocks)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        plan = self._plan()
+        self._worker.note_delayed(plan.delayed_frees)
+        self._worker.start_loads(plan.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are whole-request and asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None  # one stored block spans all layers: gathered once in wait_for_save
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        if self.has_connector_metadata():
+            self._worker.save(self._plan().saves)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self._worker is not None
+        sent, recv = self._worker.finished(set(finished_req_ids))
+        return sent or None, recv or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.load_errors() if self._worker is not None else set()
+
+    def _plan(self) -> StepPlan:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreMetadata), type(meta)
+        return meta.plan
+
+    # -- both --------------------------------------------------------------------------------------------
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        data = self.counters.take()
+        return KVStoreStats(data=data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KVStoreStats(data=dict(data)) if data is not None else KVStoreStats()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        self.link.close()

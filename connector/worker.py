@@ -1,0 +1,253 @@
+"""Worker side of the connector: moves bytes between vLLM's paged KV cache and the daemon's arena.
+
+Save (in wait_for_save, after the step's forward wrote the KV): one Reserve for the step's new stored blocks
+(keys the store already has come back ALREADY_PRESENT and are skipped), one batched gather of every reserved
+block's pieces across all layers into its arena slot, then Commit on a background thread. The gather itself
+is done before wait_for_save returns (CPU) or ordered before the next step's kernels (CUDA, see
+cuda_copy.fence), so a block vLLM frees and reuses later can never leak into the store.
+
+Load (start_load_kv, for requests waiting in WAITING_FOR_REMOTE_KVS): on a background thread, Lookup with a
+lease, one batched scatter from the leased slots into the request's blocks, check the slots' generations
+(a lease that expired mid-copy means those bytes may be stale), Release. Anything that goes wrong — store
+down, a key evicted since the scheduler's lookup, a lease lost, a wrong block size — marks that job's
+vLLM blocks as failed: vLLM (kv_load_failure_policy="recompute") recomputes them instead of failing.
+
+get_finished reports loads as received (failed ones too, as vLLM requires) and, for requests whose blocks
+vLLM kept alive for us (request_finished returned True), reports them as sent once their commits are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from connector.config import ConnectorConfig
+from connector.copier import Copier, make_copier
+from connector.layout import KVLayout
+from connector.link import StoreLink
+from connector.namespace import KVLayoutSpec, namespace_for
+from connector.plan import LoadJob, SaveJob
+from connector.stats import ConnectorCounters
+from kvstore.client import Client
+
+__all__ = ["WorkerSide"]
+
+log = logging.getLogger(__name__)
+RESERVED = 0
+_MAX_FINISHED_REMEMBERED = 65536
+
+
+class WorkerSide:
+    def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
+                 counters: ConnectorCounters | None = None) -> None:
+        self.config = config
+        self.spec = spec
+        self.link = link
+        self.counters = counters or ConnectorCounters()
+        self.layout: KVLayout | None = None
+        self._copier: Copier | None = None
+        self._copier_arena: tuple[int, int] | None = None
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit")
+        self._lock = threading.Lock()
+        self._recv_done: set[str] = set()
+        self._failed_blocks: set[int] = set()
+        self._pending_saves: dict[str, int] = defaultdict(int)
+        self._delayed: set[str] = set()
+        self._finished_seen: dict[str, None] = {}  # insertion-ordered set, bounded
+        self._futures: list[Future[Any]] = []
+        self._disabled_reason = ""
+
+    # -- setup -------------------------------------------------------------------------------------------
+    def register(self, kv_caches: dict[str, Any], num_blocks: int) -> None:
+        self.layout = KVLayout(kv_caches, num_blocks)
+        if self.layout.block_bytes != self.spec.block_bytes:
+            log.warning("KV block is %d bytes per vLLM block, the config predicts %d: stored blocks use the real "
+                        "size", self.layout.block_bytes, self.spec.block_bytes)
+        log.info("kvstore connector: %d layers, %d pieces per block, %d B per vLLM block, %d per stored block, "
+                 "device %s", len(self.layout.layer_names), self.layout.num_pieces, self.layout.block_bytes,
+                 self.spec.blocks_per_key, self.layout.device)
+
+    @property
+    def key_bytes(self) -> int:
+        assert self.layout is not None
+        return self.layout.block_bytes * self.spec.blocks_per_key
+
+    def _arena_client(self) -> tuple[Client, Copier] | None:
+        """The client and a copier bound to its current arena (re-made after a daemon restart)."""
+        c = self.link.client
+        if c is None or self.layout is None:
+            return None
+        span = c.arena_span
+        if span is None:
+            if not self._disabled_reason:
+                self._disabled_reason = "the daemon's arena cannot be mapped (daemon on another host?)"
+                log.error("kvstore connector: %s; it needs kvstore-server on the same node", self._disabled_reason)
+            return None
+        if self._copier is None or self._copier_arena != span:
+            if self._copier is not None:
+                self._copier.close()
+            self._copier = make_copier(self.layout.device, span, self.config.copy_threads)
+            self._copier_arena = span
+        return c, self._copier
+
+    def _blocks(self, block_ids: list[int]) -> np.ndarray:
+        return np.asarray(block_ids, dtype=np.int64).reshape(-1, self.spec.blocks_per_key)
+
+    # -- loads -------------------------------------------------------------------------------------------
+    def start_loads(self, jobs: list[LoadJob]) -> None:
+        cuda_fence = getattr(self._copier, "fence", None)
+        if cuda_fence is not None:
+            cuda_fence()
+        for job in jobs:
+            self._futures.append(self._loader.submit(self._load, job))
+
+    def _load(self, job: LoadJob) -> None:
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            ok = self._load_inner(job)
+        except Exception:  # noqa: BLE001 - a load must fail toward recompute, never crash the worker
+            log.exception("kvstore load for request %s failed", job.req_id)
+        with self._lock:
+            if not ok:
+                self._failed_blocks.update(b for b in job.block_ids if b >= 0)
+            self._recv_done.add(job.req_id)
+        self.counters.add(load_seconds=time.perf_counter() - t0)
+        if not ok:
+            self.counters.add(load_failed_blocks=sum(1 for b in job.block_ids if b >= 0))
+
+    def _load_inner(self, job: LoadJob) -> bool:
+        got = self._arena_client()
+        if got is None:
+            return False
+        c, copier = got
+        ns = namespace_for(self.spec, job.cache_salt)
+        lease = self.link.call(ns, lambda cl: cl.lookup(ns, job.keys, lease=True))
+        if lease is None:
+            return False
+        try:
+            if lease.hits != len(job.keys) or any(s != self.key_bytes for s in lease.sizes):
+                log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", job.req_id,
+                            lease.hits, len(job.keys), sorted(set(lease.sizes)), self.key_bytes)
+                return False
+            base = c.arena_span[0]  # type: ignore[index]
+            slots = base + np.asarray(lease.offsets, dtype=np.uint64)
+            assert self.layout is not None
+            plan = self.layout.plan(slots, self._blocks(job.block_ids), to_store=False)
+            copier.wait(copier.copy(plan))
+            if not all(c.lease_valid(lease)):
+                log.warning("kvstore load for %s: a lease expired during the copy", job.req_id)
+                return False
+            self.counters.add(loaded_blocks=len(job.keys), loaded_bytes=plan.nbytes)
+            return True
+        finally:
+            c.release([lease])
+
+    # -- saves -------------------------------------------------------------------------------------------
+    def save(self, jobs: list[SaveJob]) -> None:
+        """Gather now (the KV of this step exists now), commit in the background."""
+        for job in jobs:
+            with self._lock:
+                self._pending_saves[job.req_id] += 1
+            try:
+                self._save_one(job)
+            except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
+                log.exception("kvstore save for request %s failed", job.req_id)
+                self.counters.add(save_failures=1)
+                self._save_done(job.req_id)
+
+    def _save_one(self, job: SaveJob) -> None:
+        got = self._arena_client()
+        if got is None:
+            self.counters.add(save_failures=1)
+            self._save_done(job.req_id)
+            return
+        c, copier = got
+        t0 = time.perf_counter()
+        sizes = [self.key_bytes] * len(job.keys)
+        ns = namespace_for(self.spec, job.cache_salt)
+        res = self.link.call(ns, lambda cl: cl.reserve(ns, job.keys, sizes))
+        if res is None:
+            self.counters.add(save_failures=1)
+            self._save_done(job.req_id)
+            return
+        idx = [i for i, o in enumerate(res.outcomes) if o == RESERVED]
+        self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
+        if not idx:
+            self._save_done(job.req_id)  # nothing reserved: the daemon holds no reservation to abort
+            return
+        blocks = self._blocks(job.block_ids)[idx]
+        slots = c.arena_span[0] + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)  # type: ignore[index]
+        assert self.layout is not None
+        plan = self.layout.plan(slots, blocks, to_store=True)
+        handle = copier.copy(plan)
+        nbytes = plan.nbytes
+        self._futures.append(self._committer.submit(self._commit, job, ns, res, copier, handle, len(idx), nbytes,
+                                                    t0))
+
+    def _commit(self, job: SaveJob, ns: str, res: Any, copier: Copier, handle: Any, n: int, nbytes: int,
+                t0: float) -> None:
+        try:
+            copier.wait(handle)
+            done = self.link.call(ns, lambda cl: cl.commit(res))
+            if done is None:
+                self.counters.add(save_failures=1)
+            else:
+                self.counters.add(saved_blocks=n, saved_bytes=nbytes, save_seconds=time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001
+            log.exception("kvstore commit for request %s failed", job.req_id)
+            self.counters.add(save_failures=1)
+        finally:
+            self._save_done(job.req_id)
+
+    def _save_done(self, req_id: str) -> None:
+        with self._lock:
+            self._pending_saves[req_id] -= 1
+            if self._pending_saves[req_id] <= 0:
+                del self._pending_saves[req_id]
+
+    # -- completion --------------------------------------------------------------------------------------
+    def note_delayed(self, req_ids: list[str]) -> None:
+        with self._lock:
+            self._delayed.update(req_ids)
+
+    def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        """(requests whose delayed saves are committed, requests whose loads are done)."""
+        with self._lock:
+            self._finished_seen.update(dict.fromkeys(finished_req_ids))
+            while len(self._finished_seen) > _MAX_FINISHED_REMEMBERED:  # ids vLLM never asked us to delay
+                del self._finished_seen[next(iter(self._finished_seen))]
+            sent = {r for r in self._delayed if r in self._finished_seen and r not in self._pending_saves}
+            self._delayed -= sent
+            for r in sent:
+                self._finished_seen.pop(r, None)
+            recv, self._recv_done = self._recv_done, set()
+        self._futures = [f for f in self._futures if not f.done()]
+        return sent, recv
+
+    def load_errors(self) -> set[int]:
+        with self._lock:
+            out, self._failed_blocks = self._failed_blocks, set()
+        return out
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Wait for every started load and commit (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        for f in list(self._futures):
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self._loader.shutdown(wait=True)
+            self._committer.shutdown(wait=True)
+            if self._copier is not None:
+                self._copier.close()

@@ -1,0 +1,299 @@
+"""The connector's vLLM-independent parts against a real daemon: keys, namespaces, layout plans, and the
+scheduler side + worker side driven like vLLM drives them (requests are small plain objects with the
+attribute names of vLLM's Request). The same classes under the real vLLM scheduler: tests/vllm/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from connector.config import ConnectorConfig
+from connector.keys import KeyChain, chain_root
+from connector.layout import KVLayout, LayoutError
+from connector.link import StoreLink
+from connector.namespace import KVLayoutSpec, namespace_for, registration
+from connector.scheduler import ScheduledRequest, SchedulerSide
+from connector.worker import WorkerSide
+from kvstore._native import copy_addrs
+from kvstore.client import Client
+from kvstore.errors import ConfigError
+from kvstore.testing import free_port
+
+BS, LAYERS, HEADS, HD, NBLOCKS = 4, 3, 2, 8, 64
+SPEC = KVLayoutSpec(model="org/tiny", dtype="float16", block_size=BS, num_layers=LAYERS, num_kv_heads=HEADS,
+                    head_dim=HD, tp_rank=0, tp_size=1, blocks_per_key=2)
+T = SPEC.tokens_per_key  # 8 tokens per stored block
+
+
+# -- config ------------------------------------------------------------------------------------------------
+def test_config_defaults_and_auto_blocks_per_key() -> None:
+    c = ConnectorConfig.from_extra(None)
+    assert (c.save, c.load, c.blocks_per_key, c.address) == ("prompt", True, None, None)
+    assert c.resolve_blocks_per_key(2 << 20) == 1            # a 2 MiB block is already >= 0.5 MiB
+    assert c.resolve_blocks_per_key(64 << 10) == 8           # 8 x 64 KiB = 512 KiB
+    assert c.resolve_blocks_per_key(1024) == 16              # capped by max_blocks_per_key
+    assert ConnectorConfig.from_extra({"blocks_per_key": 3}).resolve_blocks_per_key(1024) == 3
+    assert ConnectorConfig.from_extra({"load": "false", "save": "all"}).load is False
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"adress": "/tmp/x"}, "unknown kv_connector_extra_config key(s) ['adress']"),
+    ({"save": "everything"}, "save='everything': use one of ('prompt', 'all', 'off')"),
+    ({"load_timeout_s": 0}, "load_timeout_s=0 is out of range"),
+    ({"lookup_timeout_s": "soon"}, "lookup_timeout_s='soon': expected a number"),
+    ({"blocks_per_key": 1.5}, "blocks_per_key=1.5: expected a whole number"),
+    ({"copy_threads": 0}, "copy_threads=0 is out of range"),
+    ({"load": "maybe"}, "load='maybe': use true or false"),
+    ({"address": 7070}, "address=7070: use a socket path or host:port string"),
+])
+def test_config_rejects_bad_values_with_a_fix(extra: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        ConnectorConfig.from_extra(extra)
+    assert fragment in str(e.value)
+
+
+# -- keys and namespaces ---------------------------------------------------------------------------------
+def test_keys_are_chained_stable_and_incremental() -> None:
+    root = chain_root(0)
+    a = KeyChain(8, 0, root)
+    a.extend(list(range(20)))
+    assert len(a.keys) == 2                                   # 20 tokens = 2 full chunks of 8
+    a.extend(list(range(33)))
+    b = KeyChain(8, 0, root).extend(list(range(33)))
+    assert a.keys == b == KeyChain(8, 0, chain_root(0)).extend(list(range(32)))
+    assert len(b) == 4 and len(set(b)) == 4 and all(len(k) == 16 for k in b)
+    diverged = KeyChain(8, 0, root).extend(list(range(16)) + [999] + list(range(17, 32)))
+    assert diverged[:2] == b[:2] and diverged[2] != b[2] and diverged[3] != b[3]   # a prefix, not a chunk
+    assert KeyChain(8, 1, chain_root(1)).extend(list(range(8)))[0] != b[0]        # seed
+    assert KeyChain(8, 0, chain_root(0, lora_name="x")).extend(list(range(8)))[0] != b[0]
+    assert KeyChain(8, 0, chain_root(0, mm_hashes=["img"])).extend(list(range(8)))[0] != b[0]
+
+
+def test_namespaces_separate_layouts_models_and_salts() -> None:
+    base = namespace_for(SPEC)
+    assert base.startswith("vllm/tiny/") and base == namespace_for(SPEC)
+    other = {namespace_for(KVLayoutSpec(**{**SPEC.__dict__, f: v}))
+             for f, v in (("tp_rank", 1), ("tp_size", 2), ("dtype", "bfloat16"), ("block_size", 16),
+                          ("model", "other/tiny"), ("num_layers", 4), ("blocks_per_key", 1))}
+    assert len(other) == 7 and base not in other
+    assert namespace_for(SPEC, "s1") != namespace_for(SPEC, "s2") != base
+    assert registration(SPEC) == {"model": "org/tiny", "layout_digest": SPEC.digest()}
+    assert SPEC.block_bytes == 2 * LAYERS * HEADS * HD * 2 * BS
+
+
+# -- layout plans ----------------------------------------------------------------------------------------
+def _caches(seed: int, shape_fn=lambda: (2, NBLOCKS, BS, HEADS, HD)) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{i}.attn": torch.randn(*shape_fn(), generator=g).to(torch.float16) for i in range(LAYERS)}
+
+
+def _block_bytes(caches: dict[str, torch.Tensor], b: int) -> bytes:
+    """One vLLM block's bytes in the connector's order: layer by layer, K then V."""
+    return b"".join(t[kv, b].numpy().tobytes() for t in caches.values() for kv in range(2))
+
+
+def test_plan_gathers_and_scatters_exact_bytes() -> None:
+    caches = _caches(1)
+    lay = KVLayout(caches, NBLOCKS)
+    assert (lay.num_pieces, lay.block_bytes) == (2 * LAYERS, SPEC.block_bytes)
+    arena = np.zeros(4 * lay.block_bytes, dtype=np.uint8)
+    slots = [arena.ctypes.data, arena.ctypes.data + 2 * lay.block_bytes]
+    plan = lay.plan(slots, [[5, 9], [2, 3]], to_store=True)
+    assert plan.nbytes == 4 * lay.block_bytes and len(plan.lengths) == 4 * lay.num_pieces
+    copy_addrs(plan.dst, plan.src, plan.lengths)
+    assert arena.tobytes() == b"".join(_block_bytes(caches, b) for b in (5, 9, 2, 3))
+    # scatter into another cache, leaving block 40's target untouched (-1)
+    dst = _caches(2)
+    keep = dst["model.layers.0.attn"][0, 40].clone()
+    plan = KVLayout(dst, NBLOCKS).plan(slots, [[30, 31], [-1, 41]], to_store=False)
+    copy_addrs(plan.dst, plan.src, plan.lengths)
+    assert [_block_bytes(dst, b) for b in (30, 31, 41)] == [_block_bytes(caches, b) for b in (5, 9, 3)]
+    assert torch.equal(dst["model.layers.0.attn"][0, 40], keep)
+
+
+def test_cross_layer_layout_is_one_copy_per_run() -> None:
+    t = torch.arange(NBLOCKS * LAYERS * 2 * 16, dtype=torch.float32).reshape(NBLOCKS, LAYERS, 2, 16)
+    lay = KVLayout({"all": t}, NBLOCKS)
+    arena = np.zeros(4 * lay.block_bytes, dtype=np.uint8)
+    plan = lay.plan([arena.ctypes.data, arena.ctypes.data + 2 * lay.block_bytes], [[6, 7], [1, 3]], to_store=True)
+    assert len(plan.lengths) == 3          # 6,7 are adjacent -> one run; 1 and 3 are not
+    copy_addrs(plan.dst, plan.src, plan.lengths)
+    assert arena.tobytes() == t[[6, 7, 1, 3]].numpy().tobytes()
+
+
+def test_layout_errors_say_what_is_wrong() -> None:
+    with pytest.raises(LayoutError, match="no dimension of size num_blocks=64"):
+        KVLayout({"l": torch.zeros(2, 10, 4)}, NBLOCKS)
+    with pytest.raises(LayoutError, match="not contiguous"):
+        KVLayout({"l": torch.zeros(2, NBLOCKS, 8, 4).transpose(2, 3)}, NBLOCKS)
+    lay = KVLayout(_caches(0), NBLOCKS)
+    with pytest.raises(LayoutError, match="out of range"):
+        lay.plan([0], [[NBLOCKS, 0]], to_store=True)
+
+
+# -- scheduler side + worker side through a real daemon ----------------------------------------------------
+@dataclass
+class Req:
+    """The attributes of vLLM's Request that the scheduler side reads."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output
+
+
+class Side:
+    """One scheduler side and one worker side sharing a daemon, like vLLM's two processes."""
+
+    def __init__(self, address: str, caches: dict[str, torch.Tensor], **extra: object) -> None:
+        self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": 2, **extra})
+        mk = lambda: StoreLink(address, timeout_s=5.0, namespace_spec=lambda _n: registration(SPEC))  # noqa: E731
+        self.sched = SchedulerSide(self.config, SPEC, mk())
+        self.worker = WorkerSide(self.config, SPEC, mk())
+        self.worker.register(caches, NBLOCKS)
+        self.caches = caches
+
+    def prefill(self, req: Req, blocks: list[int]) -> None:
+        """Schedule the whole prompt in one step (after any load), then run the worker's save."""
+        self.sched.track(req)  # vLLM's on_new_request
+        plan = self.sched.build([ScheduledRequest(req.request_id, blocks, True,
+                                                  len(req.prompt_token_ids) - req.num_computed_tokens)])
+        self.worker.start_loads(plan.loads)
+        self.worker.save(plan.saves)
+        self.worker.drain()
+        req.num_computed_tokens = len(req.prompt_token_ids)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _prompt(n: int, start: int = 0) -> list[int]:
+    return [(start + 7 * i) % 1000 for i in range(n)]
+
+
+def test_save_then_load_into_other_blocks_round_trips_exact_bytes(daemon) -> None:
+    a = Side(daemon.address, _caches(10))
+    req = Req("r1", _prompt(100))
+    assert a.sched.num_new_matched_tokens(req, 0) == (0, False)
+    a.prefill(req, list(range(25)))                          # 100 tokens -> 25 vLLM blocks, 12 full keys
+    ns = namespace_for(SPEC)
+    with Client(daemon.address) as c:
+        keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+        assert len(keys) == 12
+        stored = c.get_many(ns, keys)
+        assert stored == [_block_bytes(a.caches, 2 * k) + _block_bytes(a.caches, 2 * k + 1) for k in range(12)]
+    assert a.worker.counters.totals["saved_blocks"] == 12
+    assert a.worker.counters.totals["saved_bytes"] == 12 * 2 * SPEC.block_bytes
+
+    # A second "vLLM" with an empty cache: the same prompt hits 96 tokens (12 keys; 100 - 1 usable).
+    b = Side(daemon.address, _caches(11))
+    again = Req("r2", list(req.prompt_token_ids))
+    assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
+    target = list(range(30, 55))
+    b.sched.after_alloc(again, target, 96)
+    b.prefill(again, target)
+    sent, recv = b.worker.finished(set())
+    assert (sent, recv) == (set(), {"r2"}) and b.worker.load_errors() == set()
+    assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
+    assert b.worker.counters.totals["loaded_blocks"] == 12
+    assert b.worker.counters.totals.get("saved_blocks", 0) == 0  # nothing new: the tail is a partial key
+    a.close(), b.close()
+
+
+def test_partial_prefix_and_local_prefix_cache(daemon) -> None:
+    a = Side(daemon.address, _caches(20))
+    a.prefill(Req("r1", _prompt(64, start=1)), list(range(16)))  # 8 keys (prompts differ per test: one daemon)
+    b = Side(daemon.address, _caches(21))
+    diverge = _prompt(40, start=1) + _prompt(40, start=500)           # first 40 tokens shared -> 5 keys
+    req = Req("r2", diverge)
+    assert b.sched.num_new_matched_tokens(req, 0) == (40, True)
+    # vLLM's own prefix cache already has 12 tokens (3 blocks): the store adds 28, starting inside key 1
+    req2 = Req("r3", list(diverge))
+    assert b.sched.num_new_matched_tokens(req2, 12) == (28, True)
+    target = list(range(40, 60))
+    b.sched.after_alloc(req2, target, 28)
+    plan = b.sched.build([])
+    (job,) = plan.loads
+    assert job.block_ids == [-1, target[3]] + target[4:10]   # block 2 of key 1 is vLLM's: left untouched
+    before = _block_bytes(b.caches, target[2])
+    b.worker.start_loads(plan.loads)
+    b.worker.drain()
+    assert b.worker.finished(set())[1] == {"r3"} and b.worker.load_errors() == set()
+    assert _block_bytes(b.caches, target[2]) == before
+    assert [_block_bytes(b.caches, x) for x in target[3:10]] == [_block_bytes(a.caches, x) for x in range(3, 10)]
+    a.close(), b.close()
+
+
+def test_evicted_between_lookup_and_load_fails_those_blocks_for_recompute(daemon) -> None:
+    a = Side(daemon.address, _caches(30))
+    a.prefill(Req("r1", _prompt(33, start=2)), list(range(9)))  # 4 keys
+    req = Req("r2", _prompt(33, start=2))
+    assert a.sched.num_new_matched_tokens(req, 0) == (32, True)
+    with Client(daemon.address) as c:
+        keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+        assert c.delete(namespace_for(SPEC), keys[2:3]) == 1
+    a.sched.after_alloc(req, list(range(20, 29)), 32)
+    a.worker.start_loads(a.sched.build([]).loads)
+    a.worker.drain()
+    assert a.worker.finished(set()) == (set(), {"r2"})
+    assert a.worker.load_errors() == set(range(20, 28))
+    assert a.worker.counters.totals["load_failed_blocks"] == 8
+    a.close()
+
+
+def test_finished_request_is_held_until_its_saves_commit(daemon) -> None:
+    a = Side(daemon.address, _caches(40), save="all")
+    req = Req("r1", _prompt(20, start=3))
+    a.prefill(req, list(range(5)))                           # 2 keys from the prompt
+    assert a.sched.request_finished(req) is True
+    plan = a.sched.build([], finished_req_ids={"r1"})
+    assert plan.delayed_frees == ["r1"]
+    a.worker.note_delayed(plan.delayed_frees)
+    assert a.worker.finished({"r1"}) == ({"r1"}, set())
+    assert a.worker.finished(set()) == (set(), set())        # reported once
+    idle = Req("r2", _prompt(3))                             # never saved anything: freed at once
+    a.sched.num_new_matched_tokens(idle, 0)
+    assert a.sched.request_finished(idle) is False
+    a.close()
+
+
+def test_generated_tokens_are_saved_only_with_save_all(daemon) -> None:
+    for policy, expect in (("prompt", 1), ("all", 2)):
+        s = Side(daemon.address, _caches(50), save=policy)
+        req = Req(f"gen-{policy}", _prompt(12, start=300 + len(policy)))
+        s.prefill(req, [0, 1, 2, 3])                         # 12 tokens: 1 full key
+        req.output = [5, 6, 7, 8]                            # 4 generated tokens -> 16 tokens, 2 keys
+        s.sched.build([ScheduledRequest(req.request_id, None, False, 0)])
+        req.num_computed_tokens = 16
+        plan = s.sched.build([ScheduledRequest(req.request_id, [4], False, 0)])
+        s.worker.save(plan.saves)
+        s.worker.drain()
+        assert s.worker.counters.totals["saved_blocks"] == expect, policy
+        s.close()
+
+
+def test_store_down_costs_hits_not_requests(tmp_path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    s = Side(dead, _caches(60), lookup_timeout_s=0.2)
+    req = Req("r1", _prompt(40))
+    assert s.sched.num_new_matched_tokens(req, 0) == (0, False)
+    s.sched.after_alloc(req, list(range(10)), 0)
+    plan = s.sched.build([ScheduledRequest("r1", list(range(10)), True, 40)])
+    assert len(plan.saves) == 1
+    s.worker.save(plan.saves)                                # no exception, counted
+    assert s.worker.counters.totals["save_failures"] == 1
+    fake = Req("r2", _prompt(40))
+    s.sched.after_alloc(fake, list(range(10, 20)), 32)       # a load planned while the store was up
+    s.worker.start_loads(s.sched.build([]).loads)
+    s.worker.drain()
+    assert s.worker.finished(set()) == (set(), {"r2"})
+    assert s.worker.load_errors() == set(range(10, 18))
+    s.close()
