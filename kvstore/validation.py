@@ -17,10 +17,25 @@ __all__ = [
     "check_namespace_name",
     "check_keys",
     "check_sizes",
+    "MAX_TOKENS_PER_BLOCK",
+    "check_tokens_per_block",
 ]
 
 MAX_KEY_BYTES = 64
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]{1,200}$")
+MAX_TOKENS_PER_BLOCK = 1 << 20
+
+
+def check_tokens_per_block(tokens_per_block: int | None) -> None:
+    """None means unknown; otherwise 1..MAX_TOKENS_PER_BLOCK (vLLM's block_size: 16 is typical)."""
+    if tokens_per_block is None:
+        return
+    if isinstance(tokens_per_block, bool) or not isinstance(tokens_per_block, int) or not (
+            1 <= tokens_per_block <= MAX_TOKENS_PER_BLOCK):
+        raise InvalidRequestError(
+            f"tokens_per_block={tokens_per_block!r} out of range: use 1..{MAX_TOKENS_PER_BLOCK} (the model's KV "
+            "block size in tokens, e.g. vLLM's block_size), or leave it unset when unknown"
+        )
 
 
 def check_namespace_name(name: str) -> None:

@@ -22,6 +22,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.testing import DaemonProcess, raw_stub, wait_until
 
 NS = "bad/ns"
+TOK = "bad/tokens"  # registered with tokens_per_block=16
 C = grpc.StatusCode
 
 
@@ -29,6 +30,7 @@ C = grpc.StatusCode
 def stub(daemon: DaemonProcess):
     ch, st = raw_stub(daemon.address)
     st.RegisterNamespace(pb.RegisterNamespaceRequest(name=NS, model="m"))
+    st.RegisterNamespace(pb.RegisterNamespaceRequest(name=TOK, tokens_per_block=16))
     yield st
     ch.close()
 
@@ -63,6 +65,16 @@ CASES = [
      C.INVALID_ARGUMENT, "invalid_request", "invalid namespace 'has space'"),
     ("namespace conflict", "RegisterNamespace", pb.RegisterNamespaceRequest(name=NS, model="other"),
      C.ALREADY_EXISTS, "conflict", "a different layout needs a different namespace name"),
+    ("tokens_per_block zero", "RegisterNamespace", pb.RegisterNamespaceRequest(name="bad/t0", tokens_per_block=0),
+     C.INVALID_ARGUMENT, "invalid_request", "tokens_per_block=0 out of range: use 1..1048576"),
+    ("tokens_per_block too large", "RegisterNamespace",
+     pb.RegisterNamespaceRequest(name="bad/t1", tokens_per_block=(1 << 20) + 1),
+     C.INVALID_ARGUMENT, "invalid_request", "tokens_per_block=1048577 out of range: use 1..1048576"),
+    ("tokens_per_block conflict", "RegisterNamespace", pb.RegisterNamespaceRequest(name=TOK, tokens_per_block=32),
+     C.ALREADY_EXISTS, "conflict", "namespace 'bad/tokens' is registered with tokens_per_block=16, not 32"),
+    ("tokens_per_block added later", "RegisterNamespace",
+     pb.RegisterNamespaceRequest(name=NS, model="m", tokens_per_block=16),
+     C.ALREADY_EXISTS, "conflict", "namespace 'bad/ns' is registered with no tokens_per_block, not 16"),
     ("unknown reservation", "Commit", pb.CommitRequest(reservation_id=12345),
      C.NOT_FOUND, "unknown_reservation", "reservation 12345 is unknown"),
     ("abort unknown", "Abort", pb.AbortRequest(reservation_id=7), C.NOT_FOUND, "unknown_reservation", "unknown"),
@@ -140,6 +152,12 @@ def test_client_raises_the_matching_exception_classes(daemon: DaemonProcess) -> 
             c.put(NS, b"", b"v")
         with pytest.raises(ConflictError):
             c.register_namespace(NS, model="different")
+        with pytest.raises(InvalidRequestError, match="tokens_per_block=0 out of range"):
+            c.register_namespace("bad/never", tokens_per_block=0)  # checked by the client before any RPC
+        with pytest.raises(ConflictError, match="tokens_per_block=16, not 8"):
+            c.register_namespace(TOK, tokens_per_block=8)
+        assert c.register_namespace(TOK) is False  # not stating it is no conflict
+        assert c.register_namespace(TOK, tokens_per_block=16) is False
         with pytest.raises(UnknownReservationError):
             c._rpc.call("Abort", pb.AbortRequest(reservation_id=99))  # noqa: SLF001
         res = c.reserve(NS, [b"once"], [5])

@@ -49,7 +49,7 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exposed]:
     with DaemonProcess(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
                        disk_bytes="16MiB", disk_segment_bytes="4MiB", disk_dir=str(disk), disk_sync="none") as d:
         with d.client() as c:
-            c.register_namespace("deploy/ns")
+            c.register_namespace("deploy/ns", tokens_per_block=16)  # token families get a namespace sample
             keys = [b"k%d" % i for i in range(6)]
             for k in keys:  # 6 blocks into 4 slots: the first two end up on disk only
                 c.put("deploy/ns", k, k * (MIB // 2))
@@ -107,7 +107,9 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
     for family in ("kvstore_hit_keys_total", "kvstore_lookup_keys_total", "kvstore_hit_bytes_total",
                    "kvstore_arena_bytes", "kvstore_disk_bytes", "kvstore_evictions_total", "kvstore_promotions_total",
                    "kvstore_rpc_duration_seconds_bucket", "kvstore_leases_active", "kvstore_checksum_failures_total",
-                   "kvstore_disk_degraded", "kvstore_namespace_hit_keys_total"):
+                   "kvstore_disk_degraded", "kvstore_namespace_hit_keys_total", "kvstore_lookup_tokens_total",
+                   "kvstore_hit_tokens_total", "kvstore_namespace_hit_tokens_total", "kvstore_transfer_bytes_total",
+                   "kvstore_transfer_seconds_bucket", "kvstore_transfer_gigabytes_per_second_bucket"):
         assert family in used, family
     assert any("histogram_quantile(0.99" in q and "kvstore_rpc_duration_seconds_bucket" in q for q in queries)
     assert any("histogram_quantile(0.5" in q for q in queries)

@@ -163,8 +163,8 @@ def test_top_into_a_file_prints_only_the_last_frame(busy: DaemonProcess,
 def test_interval_figures_are_exact_differences(make_daemon) -> None:
     d = make_daemon(arena_bytes="16MiB", max_block_bytes="1MiB")  # RAM only
     with d.client() as c:
-        c.register_namespace("iv/x")
-        c.register_namespace("iv/y")
+        c.register_namespace("iv/x", tokens_per_block=16)
+        c.register_namespace("iv/y")  # tokens unknown: left out of the token hit rate
         before = c.stats()
         # puts of 4 MiB; lookups: iv/x 3 (2 RAM hits), iv/y 4 (misses)
         assert c.put_many("iv/x", [b"k0", b"k1", b"k2", b"k3"], [b"\1" * MIB] * 4).stored == 4
@@ -173,6 +173,7 @@ def test_interval_figures_are_exact_differences(make_daemon) -> None:
         after = c.stats()
     v = build_view(before, after, elapsed_s=2.0)
     assert v.recent == Hits(lookups=7, ram=2, disk=0) and v.total == v.recent
+    assert v.tokens_recent == Hits(lookups=48, ram=32, disk=0) and v.tokens_total == v.tokens_recent  # iv/x only
     assert v.committed_bytes_per_s == 2 * MIB  # 4 MiB in 2 s
     assert v.read_bytes_per_s == 1 * MIB  # 2 hits of 1 MiB in 2 s
     assert (v.disk_write_bytes_per_s, v.disk_read_bytes_per_s, v.evictions_per_s) == (0, 0, 0)
@@ -181,6 +182,7 @@ def test_interval_figures_are_exact_differences(make_daemon) -> None:
     text = _text(render_view(v, 1, None))
     assert re.search(r"ram\s+28\.6% \(2/7\)\s+28\.6% \(2/7\)", text)
     assert re.search(r"committed\s+2\.0 MiB/s", text) and re.search(r"disk\s+off", text)
+    assert re.search(r"tokens\s+66\.7% \(32/48\)\s+66\.7% \(32/48\)", text)
 
 
 def test_restart_top_ten_and_degraded_state(busy: DaemonProcess) -> None:
@@ -218,7 +220,7 @@ def _place(tmp: Path) -> DaemonProcess:
     """A started daemon in the state drawn above (the caller closes it)."""
     d = _disk_daemon(tmp, arena_bytes="4MiB", disk_admission="seen:2").start()
     with d.client() as c:
-        c.register_namespace(NS)
+        c.register_namespace(NS, tokens_per_block=16)
         first = [b"a0", b"a1", b"a2", b"a3"]
         assert c.put_many(NS, first, [b"a" * SIZES[k] for k in first]).stored == 4
         assert c.get(NS, b"a0") is not None and c.get(NS, b"a1") is not None
@@ -285,11 +287,12 @@ def test_inspect_chain_prefix_and_counts_without_side_effects(tmp_path: Path,
             assert c.lookup_prefix(NS, [b"b2", b"a1", b"a0", b"b0", b"a2", b"b1"]) == 4
     finally:
         d.close()
-    assert doc["chain"] == {"length": 6, "prefix": 4, "prefix_bytes": 4 * MIB - 6 - 1 - 4,
+    assert doc["chain"] == {"length": 6, "prefix": 4, "prefix_bytes": 4 * MIB - 6 - 1 - 4, "prefix_tokens": 64,
                             "counts": {"ram": 2, "ram+disk": 2, "disk": 1, "missing": 1},
                             "prefix_counts": {"ram": 1, "ram+disk": 2, "disk": 1, "missing": 0}}
     assert [k["key_text"] for k in doc["keys"]] == ["b2", "a1", "a0", "b0", "a2", "b1"]
-    assert "present prefix: 4 of 6 keys (4.0 MiB): ram 1, ram+disk 2, disk 1, missing 0" in out
+    flat = " ".join(out.split())  # the console wraps long lines at its width
+    assert "present prefix: 4 of 6 keys (4.0 MiB, 64 tokens): ram 1, ram+disk 2, disk 1, missing 0" in flat
     assert "whole chain: ram 2, ram+disk 2, disk 1, missing 1" in out
 
 

@@ -44,6 +44,7 @@ class Placement:
     leases: int
     age_s: float | None
     node: str | None
+    tokens: int = 0       # tokens in the block (its namespace's tokens_per_block; 0 unknown or missing)
 
     def doc(self) -> dict[str, Any]:
         """JSON: a missing key has null size/pins/leases (unknown, not zero)."""
@@ -60,6 +61,7 @@ class ChainSummary:
     prefix_bytes: int
     counts: dict[str, int]         # per tier, over the whole chain
     prefix_counts: dict[str, int]  # per tier, over the present prefix
+    prefix_tokens: int | None = None  # tokens in the present prefix; None when the namespace's are unknown
 
 
 def read_chain(path: str, parse_key: Callable[[str], bytes]) -> list[bytes]:
@@ -90,15 +92,17 @@ def place(key: bytes, info: KeyInfo | None, node: str) -> Placement:
     if info is None:
         return Placement(key, "missing", 0, 0, 0, None, None)
     age = None if info.tier == "disk" else info.age_s
-    return Placement(key, info.tier, info.size, info.pins, info.leases, age, node)
+    return Placement(key, info.tier, info.size, info.pins, info.leases, age, node, info.tokens)
 
 
 def summarize(rows: list[Placement]) -> ChainSummary:
     prefix = next((i for i, r in enumerate(rows) if r.tier == "missing"), len(rows))
     zero = dict.fromkeys(TIERS, 0)
+    known = all(r.tokens for r in rows[:prefix]) and prefix > 0
     return ChainSummary(len(rows), prefix, sum(r.size for r in rows[:prefix]),
                         {**zero, **Counter(r.tier for r in rows)},
-                        {**zero, **Counter(r.tier for r in rows[:prefix])})
+                        {**zero, **Counter(r.tier for r in rows[:prefix])},
+                        sum(r.tokens for r in rows[:prefix]) if known else None)
 
 
 def run(client: Client, args: argparse.Namespace, parse_key: Callable[[str], bytes]) -> int:
@@ -116,7 +120,8 @@ def run(client: Client, args: argparse.Namespace, parse_key: Callable[[str], byt
         doc: dict[str, Any] = {"namespace": args.namespace, "node": node, "keys": [r.doc() for r in rows]}
         if chain is not None:
             doc["chain"] = {"length": chain.length, "prefix": chain.prefix, "prefix_bytes": chain.prefix_bytes,
-                            "counts": chain.counts, "prefix_counts": chain.prefix_counts}
+                            "prefix_tokens": chain.prefix_tokens, "counts": chain.counts,
+                            "prefix_counts": chain.prefix_counts}
         render.emit_json(doc)
     else:
         _print(args.namespace, node, rows, chain)
@@ -141,6 +146,7 @@ def _print(namespace: str, node: str, rows: list[Placement], chain: ChainSummary
         def counts(d: dict[str, int]) -> str:
             return ", ".join(f"{tier} {d[tier]}" for tier in TIERS)
 
+        tokens = f", {chain.prefix_tokens} tokens" if chain.prefix_tokens is not None else ""
         c.print(Text(f"present prefix: {chain.prefix} of {chain.length} keys "
-                     f"({render.human_bytes(chain.prefix_bytes)}): {counts(chain.prefix_counts)}"))
+                     f"({render.human_bytes(chain.prefix_bytes)}{tokens}): {counts(chain.prefix_counts)}"))
         c.print(Text(f"whole chain: {counts(chain.counts)}"))

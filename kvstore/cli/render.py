@@ -90,7 +90,7 @@ def key_doc(key: bytes) -> dict[str, Any]:
 
 def key_info_doc(info: KeyInfo) -> dict[str, Any]:
     return {**key_doc(info.key), "size": info.size, "tier": info.tier, "age_s": round(info.age_s, 3),
-            "pins": info.pins, "leases": info.leases, "checksum": info.checksum}
+            "pins": info.pins, "leases": info.leases, "checksum": info.checksum, "tokens": info.tokens or None}
 
 
 def stats_doc(stats: Stats) -> dict[str, Any]:
@@ -98,6 +98,7 @@ def stats_doc(stats: Stats) -> dict[str, Any]:
     doc["counters"] = dict(sorted(stats.counters.items()))  # a protobuf map has no stable order
     for ns_doc, ns in zip(doc["namespaces"], stats.namespaces):
         ns_doc["hit_rate"] = ns.hit_rate
+        ns_doc["lookup_tokens"], ns_doc["hit_tokens"] = ns.lookup_tokens, ns.hit_tokens  # null: tokens unknown
     return doc
 
 

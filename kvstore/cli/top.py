@@ -6,6 +6,9 @@ therefore appears after one interval: there is nothing honest to show for "the l
 `build_view` is a pure function of two snapshots so that the arithmetic is tested without a terminal; the
 loop around it only samples, draws (rich `Live`) and watches the keyboard.
 
+Token hit rates cover the namespaces registered with tokens_per_block (keys x tokens per block, per tier);
+the row is left out while no namespace has one.
+
 A daemon restart (uptime going backwards) resets its counters; the view then counts from zero rather than
 showing negative rates.
 """
@@ -30,7 +33,7 @@ from rich.text import Text
 
 from kvstore.cli import render
 from kvstore.client import Client
-from kvstore.client.types import Stats
+from kvstore.client.types import NamespaceInfo, Stats
 
 __all__ = ["Hits", "NamespaceRow", "TopView", "build_view", "view_doc", "render_view", "run", "TOP_NAMESPACES"]
 
@@ -88,10 +91,19 @@ class TopView:
     reservations_active: int
     disk_state: str                   # "off", "healthy" or "DEGRADED: <reason>"
     namespaces: list[NamespaceRow]
+    tokens_total: Hits | None = None  # in tokens (namespaces with tokens_per_block); None: no such namespace
+    tokens_recent: Hits | None = None
 
 
 def _hits(c: dict[str, int]) -> Hits:
     return Hits(c.get("lookup_keys", 0), c.get("hit_keys_ram", 0), c.get("hit_keys_disk", 0))
+
+
+def _tokens(namespaces: list[NamespaceInfo]) -> Hits:
+    known = [n for n in namespaces if n.tokens_per_block]
+    return Hits(sum(n.lookup_keys * n.tokens_per_block for n in known),
+                sum(n.hit_keys_ram * n.tokens_per_block for n in known),
+                sum(n.hit_keys_disk * n.tokens_per_block for n in known))
 
 
 def _disk_state(s: Stats) -> str:
@@ -121,6 +133,9 @@ def build_view(prev: Stats, cur: Stats, elapsed_s: float) -> TopView:
         rows.append(NamespaceRow(n.name, n.lookup_keys - (o.lookup_keys if o else 0),
                                  n.hit_keys - (o.hit_keys if o else 0), n.lookup_keys, n.hit_keys, n.blocks, n.bytes))
     rows.sort(key=lambda r: (-r.lookups, -r.lookups_total, r.name))
+    tokens = _tokens(cur.namespaces)
+    before = _tokens([] if restarted else prev.namespaces)
+    with_tokens = any(n.tokens_per_block for n in cur.namespaces)
     return TopView(
         node_id=cur.node_id, uptime_s=cur.uptime_s, interval_s=elapsed_s,
         total=_hits(c), recent=Hits(delta("lookup_keys"), delta("hit_keys_ram"), delta("hit_keys_disk")),
@@ -135,13 +150,19 @@ def build_view(prev: Stats, cur: Stats, elapsed_s: float) -> TopView:
         disk_blocks=cur.disk.blocks if cur.disk else None,
         leases_active=cur.leases_active, reservations_active=cur.reservations_active,
         disk_state=_disk_state(cur), namespaces=rows[:TOP_NAMESPACES],
+        tokens_total=tokens if with_tokens else None,
+        tokens_recent=Hits(tokens.lookups - before.lookups, tokens.ram - before.ram, tokens.disk - before.disk)
+        if with_tokens else None,
     )
 
 
 def view_doc(v: TopView) -> dict[str, Any]:
     """The --json document: the frame's fields plus the hit rates (null when nothing was looked up)."""
     doc = asdict(v)
-    for span, hits in (("total", v.total), ("recent", v.recent)):
+    for span, hits in (("total", v.total), ("recent", v.recent), ("tokens_total", v.tokens_total),
+                       ("tokens_recent", v.tokens_recent)):
+        if hits is None:
+            continue
         doc[span]["hit_rate"] = {"ram": hits.rate(hits.ram), "disk": hits.rate(hits.disk),
                                  "all": hits.rate(hits.ram + hits.disk)}
     return doc
@@ -181,9 +202,12 @@ def render_view(v: TopView, refresh: int, iterations: int | None) -> RenderableT
                            f"refresh {refresh}" + (f"/{iterations}" if iterations else "") +
                            f", {last}  (q quits)")
     t, r = v.total, v.recent
-    hit = _grid("hit rate", [(name, _share(a, t.lookups), _share(b, r.lookups)) for name, a, b in (
-        ("ram", t.ram, r.ram), ("disk", t.disk, r.disk), ("all tiers", t.ram + t.disk, r.ram + r.disk))],
-        headers=("tier", "total", last))
+    rows = [(name, _share(a, t.lookups), _share(b, r.lookups)) for name, a, b in (
+        ("ram", t.ram, r.ram), ("disk", t.disk, r.disk), ("all tiers", t.ram + t.disk, r.ram + r.disk))]
+    if v.tokens_total is not None and v.tokens_recent is not None:  # the same in tokens, where they are known
+        tt, tr = v.tokens_total, v.tokens_recent
+        rows.append(("tokens", _share(tt.ram + tt.disk, tt.lookups), _share(tr.ram + tr.disk, tr.lookups)))
+    hit = _grid("hit rate", rows, headers=("tier", "total", last))
     tput = _grid(f"throughput ({last})", [
         ("committed", _rate(v.committed_bytes_per_s)), ("read", _rate(v.read_bytes_per_s)),
         ("disk write", _rate(v.disk_write_bytes_per_s)), ("disk read", _rate(v.disk_read_bytes_per_s))])

@@ -28,6 +28,7 @@ from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Res
 from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
 from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
+from kvstore.validation import check_tokens_per_block
 
 __all__ = ["Client"]
 
@@ -120,14 +121,17 @@ class Client:
 
     # -- namespaces -------------------------------------------------------------------------------------
     def register_namespace(self, name: str, *, model: str = "", layout_digest: str = "", tenant: str = "",
-                           disk_codec: str = "") -> bool:
+                           disk_codec: str = "", tokens_per_block: int | None = None) -> bool:
         """Declare a namespace (idempotent). True when this call created it.
 
         disk_codec picks the disk-tier compression of its blocks: "" (the daemon's default), "none", "zstd",
         or "zstd-shuffle2" (byte-shuffled for 16-bit data such as bf16 KV).
+        tokens_per_block (1..1048576, vLLM's block_size) lets the daemon report lookups and hits in tokens;
+        None leaves it unknown. A value other than the registered one raises ConflictError.
         """
+        check_tokens_per_block(tokens_per_block)
         req = pb.RegisterNamespaceRequest(name=name, model=model, layout_digest=layout_digest, tenant=tenant,
-                                          disk_codec=disk_codec)
+                                          disk_codec=disk_codec, tokens_per_block=tokens_per_block)
         return self._rpc.call("RegisterNamespace", req).created
 
     # -- two-phase primitives ---------------------------------------------------------------------------

@@ -41,10 +41,26 @@ class NamespaceInfo:
     lookup_keys: int
     hit_keys: int
     puts: int
+    tokens_per_block: int = 0   # 0: unknown (registered without it)
+    hit_keys_disk: int = 0      # of hit_keys, those the disk tier held
 
     @property
     def hit_rate(self) -> float:
         return self.hit_keys / self.lookup_keys if self.lookup_keys else 0.0
+
+    @property
+    def hit_keys_ram(self) -> int:
+        return self.hit_keys - self.hit_keys_disk
+
+    @property
+    def lookup_tokens(self) -> int | None:
+        """Tokens asked for in lookups; None when tokens_per_block is unknown."""
+        return self.lookup_keys * self.tokens_per_block if self.tokens_per_block else None
+
+    @property
+    def hit_tokens(self) -> int | None:
+        """Tokens found (any tier); None when tokens_per_block is unknown."""
+        return self.hit_keys * self.tokens_per_block if self.tokens_per_block else None
 
 
 @dataclass(frozen=True)
@@ -127,7 +143,7 @@ class Stats:
             m.fragmentation, m.stranded_bytes, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
             m.low_watermark, m.uptime_s, dict(m.counters),
             [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
-                           n.hit_keys, n.puts) for n in m.namespaces],
+                           n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk) for n in m.namespaces],
             [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
             DiskInfo.from_pb(m.disk) if m.disk.enabled else None,
         )
@@ -142,10 +158,11 @@ class KeyInfo:
     pins: int
     leases: int
     checksum: int
+    tokens: int = 0             # tokens in the block: its namespace's tokens_per_block (0: unknown)
 
     @staticmethod
     def from_pb(k: pb.KeyInfo) -> KeyInfo:
-        return KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum)
+        return KeyInfo(k.key, k.size, k.tier, k.age_s, k.pins, k.leases, k.checksum, k.tokens)
 
 
 @dataclass(frozen=True)

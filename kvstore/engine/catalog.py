@@ -59,6 +59,8 @@ class Namespace:
     lookup_keys: int = 0
     hit_keys: int = 0
     puts: int = 0
+    tokens_per_block: int = 0  # 0: unknown; else lookups and hits are also reported in tokens
+    hit_keys_disk: int = 0     # of hit_keys, those found on the disk tier (for per-tier token metrics)
 
 
 _COLUMNS: tuple[tuple[str, type], ...] = (

@@ -62,7 +62,7 @@ from kvstore.errors import (
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy, AlwaysAdmit
 from kvstore.tiers.disk import DISK_CODECS, DiskStore
-from kvstore.validation import check_keys, check_namespace_name, check_sizes
+from kvstore.validation import check_keys, check_namespace_name, check_sizes, check_tokens_per_block
 
 __all__ = ["Engine"]
 
@@ -125,19 +125,29 @@ class Engine(TieringMixin, InspectionMixin):
 
     # -- namespaces -------------------------------------------------------------------------------------
     def register_namespace(self, name: str, model: str = "", layout_digest: str = "", tenant: str = "",
-                           disk_codec: str = "") -> bool:
-        """True when created; False when it existed with the same description (ConflictError otherwise)."""
+                           disk_codec: str = "", tokens_per_block: int | None = None) -> bool:
+        """True when created; False when it existed with the same description (ConflictError otherwise).
+
+        `tokens_per_block` (None: unknown) makes lookups and hits countable in tokens. Once set it belongs to
+        the description: another value, or setting it on a namespace registered without it, is a conflict
+        (token counters derived from block counters would silently change meaning). Leaving it unset when
+        registering again is not a conflict: a tool that does not know it may re-register.
+        """
         check_namespace_name(name)
+        check_tokens_per_block(tokens_per_block)
         if disk_codec not in DISK_CODECS:
             raise InvalidRequestError(f"disk_codec={disk_codec!r}: use one of {', '.join(DISK_CODECS[1:])} or ''")
         codec = disk_codec or self.config.disk_codec
+        tpb = tokens_per_block or 0
         with self._lock:
             ns = self._cat.by_name.get(name)
             if ns is None:
-                self._cat.add_namespace(name, model, layout_digest, tenant, codec)
+                ns = self._cat.add_namespace(name, model, layout_digest, tenant, codec)
+                ns.tokens_per_block = tpb
                 return True
             if ns.recovered:  # came back from the disk tier after a restart: adopt the description
                 ns.model, ns.layout_digest, ns.tenant, ns.disk_codec = model, layout_digest, tenant, codec
+                ns.tokens_per_block = tpb
                 ns.recovered = False
                 return False
             if (ns.model, ns.layout_digest, ns.tenant) != (model, layout_digest, tenant):
@@ -145,7 +155,18 @@ class Engine(TieringMixin, InspectionMixin):
                     f"namespace {name!r} is registered as model={ns.model!r} layout={ns.layout_digest!r} "
                     f"tenant={ns.tenant!r}: a different layout needs a different namespace name"
                 )
+            if tpb and tpb != ns.tokens_per_block:
+                was = f"tokens_per_block={ns.tokens_per_block}" if ns.tokens_per_block else "no tokens_per_block"
+                raise ConflictError(
+                    f"namespace {name!r} is registered with {was}, not {tpb}: a different block size needs a "
+                    "different namespace name (register it once, with its tokens_per_block, before any other tool)"
+                )
             return False
+
+    def tokens_per_block(self, ns_name: str) -> int:
+        """The namespace's tokens per block (0: unknown); UnknownNamespaceError if it is not registered."""
+        with self._lock:
+            return self._namespace(ns_name).tokens_per_block
 
     def _namespace(self, name: str) -> Namespace:
         ns = self._cat.by_name.get(name)

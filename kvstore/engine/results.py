@@ -72,6 +72,12 @@ class NamespaceUsage:
     lookup_keys: int
     hit_keys: int
     puts: int
+    tokens_per_block: int = 0   # 0: unknown
+    hit_keys_disk: int = 0      # of hit_keys, found on the disk tier
+
+    @property
+    def hit_keys_ram(self) -> int:
+        return self.hit_keys - self.hit_keys_disk
 
 
 @dataclass

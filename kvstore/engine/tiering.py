@@ -170,6 +170,7 @@ class TieringMixin:
         hits_all = int(shown.sum())
         hits_disk = int((shown & (tiers[:looked] == TIER_DISK)).sum())
         ns.hit_keys += n if prefix else hits_all
+        ns.hit_keys_disk += hits_disk  # with prefix, hits_all == n, so ns RAM hits = hit_keys - hit_keys_disk
         self.counters.hit_keys += hits_all
         self.counters.hit_keys_ram += hits_all - hits_disk
         self.counters.hit_keys_disk += hits_disk

@@ -32,7 +32,8 @@ from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.service import KVStoreService
-from kvstore.tiers.disk import DiskConfig, DiskStore
+from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore
+from kvstore.transfers import TransferMeter
 
 __all__ = ["main", "Daemon"]
 
@@ -48,6 +49,7 @@ class Daemon:
         data_bytes = (cfg.arena_bytes // cfg.max_block_bytes) * cfg.max_block_bytes
         layout = ArenaLayout.for_capacity(cfg.shm_name, data_bytes)
         self.arena = SharedArena(layout, lock=cfg.arena_lock)
+        self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
         try:
             self.engine_config = EngineConfig(
                 max_block_bytes=cfg.max_block_bytes, max_batch_keys=cfg.max_batch_keys,
@@ -63,8 +65,8 @@ class Daemon:
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
-            self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz)
-                            if cfg.metrics_listen else None)
+            self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
+                                          self.transfers) if cfg.metrics_listen else None)
             self.server = self._build_server()
         except BaseException:
             if getattr(self, "metrics", None) is not None:
@@ -81,7 +83,8 @@ class Daemon:
         cfg = self.cfg
         store = DiskStore(DiskConfig(directory=cfg.disk_dir, capacity_bytes=cfg.disk_bytes,
                                      segment_bytes=cfg.disk_segment_bytes, sync=cfg.disk_sync,
-                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s))
+                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s),
+                          io=BlockIO(transfers=self.transfers))
         store.open(wipe=cfg.disk_wipe)  # logs what it recovered
         return store
 
@@ -93,7 +96,8 @@ class Daemon:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
                                                         thread_name_prefix="kvstore-rpc"), options=opts)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
-        service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers)
+        service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
+                                 transfers=self.transfers)
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)

@@ -1,8 +1,9 @@
 """Prometheus metrics and /healthz on a small HTTP port (loopback by default).
 
 Everything the engine counts is read at scrape time through one `Engine.stats()` call (a custom collector),
-so the hot path pays nothing for metrics. Only RPC latencies are observed as they happen (one histogram
-observe per RPC, ~1 us). Names follow Prometheus conventions (`*_total`, `*_bytes`, `*_seconds`); label
+so the hot path pays nothing for metrics. Only RPC latencies and data-plane transfers are observed as they
+happen (one histogram observe per RPC or transfer, ~1 us; transfers go into a kvstore.transfers.TransferMeter
+that is read at scrape time too). Names follow Prometheus conventions (`*_total`, `*_bytes`, `*_seconds`); label
 values are bounded: tiers and states are fixed sets, RPC methods are the service's methods, and namespaces
 are capped at `MAX_NAMESPACE_LABELS` (the largest by bytes; the rest are summed under "_other").
 
@@ -12,6 +13,11 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_hit_bytes_total{tier}                 bytes handed to readers, by tier
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
   kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
+  Tokens (namespaces registered with tokens_per_block; the others have no token samples):
+  kvstore_lookup_tokens_total                   tokens asked for in lookups (keys x tokens_per_block)
+  kvstore_hit_tokens_total{tier}                tokens found, by the tier that held them (ram, disk)
+  kvstore_namespace_lookup_tokens_total{namespace} / kvstore_namespace_hit_tokens_total{namespace,tier}
+  kvstore_namespace_tokens_per_block{namespace}
   kvstore_committed_blocks_total / kvstore_committed_bytes_total
   kvstore_evictions_total / kvstore_evicted_bytes_total / kvstore_evicted_to_disk_total
   kvstore_promotions_total / kvstore_promotion_failures_total
@@ -30,6 +36,10 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
+  Data planes (plane/tier/direction: arena/ram, stream/ram, disk/disk x in/out; see kvstore/transfers.py):
+  kvstore_transfer_bytes_total{plane,tier,direction}
+  kvstore_transfer_seconds{plane,tier,direction}                histogram, one observation per operation
+  kvstore_transfer_gigabytes_per_second{plane,tier,direction}   histogram of each operation's GB/s (10^9 B/s)
 """
 
 from __future__ import annotations
@@ -40,14 +50,16 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
+from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
 
-__all__ = ["MetricsServer", "EngineCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
+__all__ = ["MetricsServer", "EngineCollector", "TransferCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +112,7 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",
                                   value=self._engine.events.dropped_total)
         yield from _namespaces(s)
+        yield from _tokens(s)
         yield from _arena(s)
         yield from _disk(s, self._engine)
 
@@ -121,6 +134,44 @@ def _namespaces(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFam
         for fam, v in zip(fams, values):
             fam.add_metric([name], v)
     yield from fams
+
+
+def _tokens(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Lookups in tokens: block counts x the namespace's tokens_per_block (fixed at registration).
+
+    Daemon-wide totals cover every namespace with a known tokens_per_block; the per-namespace families keep
+    the same cap and "_other" bucket as the block families (ranked by bytes)."""
+    known = [n for n in s.namespaces if n.tokens_per_block]
+    total = CounterMetricFamily("kvstore_lookup_tokens", "Tokens asked for in lookups (namespaces with "
+                                "tokens_per_block)", value=sum(n.lookup_keys * n.tokens_per_block for n in known))
+    hits = CounterMetricFamily("kvstore_hit_tokens", "Tokens found by lookups, by tier", labels=["tier"])
+    hits.add_metric(["ram"], sum(n.hit_keys_ram * n.tokens_per_block for n in known))
+    hits.add_metric(["disk"], sum(n.hit_keys_disk * n.tokens_per_block for n in known))
+    yield total
+    yield hits
+    ranked = sorted(known, key=lambda n: n.bytes, reverse=True)
+    shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
+    rows = [(n.name, n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
+             n.hit_keys_disk * n.tokens_per_block, n.tokens_per_block) for n in shown]
+    if rest:
+        rows.append(("_other", sum(n.lookup_keys * n.tokens_per_block for n in rest),
+                     sum(n.hit_keys_ram * n.tokens_per_block for n in rest),
+                     sum(n.hit_keys_disk * n.tokens_per_block for n in rest), None))
+    looked = CounterMetricFamily("kvstore_namespace_lookup_tokens", "Tokens looked up, by namespace",
+                                 labels=["namespace"])
+    found = CounterMetricFamily("kvstore_namespace_hit_tokens", "Tokens found, by namespace and tier",
+                                labels=["namespace", "tier"])
+    size = GaugeMetricFamily("kvstore_namespace_tokens_per_block", "Tokens in one block, by namespace",
+                             labels=["namespace"])
+    for name, lookup, ram, disk, tpb in rows:
+        looked.add_metric([name], lookup)
+        found.add_metric([name, "ram"], ram)
+        found.add_metric([name, "disk"], disk)
+        if tpb is not None:
+            size.add_metric([name], tpb)
+    yield looked
+    yield found
+    yield size
 
 
 def _arena(s: EngineStats) -> Iterator[GaugeMetricFamily]:
@@ -159,6 +210,37 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield CounterMetricFamily("kvstore_disk_io_errors", "Disk tier I/O errors", value=d.io_errors)
 
 
+class TransferCollector(Collector):
+    """Data-plane bytes and per-operation latency / GB/s histograms, read from a TransferMeter at scrape time."""
+
+    def __init__(self, meter: TransferMeter, with_disk: bool) -> None:
+        self._meter = meter
+        self._with_disk = with_disk  # no disk tier: no disk series (as the other kvstore_disk_* families)
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        labels = ["plane", "tier", "direction"]
+        moved = CounterMetricFamily("kvstore_transfer_bytes", "Bytes moved, by data plane, tier and direction",
+                                    labels=labels)
+        seconds = HistogramMetricFamily("kvstore_transfer_seconds", "Duration of each data-plane operation",
+                                        labels=labels)
+        gbps = HistogramMetricFamily("kvstore_transfer_gigabytes_per_second",
+                                     "Throughput of each data-plane operation (10^9 bytes per second)", labels=labels)
+        for t in self._meter.snapshot():
+            if t.plane == "disk" and not self._with_disk:
+                continue
+            key = [t.plane, t.tier, t.direction]
+            moved.add_metric(key, t.bytes)
+            seconds.add_metric(key, _buckets(SECONDS_BUCKETS, t.seconds_buckets), t.seconds_sum)
+            gbps.add_metric(key, _buckets(GBPS_BUCKETS, t.gbps_buckets), t.gbps_sum)
+        yield moved
+        yield seconds
+        yield gbps
+
+
+def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tuple[str, float]]:
+    return [(floatToGoString(b), c) for b, c in zip(bounds, cumulative)] + [("+Inf", cumulative[-1])]
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         log.debug("metrics http: " + format, *args)
@@ -167,10 +249,13 @@ class _QuietHandler(WSGIRequestHandler):
 class MetricsServer:
     """/metrics (Prometheus text format) and /healthz on `host:port`, served from one background thread."""
 
-    def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]]) -> None:
+    def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
+                 transfers: TransferMeter | None = None) -> None:
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
+        self.transfers = transfers if transfers is not None else TransferMeter()
+        self.registry.register(TransferCollector(self.transfers, engine.disk_enabled))
         locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
         self.registry.register(_Static([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",

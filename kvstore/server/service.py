@@ -2,6 +2,8 @@
 
 No decisions are made here. The only bytes this module touches are those of the Put/Get streams, the
 fallback for clients that cannot map the arena; the hot path (Reserve/Commit/Lookup/Release) moves metadata.
+Data-plane timing: each completed Put/Get stream is one "stream" transfer; Reserve -> Commit and a leasing
+Lookup -> Release are "arena" transfers (see arena_windows.py). Both feed the daemon's TransferMeter.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.results import RESERVED, KeyRecord
 from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
+from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
+from kvstore.transfers import TransferMeter
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
 
@@ -62,12 +66,15 @@ def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
 
 class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
-                 observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8) -> None:
+                 observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
+                 transfers: TransferMeter | None = None) -> None:
         self._engine = engine
         self._view = arena_view
         self._info = info
         self._observe = observe  # RPC latency sink (the metrics histogram)
         self._max_subscribers = max_subscribers  # each Subscribe stream holds one RPC thread
+        self._transfers = transfers if transfers is not None else TransferMeter()
+        self._arena = ArenaWindows(self._transfers)
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -75,34 +82,43 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.ServicerContext) -> pb.RegisterNamespaceResponse:
+        tokens = request.tokens_per_block if request.HasField("tokens_per_block") else None
         created = self._engine.register_namespace(request.name, request.model, request.layout_digest, request.tenant,
-                                                  request.disk_codec)
+                                                  request.disk_codec, tokens)
         return pb.RegisterNamespaceResponse(created=created)
 
     @_rpc
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
         r = self._engine.reserve(request.namespace, request.keys, request.sizes)
+        self._arena.reserved(r.reservation_id, sum(s for s, o in zip(request.sizes, r.outcomes) if o == RESERVED))
         return pb.ReserveResponse(reservation_id=r.reservation_id, outcomes=r.outcomes, offsets=r.offsets,
                                   expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
 
     @_rpc
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
-        return pb.CommitResponse(committed=self._engine.commit(request.reservation_id, request.checksums))
+        committed = self._engine.commit(request.reservation_id, request.checksums)
+        self._arena.committed(request.reservation_id)
+        return pb.CommitResponse(committed=committed)
 
     @_rpc
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
-        return pb.AbortResponse(aborted=self._engine.abort(request.reservation_id))
+        aborted = self._engine.abort(request.reservation_id)
+        self._arena.aborted(request.reservation_id)
+        return pb.AbortResponse(aborted=aborted)
 
     @_rpc
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         r = self._engine.lookup(request.namespace, request.keys, request.prefix, request.lease)
+        self._arena.leased(r.lease_id, sum(r.sizes))
         return pb.LookupResponse(num_prefix=r.num_prefix, present=r.present, offsets=r.offsets, sizes=r.sizes,
                                  generations=r.generations, checksums=r.checksums, lease_id=r.lease_id, tiers=r.tiers,
                                  expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
 
     @_rpc
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
-        return pb.ReleaseResponse(released=self._engine.release(request.lease_ids))
+        released = self._engine.release(request.lease_ids)
+        self._arena.released(request.lease_ids)
+        return pb.ReleaseResponse(released=released)
 
     @_rpc
     def Exists(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
@@ -127,14 +143,14 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @_rpc
     def ListKeys(self, request: pb.ListKeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
         records, cursor = self._engine.list_keys(request.namespace, request.cursor, request.limit or 1000)
-        return pb.ListKeysResponse(
-            keys=[_key_info(r) for r in records],
-            next_cursor=cursor,
-        )
+        tokens = self._engine.tokens_per_block(request.namespace)
+        return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records], next_cursor=cursor)
 
     @_rpc
     def Describe(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
-        return pb.ListKeysResponse(keys=[_key_info(r) for r in self._engine.describe(request.namespace, request.keys)])
+        records = self._engine.describe(request.namespace, request.keys)
+        tokens = self._engine.tokens_per_block(request.namespace)
+        return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records])
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
@@ -149,7 +165,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             low_watermark=s.low_watermark, counters=s.counters, uptime_s=self._info.uptime_s(),
             namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
                                           blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
-                                          hit_keys=n.hit_keys, puts=n.puts) for n in s.namespaces],
+                                          hit_keys=n.hit_keys, puts=n.puts, tokens_per_block=n.tokens_per_block,
+                                          hit_keys_disk=n.hit_keys_disk) for n in s.namespaces],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
             disk=self._disk_stats(s.disk),
@@ -169,7 +186,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     # -- byte streams (fallback path) ---------------------------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
-        stored = present = 0
+        stored = present = received = 0
         writer: _StreamWriter | None = None  # the block being received, if any
         start = time.perf_counter()
         try:
@@ -182,6 +199,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 elif part == "data":
                     if writer is None:
                         raise InvalidRequestError("Put stream: data before any header; send a BlockHeader first")
+                    received += len(chunk.data)
                     if writer.write(chunk.data):
                         stored += writer.stored is True
                         present += writer.stored is False
@@ -192,6 +210,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 raise InvalidRequestError(
                     f"Put stream ended {writer.remaining} bytes short of the {writer.size} bytes its header announced"
                 )
+            self._transfers.observe("stream", "ram", "in", received, time.perf_counter() - start)
         except KVStoreError as exc:
             if writer is not None:
                 writer.abort()
@@ -228,6 +247,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         except KVStoreError as exc:
             _abort(context, exc)
             return
+        sent = 0
         try:
             hit = 0
             for key, present in zip(request.keys, r.present):
@@ -237,10 +257,12 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 off, size = r.offsets[hit], r.sizes[hit]
                 yield pb.GetChunk(header=pb.BlockHeader(namespace=request.namespace, key=key, size=size,
                                                         checksum=r.checksums[hit]), found=True)
-                for start in range(0, size, STREAM_CHUNK_BYTES):
-                    end = min(size, start + STREAM_CHUNK_BYTES)
-                    yield pb.GetChunk(data=self._view[off + start: off + end].tobytes())
+                for pos in range(0, size, STREAM_CHUNK_BYTES):
+                    end = min(size, pos + STREAM_CHUNK_BYTES)
+                    yield pb.GetChunk(data=self._view[off + pos: off + end].tobytes())
+                sent += size
                 hit += 1
+            self._transfers.observe("stream", "ram", "out", sent, time.perf_counter() - start)  # completed only
         finally:
             if r.lease_id:
                 self._engine.release([r.lease_id])
@@ -261,9 +283,9 @@ def _event_pb(ev: Event, node_id: str) -> pb.KVEvent:
     return out
 
 
-def _key_info(r: KeyRecord) -> pb.KeyInfo:
+def _key_info(r: KeyRecord, tokens: int) -> pb.KeyInfo:
     return pb.KeyInfo(key=r.key, size=r.size, tier=r.tier, age_s=r.age_s, pins=r.pins, leases=r.leases,
-                      checksum=r.checksum)
+                      checksum=r.checksum, tokens=tokens)
 
 
 class _StreamWriter:

@@ -9,6 +9,10 @@ Every call takes a raw address (an arena slot or an AlignedBuffer) rather than a
 uncompressed block goes straight from the shared-memory arena to the device without a bounce copy. Addresses,
 offsets and lengths must be multiples of 4096 (O_DIRECT's rule); the store guarantees it and BlockIO checks it.
 
+Timing: `transfers` (a kvstore.transfers.TransferMeter, shared with the daemon's metrics when the composition
+root passes one) receives one observation per write batch (the writer times its pwrites + fdatasync) and per
+block read (the reader times its pread): `note_write_batch` / `note_read`.
+
 Errors are plain OSError with the errno of the failing syscall: the store maps ENOSPC/EDQUOT to NO_SPACE and
 everything else to IO_ERROR. FaultyIO (as CacheLib Navy's testing devices) wraps a real BlockIO and raises a
 chosen errno on chosen calls, so tests exercise the real error paths against real files.
@@ -27,6 +31,7 @@ import threading
 from dataclasses import dataclass
 
 from kvstore.tiers.disk.config import PAGE_BYTES
+from kvstore.transfers import TransferMeter
 
 __all__ = ["BlockIO", "FaultyIO", "AlignedBuffer", "memory_view", "OPS"]
 
@@ -74,8 +79,9 @@ class AlignedBuffer:
 class BlockIO:
     """open / pwrite / pread / fdatasync / fallocate on raw page-aligned memory. Thread-safe (stateless calls)."""
 
-    def __init__(self, *, direct: bool = True) -> None:
+    def __init__(self, *, direct: bool = True, transfers: TransferMeter | None = None) -> None:
         self.direct = direct          # False once the filesystem refused O_DIRECT (or when built without it)
+        self.transfers = transfers if transfers is not None else TransferMeter()
         self._buffered: set[int] = set()
         self._warned = False
         self._lock = threading.Lock()
@@ -158,6 +164,15 @@ class BlockIO:
         if fd in self._buffered:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # dirty pages are clean now: drop them
 
+    # -- timing -----------------------------------------------------------------------------------------
+    def note_write_batch(self, nbytes: int, seconds: float) -> None:
+        """A write batch put `nbytes` (page footprints) on the device in `seconds` (pwrites + data sync)."""
+        self.transfers.observe("disk", "disk", "in", nbytes, seconds)
+
+    def note_read(self, nbytes: int, seconds: float) -> None:
+        """A block read took `nbytes` (page footprint) off the device in `seconds` (the pread alone)."""
+        self.transfers.observe("disk", "disk", "out", nbytes, seconds)
+
     # -- O_DIRECT fallback ------------------------------------------------------------------------------
     def _refused(self, path: str, exc: OSError) -> None:
         with self._lock:
@@ -212,8 +227,8 @@ class FaultyIO(BlockIO):
     `calls` counts every call by op (attempted, including failed ones); `injected` counts raised faults.
     """
 
-    def __init__(self, *, direct: bool = True) -> None:
-        super().__init__(direct=direct)
+    def __init__(self, *, direct: bool = True, transfers: TransferMeter | None = None) -> None:
+        super().__init__(direct=direct, transfers=transfers)
         self._rules: list[_Rule] = []
         self._paths: dict[int, str] = {}
         self._flock = threading.Lock()

@@ -10,6 +10,8 @@
     verify   xxh3_64 of the decoded bytes against the entry. A mismatch (or an undecodable payload) counts a
              checksum failure, drops the entry and answers CHECKSUM_ERROR with the destination zeroed.
 
+Each verified read is timed (the pread alone: device time, not decode or hash) into the I/O's TransferMeter.
+
 A failed or short pread (EIO, a truncated file) answers IO_ERROR, counts io_errors and drops the entry. Reads
 never degrade the store: a bad sector must cost one block, not the tier.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import threading
+import time
 
 import xxhash
 
@@ -103,10 +106,12 @@ class BlockReader:
         size = round_up(e.stored_length)
         direct = CODEC_NAMES[e.codec] == "none" and address % PAGE_BYTES == 0 and capacity >= size
         buf = address if direct else self._bounce(size)
+        started = time.perf_counter()
         try:
             got = st.io.pread(fd, buf, size, e.offset)
         except OSError as exc:
             return self._io_error(ikey, e, exc, scrub=address if direct else 0)
+        read_s = time.perf_counter() - started
         with st.lock:
             current = st.table.is_current(e.segment, e.seq)
         if not current:   # the segment was reclaimed and reused while we read: a miss, not its new bytes
@@ -135,6 +140,7 @@ class BlockReader:
         with st.lock:
             st.counters.reads += 1
             st.counters.bytes_read += size
+        st.io.note_read(size, read_s)  # verified reads only, like `reads`: a failed one is an error, not a speed
         return DiskStatus.OK, e.length
 
     def _io_error(self, ikey: bytes, e: IndexEntry, exc: OSError, scrub: int = 0) -> tuple[DiskStatus, int]:

@@ -21,6 +21,7 @@ degrades the store. A batch larger than the whole capacity is not a fault: what 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,8 +96,11 @@ class BatchWriter:
             pending = self._encode(items)
             placed = self._reserve(pending, statuses)
             if placed:
+                started = time.perf_counter()
                 self._write(placed)
+                write_s = time.perf_counter() - started
                 self._commit(placed)
+                st.io.note_write_batch(sum(p.footprint for p in placed), write_s)  # metrics: one batch
         except OSError as exc:
             with st.lock:
                 status = st.health.fault("writing blocks", exc)
