@@ -120,8 +120,8 @@ class SchedulerSide:
         if st.lookup_keys is None:
             n = 0
             if keys:
-                lease = self.link.call(st.namespace, lambda c: c.lookup(st.namespace, keys, prefix=True, lease=False))
-                n = lease.num_prefix if lease is not None else 0
+                # lookup_prefix splits chains longer than the daemon's max_batch_keys (a 64K+ token prompt)
+                n = self.link.call(st.namespace, lambda c: c.lookup_prefix(st.namespace, keys)) or 0
                 self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key,
                                   hit_tokens=n * self.tokens_per_key)
             st.lookup_keys = n

@@ -1,7 +1,8 @@
 """Worker side of the connector: moves bytes between vLLM's paged KV cache and the daemon's arena.
 
 Save (in wait_for_save, after the step's forward wrote the KV): one Reserve for the step's new stored blocks
-(keys the store already has come back ALREADY_PRESENT and are skipped), one batched gather of every reserved
+(keys the store already has come back ALREADY_PRESENT and are skipped; a request with more new keys than the
+daemon's max_batch_keys takes one Reserve/gather/Commit per max_batch_keys, and a load one Lookup per part), one batched gather of every reserved
 block's pieces across all layers into its arena slot, then Commit on a background thread. The gather itself
 is done before wait_for_save returns (CPU) or ordered before the next step's kernels (CUDA, see
 cuda_copy.fence), so a block vLLM frees and reuses later can never leak into the store.
@@ -23,6 +24,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -124,44 +126,74 @@ class WorkerSide:
             self.counters.add(load_failed_blocks=sum(1 for b in job.block_ids if b >= 0))
 
     def _load_inner(self, job: LoadJob) -> bool:
+        """All of the job's keys, in parts of at most max_batch_keys (one Lookup lease each); any part that
+        fails fails the whole job (vLLM recomputes from its first failed block anyway)."""
         got = self._arena_client()
         if got is None:
             return False
         c, copier = got
         ns = namespace_for(self.spec, job.cache_salt)
-        lease = self.link.call(ns, lambda cl: cl.lookup(ns, job.keys, lease=True))
-        if lease is None:
-            return False
-        try:
-            if lease.hits != len(job.keys) or any(s != self.key_bytes for s in lease.sizes):
-                log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", job.req_id,
-                            lease.hits, len(job.keys), sorted(set(lease.sizes)), self.key_bytes)
+        n, g = max(1, c.max_batch_keys), self.spec.blocks_per_key
+        nbytes = 0
+        for i in range(0, len(job.keys), n):
+            got_bytes = self._load_part(c, copier, ns, job.req_id, job.keys[i:i + n], job.block_ids[i * g:(i + n) * g])
+            if got_bytes is None:
                 return False
+            nbytes += got_bytes
+        self.counters.add(loaded_blocks=len(job.keys), loaded_bytes=nbytes)
+        return True
+
+    def _load_part(self, c: Client, copier: Copier, ns: str, req_id: str, keys: list[bytes],
+                   block_ids: list[int]) -> int | None:
+        """Bytes copied into ``block_ids``, or None when this part cannot be loaded."""
+        lease = self.link.call(ns, lambda cl: cl.lookup(ns, keys, lease=True))
+        if lease is None:
+            return None
+        try:
+            if lease.hits != len(keys) or any(s != self.key_bytes for s in lease.sizes):
+                log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", req_id,
+                            lease.hits, len(keys), sorted(set(lease.sizes)), self.key_bytes)
+                return None
             base = c.arena_span[0]  # type: ignore[index]
             slots = base + np.asarray(lease.offsets, dtype=np.uint64)
             assert self.layout is not None
-            plan = self.layout.plan(slots, self._blocks(job.block_ids), to_store=False)
+            plan = self.layout.plan(slots, self._blocks(block_ids), to_store=False)
             copier.wait(copier.copy(plan))
             if not all(c.lease_valid(lease)):
-                log.warning("kvstore load for %s: a lease expired during the copy", job.req_id)
-                return False
-            self.counters.add(loaded_blocks=len(job.keys), loaded_bytes=plan.nbytes)
-            return True
+                log.warning("kvstore load for %s: a lease expired during the copy", req_id)
+                return None
+            return plan.nbytes
         finally:
             c.release([lease])
 
     # -- saves -------------------------------------------------------------------------------------------
     def save(self, jobs: list[SaveJob]) -> None:
-        """Gather now (the KV of this step exists now), commit in the background."""
+        """Gather now (the KV of this step exists now), commit in the background.
+
+        A job with more keys than the daemon takes in one RPC (max_batch_keys, 4096 by default: a 64K-token
+        prompt at one 16-token block per key) is saved as consecutive parts, each its own Reserve, gather and
+        Commit; a failed part costs only its own keys."""
         for job in jobs:
-            with self._lock:
-                self._pending_saves[job.req_id] += 1
-            try:
-                self._save_one(job)
-            except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
-                log.exception("kvstore save for request %s failed", job.req_id)
-                self.counters.add(save_failures=1)
-                self._save_done(job.req_id)
+            for part in self._parts(job):
+                with self._lock:
+                    self._pending_saves[part.req_id] += 1
+                try:
+                    self._save_one(part)
+                except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
+                    log.exception("kvstore save for request %s failed", part.req_id)
+                    self.counters.add(save_failures=1)
+                    self._save_done(part.req_id)
+
+    def _batch_keys(self) -> int:
+        c = self.link.client
+        return max(1, c.max_batch_keys) if c is not None else 1 << 62
+
+    def _parts(self, job: SaveJob) -> list[SaveJob]:
+        n, g = self._batch_keys(), self.spec.blocks_per_key
+        if len(job.keys) <= n:
+            return [job]
+        return [replace(job, keys=job.keys[i:i + n], block_ids=job.block_ids[i * g:(i + n) * g])
+                for i in range(0, len(job.keys), n)]
 
     def _save_one(self, job: SaveJob) -> None:
         got = self._arena_client()

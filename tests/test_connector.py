@@ -1,6 +1,6 @@
 """The connector's vLLM-independent parts against a real daemon: keys, namespaces, layout plans, and the
 scheduler side + worker side driven like vLLM drives them (requests are small plain objects with the
-attribute names of vLLM's Request). The same classes under the real vLLM scheduler: tests/vllm/."""
+attribute names of vLLM's Request). The same classes under the real vLLM scheduler: tests/vllm_sched/."""
 
 from __future__ import annotations
 
@@ -297,3 +297,23 @@ def test_store_down_costs_hits_not_requests(tmp_path) -> None:
     assert s.worker.finished(set()) == (set(), {"r2"})
     assert s.worker.load_errors() == set(range(10, 18))
     s.close()
+
+
+def test_requests_longer_than_max_batch_keys_save_and_load_in_parts(make_daemon) -> None:
+    d = make_daemon(arena_bytes="64MiB", max_block_bytes="4MiB", max_batch_keys=5)
+    a = Side(d.address, _caches(70))
+    req = Req("long", _prompt(100, start=4))
+    a.prefill(req, list(range(25)))                          # 12 keys -> Reserves of 5, 5 and 2 keys
+    assert a.worker.counters.totals["saved_blocks"] == 12
+    assert a.worker.counters.totals.get("save_failures", 0) == 0
+    b = Side(d.address, _caches(71))
+    again = Req("long2", list(req.prompt_token_ids))
+    assert b.sched.num_new_matched_tokens(again, 0) == (96, True)   # the scheduler's prefix lookup splits too
+    target = list(range(30, 55))
+    b.sched.after_alloc(again, target, 96)
+    b.worker.start_loads(b.sched.build([]).loads)            # one LoadJob of 12 keys -> Lookups of 5, 5, 2
+    b.worker.drain()
+    assert b.worker.finished(set()) == (set(), {"long2"}) and b.worker.load_errors() == set()
+    assert b.worker.counters.totals["loaded_blocks"] == 12
+    assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
+    a.close(), b.close()
