@@ -68,6 +68,7 @@ def namespace_for(spec: KVLayoutSpec, cache_salt: str | None = None) -> str:
     return name
 
 
-def registration(spec: KVLayoutSpec) -> dict[str, str]:
-    """RegisterNamespace arguments for every namespace of this layout (the daemon shows them in `kvstore ls`)."""
-    return {"model": spec.model, "layout_digest": spec.digest()}
+def registration(spec: KVLayoutSpec) -> dict[str, object]:
+    """RegisterNamespace arguments for every namespace of this layout: the daemon shows them in `kvstore ls`
+    and, knowing tokens per stored block, reports lookups and hits in tokens."""
+    return {"model": spec.model, "layout_digest": spec.digest(), "tokens_per_block": spec.tokens_per_key}

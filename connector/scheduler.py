@@ -135,6 +135,7 @@ class SchedulerSide:
         st = self._state(request)
         if num_external_tokens <= 0:
             return
+        st.lookup_keys = None  # used: if this load fails and vLLM asks again, look again
         t = self.tokens_per_key
         local = st.local_tokens
         first_key = local // t

@@ -92,6 +92,13 @@ def layout_spec(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) 
     return KVLayoutSpec(**{**base.__dict__, "blocks_per_key": g})
 
 
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 when vLLM's parallel groups are not set up, e.g. in tests)."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
+
+    return get_tensor_model_parallel_rank() if model_parallel_is_initialized() else 0
+
+
 def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
     """New and cached requests of one step, with their block tables (group 0: full-attention models)."""
     res = [ScheduledRequest(r.req_id, list(r.block_ids[0]), True, out.num_scheduled_tokens.get(r.req_id, 0))
@@ -111,11 +118,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
-        rank = 0
-        if role == KVConnectorRole.WORKER:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-            rank = get_tensor_model_parallel_rank()
+        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
         self.spec = layout_spec(vllm_config, self.config, rank)
         timeout = self.config.lookup_timeout_s if role == KVConnectorRole.SCHEDULER else self.config.load_timeout_s
         self.counters = ConnectorCounters()

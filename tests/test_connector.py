@@ -80,7 +80,7 @@ def test_namespaces_separate_layouts_models_and_salts() -> None:
                           ("model", "other/tiny"), ("num_layers", 4), ("blocks_per_key", 1))}
     assert len(other) == 7 and base not in other
     assert namespace_for(SPEC, "s1") != namespace_for(SPEC, "s2") != base
-    assert registration(SPEC) == {"model": "org/tiny", "layout_digest": SPEC.digest()}
+    assert registration(SPEC) == {"model": "org/tiny", "layout_digest": SPEC.digest(), "tokens_per_block": 8}
     assert SPEC.block_bytes == 2 * LAYERS * HEADS * HD * 2 * BS
 
 

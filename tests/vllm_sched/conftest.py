@@ -1,0 +1,24 @@
+"""Fixtures for the tests that need vLLM 0.33 (run in .venv-vllm by `make test-vllm`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is installed in .venv-vllm: run `make test-vllm`")
+
+from kvstore.testing import DaemonProcess  # noqa: E402
+
+from .harness import write_model_config  # noqa: E402
+
+
+@pytest.fixture()
+def daemon() -> Iterator[DaemonProcess]:
+    with DaemonProcess(arena_bytes="64MiB", max_block_bytes="8MiB") as d:
+        yield d
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_model_config(str(tmp_path_factory.mktemp("tinyllama")))

@@ -1,0 +1,183 @@
+"""Drive vLLM's real v1 Scheduler with KVStoreConnector on CPU, with a fake model runner.
+
+vLLM builds the connector itself from the KVTransferConfig (scheduler role, inside the Scheduler); the harness
+builds the worker-role instance, registers CPU KV caches with vLLM's per-layer layout (2, blocks, block_size,
+heads, head_dim), and plays the model runner each step: bind metadata -> start_load_kv -> "forward" ->
+wait_for_save -> get_finished -> ModelRunnerOutput -> Scheduler.update_from_output.
+
+The fake forward writes a KV value that is a pure function of (layer, K/V, position, token), so a test can
+check that blocks vLLM never computed (loaded from the store) hold exactly what a forward would have written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from connector.vllm_connector import KVStoreConnector
+
+BLOCK, HEADS, HEAD_DIM, LAYERS, NUM_BLOCKS = 16, 2, 64, 2, 128
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+SAMPLED = 7  # every decode step "samples" this token (never EOS)
+
+
+def write_model_config(path: str) -> str:
+    import json
+    import os
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * 2 * HEAD_DIM,
+                   "intermediate_size": 512, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
+                   "num_hidden_layers": LAYERS, "vocab_size": 1024, "max_position_embeddings": 4096,
+                   "rms_norm_eps": 1e-5, "torch_dtype": "float32", "head_dim": HEAD_DIM, "bos_token_id": 1,
+                   "eos_token_id": 2, "tie_word_embeddings": False}, f)
+    return path
+
+
+def kv_value(layer: int, kv: int, pos: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """What the fake forward writes for (layer, K/V, position, token): exact in float32."""
+    return (tok.float() * 4096 + pos.float()) * 4 + layer * 2 + kv
+
+
+@dataclass
+class Tracked:
+    req: Request
+    blocks: list[int] = field(default_factory=list)
+    scheduled_tokens: int = 0  # tokens the fake model actually computed for this request
+
+
+class Harness:
+    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None) -> None:
+        mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
+        sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
+                             async_scheduling=False, is_encoder_decoder=False)
+        cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
+        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+                              kv_role="kv_both", kv_load_failure_policy="recompute",
+                              kv_connector_extra_config={"address": address, **(extra or {})})
+        self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
+                                      device_config=DeviceConfig("cpu"))
+        self.vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+        kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(LAYER_NAMES, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS,
+                                                            head_size=HEAD_DIM, dtype=torch.float32))])
+        self.scheduler = Scheduler(vllm_config=self.vllm_config, kv_cache_config=kcc,
+                                   structured_output_manager=StructuredOutputManager(self.vllm_config),
+                                   block_size=BLOCK, log_stats=True)
+        assert isinstance(self.scheduler.connector, KVStoreConnector)
+        self.worker = KVStoreConnector(self.vllm_config, KVConnectorRole.WORKER, kcc)
+        self.caches = {n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD_DIM) for n in LAYER_NAMES}
+        self.worker.register_kv_caches(self.caches)
+        init_none_hash(sha256)
+        self._hasher = get_request_block_hasher(BLOCK, sha256)
+        self.tracked: dict[str, Tracked] = {}
+        self.steps: list[SchedulerOutput] = []
+        self.prefill: dict[str, Any] = {}  # request id -> vLLM's PrefillStats (local / external cached tokens)
+        self.before_worker = None  # hook(scheduler_output): runs between schedule() and the worker step
+
+    @property
+    def sched_side(self) -> KVStoreConnector:
+        return self.scheduler.connector  # type: ignore[return-value]
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int = 2) -> Request:
+        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
+                      block_hasher=self._hasher)
+        self.scheduler.add_request(req)
+        self.tracked[rid] = Tracked(req)
+        return req
+
+    def run(self, max_steps: int = 200) -> None:
+        for _ in range(max_steps):
+            if not self.scheduler.has_requests():
+                return
+            self.step()
+        raise AssertionError("requests did not finish")
+
+    def step(self) -> SchedulerOutput:
+        out = self.scheduler.schedule()
+        self.steps.append(out)
+        if self.before_worker is not None:
+            self.before_worker(out)
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        w.start_load_kv(None)  # type: ignore[arg-type]
+        sampled = self._forward(out)
+        w.wait_for_save()
+        w._worker.drain()  # make the step deterministic: loads/commits started this step are done
+        sending, recving = w.get_finished(out.finished_req_ids)
+        errors = w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+        ids = list(sampled)
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=[sampled[r] for r in ids],
+                                kv_connector_output=KVConnectorOutput(finished_sending=sending,
+                                                                      finished_recving=recving,
+                                                                      invalid_block_ids=errors))
+        for outs in self.scheduler.update_from_output(out, mro).values():
+            for o in outs.outputs:
+                if o.prefill_stats is not None:
+                    self.prefill[o.request_id] = o.prefill_stats
+        return out
+
+    def _forward(self, out: SchedulerOutput) -> dict[str, list[int]]:
+        """Write KV for every scheduled token; sample for requests whose prompt is now fully computed."""
+        sampled: dict[str, list[int]] = {}
+        for r in out.scheduled_new_reqs:
+            self.tracked[r.req_id].blocks = list(r.block_ids[0])
+        c = out.scheduled_cached_reqs
+        for i, rid in enumerate(c.req_ids):
+            nb = c.new_block_ids[i]
+            if rid in c.resumed_req_ids:
+                self.tracked[rid].blocks = list(nb[0]) if nb else []
+            elif nb:
+                self.tracked[rid].blocks += list(nb[0])
+        for rid, n in out.num_scheduled_tokens.items():
+            t = self.tracked[rid]
+            start = t.req.num_computed_tokens - n  # the scheduler already advanced it
+            toks = torch.tensor(t.req.all_token_ids[start:start + n])
+            pos = torch.arange(start, start + n)
+            blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
+            off = pos % BLOCK
+            for li, name in enumerate(LAYER_NAMES):
+                for kv in range(2):
+                    self.caches[name][kv, blk, off] = kv_value(li, kv, pos, toks)[:, None, None].expand(-1, HEADS,
+                                                                                                     HEAD_DIM)
+            t.scheduled_tokens += n
+            if start + n >= t.req.num_prompt_tokens:
+                sampled[rid] = [SAMPLED]
+            else:
+                sampled[rid] = []
+        return sampled
+
+    def kv_matches_tokens(self, rid: str, upto: int) -> bool:
+        """Blocks of `rid` hold, for positions < upto, exactly what the fake forward writes."""
+        t = self.tracked[rid]
+        pos = torch.arange(upto)
+        toks = torch.tensor(t.req.all_token_ids[:upto])
+        blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
+        off = pos % BLOCK
+        for li, name in enumerate(LAYER_NAMES):
+            for kv in range(2):
+                got = self.caches[name][kv, blk, off]
+                if not torch.equal(got, kv_value(li, kv, pos, toks)[:, None, None].expand(-1, HEADS, HEAD_DIM)):
+                    return False
+        return True
+
+    def close(self) -> None:
+        self.worker.shutdown()
+        self.sched_side.shutdown()

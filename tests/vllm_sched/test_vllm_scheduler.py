@@ -1,0 +1,111 @@
+"""KVStoreConnector under vLLM 0.33's real v1 Scheduler (CPU), with a real daemon and a fake model runner.
+
+Block size 16; with blocks_per_key=1 one stored block = one vLLM block, so a 100-token prompt stores
+6 blocks (96 tokens) and a repeat can load 96 (vLLM computes the last token itself: at most 99 usable).
+"""
+
+from __future__ import annotations
+
+from kvstore.client import Client
+from vllm.v1.request import RequestStatus
+
+from connector.namespace import namespace_for
+
+from .harness import SAMPLED, Harness
+
+PROMPT = [(11 * i + 3) % 1000 + 10 for i in range(100)]
+
+
+def _keys(h: Harness, address: str) -> list[bytes]:
+    with Client(address) as c:
+        return [k.key for k in c.keys(namespace_for(h.sched_side.spec))]
+
+
+def test_repeat_after_reset_prefix_cache_loads_exactly_the_stored_blocks(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.tracked["r1"].scheduled_tokens == 101            # 100 prompt + 1 decode step
+    assert len(_keys(h, daemon.address)) == 6                  # full prompt blocks only (save="prompt")
+    assert h.scheduler.reset_prefix_cache()
+    r2 = h.add("r2", list(PROMPT))
+    out = h.step()                                             # r2 is admitted, its load planned ...
+    (job,) = out.kv_connector_metadata.plan.loads
+    assert len(job.keys) == 6 and len(job.block_ids) == 6 and -1 not in job.block_ids
+    assert "r2" not in out.num_scheduled_tokens                # ... and it waits: asynchronous load
+    assert r2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (96, 0)
+    assert h.tracked["r2"].scheduled_tokens == 4 + 1           # only the 4-token tail and one decode step
+    assert h.kv_matches_tokens("r2", 101)                      # loaded blocks hold what a forward writes
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    totals = h.worker.counters.totals
+    assert (totals["loaded_blocks"], totals.get("load_failed_blocks", 0)) == (6, 0)
+    assert h.sched_side.counters.totals["hit_tokens"] == 96
+    h.close()
+
+
+def test_vllm_prefix_cache_hit_is_not_loaded_again(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    r2 = h.add("r2", list(PROMPT))                             # no reset: vLLM's own cache has 96 tokens
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (0, 96)
+    assert all(not s.kv_connector_metadata.plan.loads for s in h.steps)
+    assert h.worker.counters.totals.get("loaded_blocks", 0) == 0
+    h.close()
+
+
+def test_partial_prefix_loads_the_shared_blocks_and_saves_the_rest(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+    other = PROMPT[:40] + [(5 * i) % 900 + 20 for i in range(40)]  # shares 2 full blocks (32 tokens)
+    r3 = h.add("r3", other)
+    h.run()
+    assert h.prefill["r3"].num_external_cached_tokens == 32
+    assert h.tracked["r3"].scheduled_tokens == 48 + 1
+    assert h.kv_matches_tokens("r3", 81)
+    assert len(_keys(h, daemon.address)) == 6 + 3              # r3's blocks 2..4 are new
+    h.close()
+
+
+def test_load_failure_falls_back_to_recompute(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+
+    def evict_before_load(out) -> None:
+        if out.kv_connector_metadata.plan.loads:
+            ns = namespace_for(h.sched_side.spec)
+            with Client(daemon.address) as c:
+                assert c.delete(ns, _keys(h, daemon.address)) == 6
+
+    h.before_worker = evict_before_load
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert h.worker.counters.totals["load_failed_blocks"] == 6
+    assert h.tracked["r2"].scheduled_tokens == 100 + 1         # recomputed in full
+    assert h.kv_matches_tokens("r2", 101)
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    h.close()
+
+
+def test_grouped_keys_with_a_local_hit_inside_the_first_stored_block(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 4})   # 64 tokens per stored block
+    prompt = [(13 * i + 1) % 1000 + 10 for i in range(200)]
+    h.add("a", prompt)
+    h.run()
+    assert len(_keys(h, daemon.address)) == 3                  # 192 tokens
+    assert h.scheduler.reset_prefix_cache()
+    h.add("b", prompt[:32] + [50 + i % 40 for i in range(30)])  # puts 2 blocks of `prompt` in vLLM's cache
+    h.run()
+    c = h.add("c", list(prompt))
+    h.run()
+    assert (h.prefill["c"].num_external_cached_tokens, h.prefill["c"].num_local_cached_tokens) == (160, 32)
+    assert h.tracked["c"].scheduled_tokens == 8 + 1
+    assert h.kv_matches_tokens("c", 201)
+    h.close()
