@@ -103,6 +103,24 @@ class Client:
         """'arena' when bytes move through shared memory, else 'stream'."""
         return "arena" if self._arena is not None else "stream"
 
+    @property
+    def arena_span(self) -> tuple[int, int] | None:
+        """(base address, bytes) of the arena mapped in this process; None in stream mode.
+
+        For callers that copy with their own engine (the vLLM connector's batched gather/scatter, GPU DMA
+        after registering this range as pinned memory). Offsets from reserve()/lookup() are relative to it.
+        """
+        if self._arena is None:
+            return None
+        return self._arena.arena.address, self._arena.layout.size_bytes
+
+    def lease_valid(self, lease: Lease) -> list[bool]:
+        """Per hit of `lease`: True when its slot still holds the leased block, checked after a copy made
+        outside the client (a False means the lease expired mid-copy: treat that block as a miss)."""
+        if self._arena is None:
+            raise InvalidRequestError("lease_valid needs the arena data path (mode='arena')")
+        return [v is not None for v in self._arena._validated(lease, [1] * lease.hits)]
+
     def health(self) -> Health:
         return Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
 
