@@ -70,6 +70,9 @@ class ServerConfig:
     disk_probe_interval_s: float = field(default=5.0, **_help("how often a degraded disk tier is retried"))
     promote_timeout_s: float = field(default=5.0, **_help("how long a get waits for blocks read back from disk"))
     write_queue_blocks: int = field(default=4096, **_help("bound of the disk write-behind queue, in blocks"))
+    disk_reinsert_hits: int = field(default=1, **_help(
+        "second chance: a disk record read at least this many times since its write is kept (copied to the log's "
+        "head) when its segment is reclaimed; 0 = plain FIFO"))
     max_batch_keys: int = field(default=4096, **_help("most keys one RPC may carry"))
     max_message_bytes: int = field(default=64 << 20, **_help("largest gRPC message"))
     sweep_interval_s: float = field(default=0.25, **_help("how often leases and reservations are checked for expiry"))
@@ -130,6 +133,8 @@ class ServerConfig:
         _require(self.disk_probe_interval_s > 0, f"disk_probe_interval_s={self.disk_probe_interval_s} must be > 0")
         _require(self.promote_timeout_s > 0, f"promote_timeout_s={self.promote_timeout_s} must be > 0")
         _require(1 <= self.write_queue_blocks <= 1 << 20, f"write_queue_blocks={self.write_queue_blocks}: use 1..1048576")
+        _require(0 <= self.disk_reinsert_hits <= 255,
+                 f"disk_reinsert_hits={self.disk_reinsert_hits}: use 0 (plain FIFO) .. 255, e.g. 1")
         return self
 
 

@@ -83,7 +83,8 @@ class Daemon:
         cfg = self.cfg
         store = DiskStore(DiskConfig(directory=cfg.disk_dir, capacity_bytes=cfg.disk_bytes,
                                      segment_bytes=cfg.disk_segment_bytes, sync=cfg.disk_sync,
-                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s),
+                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s,
+                                     reinsert_hits=cfg.disk_reinsert_hits),
                           io=BlockIO(transfers=self.transfers))
         store.open(wipe=cfg.disk_wipe)  # logs what it recovered
         return store

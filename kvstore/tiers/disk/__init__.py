@@ -24,7 +24,7 @@ One concern per module:
 from kvstore.tiers.disk.config import DISK_CODECS, DiskConfig
 from kvstore.tiers.disk.io import AlignedBuffer, BlockIO, FaultyIO
 from kvstore.tiers.disk.store import DiskStore
-from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem
+from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem, WriteResult
 
 __all__ = [
     "DiskConfig",
@@ -35,6 +35,7 @@ __all__ = [
     "DiskStats",
     "RecoveryReport",
     "WriteItem",
+    "WriteResult",
     "BlockIO",
     "FaultyIO",
     "AlignedBuffer",

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 from kvstore.errors import ConfigError
 
-__all__ = ["DiskConfig", "PAGE_BYTES", "SYNC_MODES", "CODECS", "DISK_CODECS", "round_up"]
+__all__ = ["DiskConfig", "PAGE_BYTES", "SYNC_MODES", "CODECS", "DISK_CODECS", "MAX_REINSERT_HITS", "round_up"]
 
 PAGE_BYTES = 4096            # O_DIRECT alignment of offsets, lengths and buffers; every record starts on a page
 MIB = 1 << 20
 SYNC_MODES = ("data", "none")
 CODECS = ("none", "zstd", "zstd-shuffle2")
 DISK_CODECS = ("", *CODECS)   # what a namespace (or WriteItem.codec) may name; "" = the store's default
+MAX_REINSERT_HITS = 255
 
 
 def round_up(n: int, align: int = PAGE_BYTES) -> int:
@@ -34,6 +35,9 @@ class DiskConfig:
                       though checksums still stop bad bytes from being served).
     compression       codec of writes that do not name one: "none" | "zstd" | "zstd-shuffle2".
     probe_interval_s  how often the owner should call probe() on a degraded store.
+    reinsert_hits     second chance at reclamation: when the oldest segment is reclaimed, its records read at
+                      least this many times since they were written are copied to the head of the log instead
+                      of dropped (at most half a segment per reclamation; see writer.py). 0: plain FIFO.
     """
 
     directory: str
@@ -42,6 +46,7 @@ class DiskConfig:
     sync: str = "data"
     compression: str = "none"
     probe_interval_s: float = 5.0
+    reinsert_hits: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -65,6 +70,12 @@ class DiskConfig:
         interval = self.probe_interval_s
         if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval <= 0:
             raise ConfigError(f"disk probe_interval_s={interval!r} must be a positive number of seconds, e.g. 5")
+        hits = self.reinsert_hits
+        if not isinstance(hits, int) or isinstance(hits, bool) or not 0 <= hits <= MAX_REINSERT_HITS:
+            raise ConfigError(
+                f"disk reinsert_hits={hits!r} must be 0 (plain FIFO) .. {MAX_REINSERT_HITS}: the reads since its "
+                "write that keep a record when its segment is reclaimed, e.g. 1"
+            )
 
     @property
     def segments(self) -> int:

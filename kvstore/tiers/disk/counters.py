@@ -15,6 +15,7 @@ COUNTER_NAMES: tuple[str, ...] = (
     "io_errors",          # failed or short reads, plus failed write batches
     "evicted_blocks",     # records dropped by FIFO reclamation of their segment
     "evicted_bytes",      # their original bytes
+    "reinserted_blocks",  # records copied to the log's head at reclamation instead (second chance)
     "dropped_entries",    # entries dropped for pointing outside the files (open) or at unreadable data
 )
 

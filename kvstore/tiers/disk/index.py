@@ -245,17 +245,31 @@ class DiskIndex:
             return {_NS.unpack(k)[0]: _U64.unpack(v)[0] for k, v in txn.cursor()}
 
     # -- writes (one committed transaction each; the caller serializes them) ------------------------------
-    def commit(self, puts: Sequence[tuple[bytes, IndexEntry]], segments: dict[int, int]) -> list[IndexEntry | None]:
-        """Put every entry and the open_seq of the segments they live in; returns the entries they replaced."""
+    def commit(
+        self, puts: Sequence[tuple[bytes, IndexEntry]], segments: dict[int, int],
+        moves: Sequence[tuple[bytes, int, IndexEntry | None]] = (),
+    ) -> tuple[list[IndexEntry | None], list[bool]]:
+        """Put every entry and the open_seq of the segments they live in, in ONE txn; returns the entries the
+        puts replaced, and for each move (key, expected seq, new entry or None) whether it was applied: a move
+        replaces (None: deletes) the entry only while it is still the version `expected seq`."""
 
-        def body(txn: lmdb.Transaction) -> list[IndexEntry | None]:
+        def body(txn: lmdb.Transaction) -> tuple[list[IndexEntry | None], list[bool]]:
             for seg, seq in segments.items():
                 txn.put(_NS.pack(seg), _U64.pack(seq), db=self._segdb)
+            moved = []
+            for ikey, expected, entry in moves:
+                raw = txn.get(ikey, db=self._rec)
+                ok = raw is not None and IndexEntry.unpack(raw).seq == expected
+                if ok and entry is not None:
+                    txn.put(ikey, entry.pack(), db=self._rec)
+                elif ok:
+                    txn.delete(ikey, db=self._rec)
+                moved.append(ok)
             olds = []
             for ikey, entry in puts:
                 old = txn.replace(ikey, entry.pack(), db=self._rec)
                 olds.append(IndexEntry.unpack(old) if old is not None else None)
-            return olds
+            return olds, moved
 
         return self._write("commit a batch", body)
 
@@ -288,7 +302,10 @@ class DiskIndex:
         return self._write("drop an entry", body)
 
     def reclaim(self, segment: int, open_seq: int, ikeys: Iterable[bytes]) -> list[tuple[bytes, IndexEntry]]:
-        """Delete every listed entry that still lives in `segment` and record its new open_seq, in ONE txn."""
+        """Delete every listed entry that still lives in `segment` and record its new open_seq, in ONE txn.
+
+        Entries of the segment left out of `ikeys` (records being reinserted) stay, but with a seq below the new
+        open_seq they are stale: readers and recovery treat them as gone until a move (commit) replaces them."""
 
         def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
             out = []

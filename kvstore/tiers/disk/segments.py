@@ -14,6 +14,13 @@ committed transaction, then reuses it, so the index never points at overwritten 
 writes sequential and reclamation O(1) per segment; deleted or replaced records simply wait for their segment
 to be reclaimed.
 
+Second chance (`reinsert_hits`, the way CacheLib Navy's hits-based reinsertion works): the table counts the
+reads of each record since it was written. When the oldest segment is reclaimed, its records read at least
+`reinsert_hits` times are copied to the head of the log first (the reclaimed segment itself, compacted in
+place, becomes the active one) and their counts start again at 0; only the others leave the tier. So a block
+that is read back keeps its place while blocks written once and never read age out in FIFO order. The counts
+live in memory only: after a restart every record starts cold.
+
 Each (re)use of a segment gets a fresh `open_seq` from the store's sequence counter, larger than every record
 seq before it. A record is valid only while `record.seq >= open_seq[segment]`: a reader checks this before
 and after its pread, so a read that raced with reclamation is a miss, never the new owner's bytes. Persisted in
@@ -130,6 +137,7 @@ class SegmentTable:
         self.wp = [0] * count                       # next free offset in the segment
         self.live = [0] * count                     # footprint bytes of live records
         self.members: list[dict[bytes, int]] = [{} for _ in range(count)]   # index key -> record seq
+        self.reads: list[dict[bytes, int]] = [{} for _ in range(count)]     # index key -> reads since written
         self.active: int | None = None
         self.sealed: collections.deque[int] = collections.deque()            # oldest first
         self.free: list[int] = list(range(count - 1, -1, -1))                # pop() takes the lowest
@@ -169,6 +177,7 @@ class SegmentTable:
         self.wp[seg] = 0
         self.live[seg] = 0
         self.members[seg] = {}
+        self.reads[seg] = {}
 
     def activate(self, seg: int) -> None:
         assert self.active is None
@@ -189,8 +198,21 @@ class SegmentTable:
         if not 0 <= seg < self.count or self.members[seg].get(ikey) != seq:
             return False
         del self.members[seg][ikey]
+        self.reads[seg].pop(ikey, None)
         self.live[seg] -= footprint
         return True
+
+    def note_read(self, seg: int, ikey: bytes, seq: int) -> None:
+        """A verified read of the record `seq` of `ikey` (a newer version or a reused segment: ignored)."""
+        if 0 <= seg < self.count and self.members[seg].get(ikey) == seq:
+            reads = self.reads[seg]
+            reads[ikey] = reads.get(ikey, 0) + 1
+
+    def hot(self, seg: int, min_reads: int) -> list[bytes]:
+        """Records of `seg` read at least `min_reads` times since written (none when min_reads is 0)."""
+        if min_reads < 1:
+            return []
+        return [k for k, n in self.reads[seg].items() if n >= min_reads]
 
     def is_current(self, seg: int, seq: int) -> bool:
         """Whether a record written with `seq` into `seg` can still be there (the segment was not reused since)."""
@@ -199,6 +221,7 @@ class SegmentTable:
     # -- recovery -----------------------------------------------------------------------------------------
     def restore(self, seg: int, open_seq: int, members: dict[bytes, int], wp: int, live: int) -> None:
         self.open_seq[seg], self.members[seg], self.wp[seg], self.live[seg] = open_seq, members, wp, live
+        self.reads[seg] = {}
 
     def arrange(self) -> None:
         """After restore(): segments with live records are sealed by age, the youngest active; others free."""

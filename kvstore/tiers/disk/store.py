@@ -7,6 +7,9 @@ Primitives and what they return (statuses are DiskStatus; exceptions are for bug
   A directory on a read-only filesystem opens read-only: reads work, the store is degraded until probe().
 - write_many(items) -> [OK | NO_SPACE | IO_ERROR | DEGRADED]: one batch = pwrites, one fdatasync per touched file,
   ONE index commit (writer.py). An existing key is replaced. A fault fails the batch and degrades the store.
+  When it needs space it reclaims the oldest segment, keeping the records that were read (reclaim.py).
+  write_batch(items) -> WriteResult: the same, plus which blocks those reclamations dropped and how many
+  records they kept (the engine publishes the dropped ones as removed from the disk tier).
 - read_into(ns, key, address, capacity) -> (OK | NOT_FOUND | CHECKSUM_ERROR | IO_ERROR, length) (reader.py).
 - lookup / contains_many / list_keys / namespaces: index only, no data I/O.
 - delete / clear_namespace -> count removed (0 when the index cannot commit: the store degrades).
@@ -39,7 +42,7 @@ from kvstore.tiers.disk.reader import BlockReader
 from kvstore.tiers.disk.recovery import recover
 from kvstore.tiers.disk.segments import SegmentFiles, SegmentTable, segment_name
 from kvstore.tiers.disk.state import StoreState
-from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem
+from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem, WriteResult
 from kvstore.tiers.disk.writer import BatchWriter, check_items
 
 __all__ = ["DiskStore"]
@@ -249,14 +252,18 @@ class DiskStore:
     # -- writes ---------------------------------------------------------------------------------------------
     def write_many(self, items: Sequence[WriteItem]) -> list[DiskStatus]:
         """Store each block; see writer.py. Returns one status per item, in order."""
+        return self.write_batch(items).statuses
+
+    def write_batch(self, items: Sequence[WriteItem]) -> WriteResult:
+        """write_many, also telling which blocks the batch's segment reclamations dropped or kept."""
         if not items:
-            return []
+            return WriteResult([])
         check_items(items, self.config.segment_bytes, self.config.compression)
         with self._writer_lock:
             st = self._state()
             with st.lock:
                 if st.health.degraded:
-                    return [DiskStatus.DEGRADED] * len(items)
+                    return WriteResult([DiskStatus.DEGRADED] * len(items))
             assert self._writer is not None
             return self._writer.write_many(items)
 
@@ -432,7 +439,7 @@ class DiskStore:
                 raw_bytes_in=c.raw_bytes_in, stored_bytes_out=c.stored_bytes_out,
                 checksum_failures=c.checksum_failures, io_errors=c.io_errors, evicted_blocks=c.evicted_blocks,
                 evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
-                direct_io=self._io.direct,
+                direct_io=self._io.direct, reinserted_blocks=c.reinserted_blocks,
             )
 
     def segment_path(self, segment: int) -> str:

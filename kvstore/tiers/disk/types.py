@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["DiskStatus", "WriteItem", "DiskRecord", "DiskStats", "RecoveryReport"]
+__all__ = ["DiskStatus", "WriteItem", "WriteResult", "DiskRecord", "DiskStats", "RecoveryReport"]
 
 
 class DiskStatus(enum.Enum):
@@ -37,6 +37,20 @@ class WriteItem:
     address: int
     length: int
     codec: str | None = None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one write batch did: a status per item, in order, and the reclamation it caused on the way.
+
+    reclaimed   (namespace, key) of every block whose record left the tier because its segment was reclaimed
+                during this batch (keys the batch itself rewrote are not listed: they are still there).
+    reinserted  records given a second chance instead (copied to the head of the log, see writer.py).
+    """
+
+    statuses: list[DiskStatus]
+    reclaimed: list[tuple[str, bytes]] = field(default_factory=list)
+    reinserted: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,7 @@ class DiskStats:
     writes: int
     dropped_entries: int     # index entries dropped: invalid at open, or unreadable / bad at read
     direct_io: bool          # False once the filesystem refused O_DIRECT (buffered + fadvise fallback)
+    reinserted_blocks: int = 0   # records kept at reclamation (second chance); their copies count in bytes_*
 
     @property
     def compression_ratio(self) -> float:

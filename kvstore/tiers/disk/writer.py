@@ -3,12 +3,17 @@
     encode    checksum (xxh3_64 of the original bytes) and, for zstd codecs, compress. CPU only, no lock.
     reserve   place each record at the active segment's write pointer (under `lock`); a full segment is sealed
               and the next one taken: a free one, else the OLDEST sealed one, whose index entries are deleted
-              in one committed transaction BEFORE it is reused (under `mutate`). New segments are created and
-              preallocated here, outside every lock but `writer`.
+              in one committed transaction BEFORE it is reused (under `mutate`), except those of its records
+              that get a second chance: those are copied to its start right away (reclaim.py). New segments
+              are created and preallocated here, outside every lock but `writer`.
     pwrite    no lock. Uncompressed blocks go straight from the caller's page-aligned memory (an arena slot) to
               the file with O_DIRECT; compressed payloads through a page-aligned bounce buffer.
     fdatasync once per touched file (sync="data"), so the commit below never points at bytes still in flight.
-    commit    one lmdb write transaction for the whole batch (under `mutate`), then the in-memory membership.
+    commit    one lmdb write transaction for the whole batch and the records it reinserted (under `mutate`),
+              then the in-memory membership.
+
+write_many returns a WriteResult: the statuses, and which blocks the batch's reclamations dropped (the engine
+publishes them as removed from the disk tier) or kept.
 
 Crash at any point: before the commit nothing new is visible, and the bytes a committed entry points at were
 synced before it (and are never overwritten while an entry points at them, see reclamation). So a re-opened
@@ -23,17 +28,18 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
 from kvstore.errors import InvalidRequestError
 from kvstore.tiers.disk.codec import CODEC_IDS, encode
 from kvstore.tiers.disk.config import PAGE_BYTES, round_up
-from kvstore.tiers.disk.index import MAX_KEY_BYTES, IndexEntry, make_key
+from kvstore.tiers.disk.index import MAX_KEY_BYTES, IndexEntry, make_key, split_key
 from kvstore.tiers.disk.io import AlignedBuffer, memory_view
+from kvstore.tiers.disk.reclaim import Move, Reclaimer
 from kvstore.tiers.disk.state import StoreState
-from kvstore.tiers.disk.types import DiskStatus, WriteItem
+from kvstore.tiers.disk.types import DiskStatus, WriteItem, WriteResult
 from kvstore.validation import check_namespace_name
 
 __all__ = ["BatchWriter", "check_items"]
@@ -57,6 +63,16 @@ class _Pending:
     @property
     def footprint(self) -> int:
         return round_up(self.stored)
+
+
+@dataclass
+class _Batch:
+    """What one write_many call did so far, beyond its own records."""
+
+    rewritten: set[bytes]                                       # index keys of the batch's own items
+    dropped: list[bytes] = field(default_factory=list)          # entries reclamation removed
+    moves: list[Move] = field(default_factory=list)             # records copied, to commit with the batch
+    lost: list[tuple[bytes, int]] = field(default_factory=list)  # kept records that could not be copied (seq)
 
 
 def check_items(items: Sequence[WriteItem], segment_bytes: int, default_codec: str) -> None:
@@ -84,29 +100,54 @@ class BatchWriter:
     def __init__(self, state: StoreState) -> None:
         self._st = state
         self._bounce = AlignedBuffer()
+        self._reclaimer = Reclaimer(state)
 
     def close(self) -> None:
         self._bounce.close()
+        self._reclaimer.close()
 
-    def write_many(self, items: Sequence[WriteItem]) -> list[DiskStatus]:
+    def write_many(self, items: Sequence[WriteItem]) -> WriteResult:
         """Caller holds `writer` and has checked the items."""
         st = self._st
         statuses = [OK] * len(items)
+        batch = _Batch(set())
         try:
             pending = self._encode(items)
-            placed = self._reserve(pending, statuses)
-            if placed:
+            batch.rewritten = {p.ikey for p in pending}
+            placed = self._reserve(pending, statuses, batch)
+            if placed or batch.moves or batch.lost:
                 started = time.perf_counter()
-                self._write(placed)
+                self._write(placed, batch.moves)
                 write_s = time.perf_counter() - started
-                self._commit(placed)
+                reinserted = self._commit(placed, batch)
                 st.io.note_write_batch(sum(p.footprint for p in placed), write_s)  # metrics: one batch
+                written = {p.ikey for p in placed}   # a key whose old record went is still there if rewritten
+                return WriteResult(statuses, self._names([k for k in batch.dropped if k not in written]), reinserted)
         except OSError as exc:
             with st.lock:
                 status = st.health.fault("writing blocks", exc)
                 st.counters.io_errors += 1
-            return [status] * len(items)
-        return statuses
+            return WriteResult([status] * len(items), self._names(batch.dropped + self._abandon(batch)))
+        return WriteResult(statuses, self._names(batch.dropped))
+
+    def _names(self, ikeys: list[bytes]) -> list[tuple[str, bytes]]:
+        index = self._st.index
+        return [(index.ns_name(ns_id), key) for ns_id, key in map(split_key, ikeys)]
+
+    def _abandon(self, batch: _Batch) -> list[bytes]:
+        """A failed batch: its copied records were never committed. Drop their stale entries (best effort: a
+        failing disk leaves them to recovery, which drops entries older than their segment) and report them."""
+        stale = [(m.ikey, m.old.seq) for m in batch.moves] + batch.lost
+        st = self._st
+        for ikey, seq in stale:
+            try:
+                with st.mutate:
+                    st.index.delete_if(ikey, seq)
+            except OSError:
+                break
+        with st.lock:
+            st.counters.evicted_blocks += len(stale)
+        return [k for k, _ in stale]
 
     # -- encode ---------------------------------------------------------------------------------------------
     def _encode(self, items: Sequence[WriteItem]) -> list[_Pending]:
@@ -128,7 +169,7 @@ class BatchWriter:
         return out
 
     # -- reserve --------------------------------------------------------------------------------------------
-    def _reserve(self, pending: list[_Pending], statuses: list[DiskStatus]) -> list[_Pending]:
+    def _reserve(self, pending: list[_Pending], statuses: list[DiskStatus], batch: _Batch) -> list[_Pending]:
         st = self._st
         placed: list[_Pending] = []
         touched: set[int] = set()
@@ -142,50 +183,51 @@ class BatchWriter:
                         placed.append(p)
                         break
                     st.table.seal_active()
-                if not self._next_segment(touched):
+                if not self._next_segment(touched, batch):
                     statuses[p.pos] = NO_SPACE   # the batch alone exceeds the capacity
                     break
         return placed
 
-    def _next_segment(self, touched: set[int]) -> bool:
-        """Activate a free segment, or reclaim the oldest sealed one. False when only this batch's remain."""
+    def _next_segment(self, touched: set[int], batch: _Batch) -> bool:
+        """Activate a free segment, or reclaim the oldest sealed one (copying the records it keeps to its start).
+        False when only segments this batch wrote into remain."""
         st = self._st
         with st.lock:
             seg = st.table.take_free()
             if seg is not None:
                 st.table.reset(seg, st.alloc_seq())
+        reclaimed = None
         if seg is None:
-            seg = self._reclaim_oldest(touched)
-            if seg is None:
+            reclaimed = self._reclaimer.reclaim_oldest(touched, batch.rewritten)
+            if reclaimed is None:
                 return False
+            seg = reclaimed.segment
+            batch.dropped += reclaimed.dropped
         try:
             st.files.prepare(seg)
         except OSError:
             with st.lock:
                 st.table.release(seg)
+            if reclaimed is not None:   # its kept records were not copied: they are lost with the batch
+                batch.lost += [(k, e.seq) for k, e in reclaimed.keep]
             raise
         with st.lock:
             st.table.activate(seg)
+        if reclaimed is not None and reclaimed.keep:
+            touched.add(seg)
+            try:
+                moves, lost = self._reclaimer.compact(reclaimed)
+            except OSError:   # a failed copy fails the batch: none of the kept records gets committed
+                batch.lost += [(k, e.seq) for k, e in reclaimed.keep]
+                raise
+            batch.moves += moves
+            gone = set(lost)
+            batch.lost += [(k, e.seq) for k, e in reclaimed.keep if k in gone]
         return True
 
-    def _reclaim_oldest(self, touched: set[int]) -> int | None:
-        st = self._st
-        with st.mutate:
-            with st.lock:
-                seg = st.table.oldest_sealed()
-                if seg is None or seg in touched:
-                    return None
-                ikeys = list(st.table.members[seg])
-                open_seq = st.alloc_seq()
-            removed = st.index.reclaim(seg, open_seq, ikeys)   # committed before any byte of seg is reused
-            with st.lock:
-                st.table.reclaim_oldest(seg, open_seq)
-                st.counters.evicted_blocks += len(removed)
-                st.counters.evicted_bytes += sum(e.length for _, e in removed)
-        return seg
-
     # -- write + sync -------------------------------------------------------------------------------------
-    def _write(self, placed: list[_Pending]) -> None:
+    def _write(self, placed: list[_Pending], moves: list[Move]) -> None:
+        """pwrite the batch's records; fdatasync them and the records reclamation copied (already written)."""
         st = self._st
         io, files = st.io, st.files
         for p in placed:
@@ -199,22 +241,34 @@ class BatchWriter:
                     ctypes.memset(addr + p.stored, 0, p.footprint - p.stored)
                 io.pwrite(fd, addr, p.footprint, p.offset)
         if st.config.sync == "data":
-            for seg in sorted({p.segment for p in placed}):
+            for seg in sorted({p.segment for p in placed} | {m.segment for m in moves}):
                 io.fdatasync(files.fd(seg))
 
     # -- commit ---------------------------------------------------------------------------------------------
-    def _commit(self, placed: list[_Pending]) -> None:
+    def _commit(self, placed: list[_Pending], batch: _Batch) -> int:
+        """One index txn: the batch's entries, the copied records' moves (each only if its block was not deleted
+        meanwhile) and the removal of kept records that could not be copied. Returns the records reinserted."""
         st = self._st
         puts = [
             (p.ikey, IndexEntry(p.item.length, p.stored, p.checksum, p.segment, p.offset, p.seq, p.codec))
             for p in placed
         ]
+        moves: list[tuple[bytes, int, IndexEntry | None]] = [(m.ikey, m.old.seq, m.entry()) for m in batch.moves]
+        moves += [(ikey, seq, None) for ikey, seq in batch.lost]
         with st.mutate:
             with st.lock:
-                segs = {p.segment: st.table.open_seq[p.segment] for p in placed}
-            olds = st.index.commit(puts, segs)
+                used = {p.segment for p in placed} | {m.segment for m in batch.moves}
+                segs = {seg: st.table.open_seq[seg] for seg in used}
+            olds, applied = st.index.commit(puts, segs, moves)
             with st.lock:
                 table, c = st.table, st.counters
+                reinserted = 0
+                for m, ok in zip(batch.moves, applied):
+                    if ok:   # else the block was deleted while it was copied: its copy is dead space
+                        table.add(m.segment, m.ikey, m.seq, m.footprint)
+                        reinserted += 1
+                c.reinserted_blocks += reinserted
+                c.evicted_blocks += len(batch.lost)
                 for p, old in zip(placed, olds):
                     if old is not None:
                         table.remove(old.segment, p.ikey, old.seq, round_up(old.stored_length))
@@ -223,3 +277,5 @@ class BatchWriter:
                     c.bytes_written += p.footprint
                     c.raw_bytes_in += p.item.length
                     c.stored_bytes_out += p.stored
+        batch.dropped += [k for k, _ in batch.lost]
+        return reinserted

@@ -1,0 +1,148 @@
+"""Reclaiming the oldest segment, with a second chance for the records that were read since they were written.
+
+A plain FIFO log drops a whole segment when it needs the space, hot blocks included: a block that sessions
+keep reading back is dropped as soon as its segment is the oldest, exactly like one written once and never
+read. Like CacheLib Navy's hits-based reinsertion, reclamation keeps the records that were read at least
+`reinsert_hits` times since their write (SegmentTable counts verified reads) and drops only the others:
+
+    1. choose   under `mutate`: the hot records of the oldest segment, in offset order, at most half a segment
+                of them (so every reclamation frees at least half a segment: a write never cascades through
+                the log, even when everything is hot).
+    2. reclaim  ONE durable index txn deletes every other entry of the segment and records its new open_seq.
+                The kept entries stay in the index but are stale now (seq < open_seq): readers miss them, a
+                delete still finds and removes them, recovery drops them.
+    3. compact  the segment becomes the active one; each kept record is read into a bounce buffer and written
+                at the write pointer. In offset order each copy lands at or before its source and ends before
+                the next kept record starts, so no copy overwrites bytes still to be read.
+    4. commit   with the batch that caused the reclamation (writer.py: after its fdatasync), each kept entry is
+                moved to its new place only if it is still the same version: a block deleted meanwhile stays
+                deleted. The moved records start with no reads: they must be read again to survive next time.
+
+Costs: one read and one write per kept record (counted in bytes_read / bytes_written and reinserted_blocks),
+and a short window during the copy in which the kept blocks read as misses. A crash anywhere loses at most the
+kept records of that one reclamation (their entries are stale until step 4), never serves other bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from kvstore.tiers.disk.config import round_up
+from kvstore.tiers.disk.index import IndexEntry
+from kvstore.tiers.disk.io import AlignedBuffer
+from kvstore.tiers.disk.state import StoreState
+
+__all__ = ["Reclaimer", "Reclaimed", "Move", "REINSERT_SHARE"]
+
+REINSERT_SHARE = 0.5  # most of a reclaimed segment that kept records may fill again
+
+
+@dataclass(frozen=True)
+class Move:
+    """A kept record: copied to (segment, offset) with a new seq; `old` is its stale entry."""
+
+    ikey: bytes
+    old: IndexEntry
+    segment: int
+    offset: int
+    seq: int
+
+    @property
+    def footprint(self) -> int:
+        return round_up(self.old.stored_length)
+
+    def entry(self) -> IndexEntry:
+        return self.old._replace(segment=self.segment, offset=self.offset, seq=self.seq)
+
+
+@dataclass
+class Reclaimed:
+    """One reclaimed segment: the records to copy (offset order) and the index keys whose entries went."""
+
+    segment: int
+    keep: list[tuple[bytes, IndexEntry]]
+    dropped: list[bytes]
+
+
+class Reclaimer:
+    def __init__(self, state: StoreState) -> None:
+        self._st = state
+        self._buf = AlignedBuffer()
+
+    def close(self) -> None:
+        self._buf.close()
+
+    def reclaim_oldest(self, touched: Collection[int], rewritten: Collection[bytes]) -> Reclaimed | None:
+        """Steps 1-2 for the oldest sealed segment; None when there is none or this batch wrote into it.
+
+        `rewritten`: index keys the current batch writes anew (their old record is not worth keeping)."""
+        st = self._st
+        cfg = st.config
+        with st.mutate:
+            with st.lock:
+                seg = st.table.oldest_sealed()
+                if seg is None or seg in touched:
+                    return None
+                seqs = dict(st.table.members[seg])
+                hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten]
+                open_seq = st.alloc_seq()
+            keep = self._choose(seg, seqs, hot, int(cfg.segment_bytes * REINSERT_SHARE))
+            kept = {k for k, _ in keep}
+            removed = st.index.reclaim(seg, open_seq, [k for k in seqs if k not in kept])  # before any byte is reused
+            with st.lock:
+                st.table.reclaim_oldest(seg, open_seq)
+                st.counters.evicted_blocks += len(removed)
+                st.counters.evicted_bytes += sum(e.length for _, e in removed)
+        return Reclaimed(seg, keep, [k for k, _ in removed])
+
+    def _choose(self, seg: int, seqs: dict[bytes, int], hot: list[bytes],
+                budget: int) -> list[tuple[bytes, IndexEntry]]:
+        """The hot records still current in `seg`, in offset order, as many as fit in `budget` bytes."""
+        if not hot:
+            return []
+        found = [(k, e) for k, e in zip(hot, self._st.index.get_many(hot))
+                 if e is not None and e.segment == seg and e.seq == seqs.get(k)]
+        found.sort(key=lambda ke: ke[1].offset)
+        keep, used = [], 0
+        for k, e in found:
+            fp = round_up(e.stored_length)
+            if used + fp > budget:
+                break
+            keep.append((k, e))
+            used += fp
+        return keep
+
+    def compact(self, r: Reclaimed) -> tuple[list[Move], list[bytes]]:
+        """Step 3, once r.segment is the active segment: copy the kept records to its write pointer.
+
+        Returns the moves and the index keys of kept records that could not be read (they are dropped like the
+        rest). A failed pwrite raises OSError: the batch fails and the store degrades, as for any write."""
+        st = self._st
+        moves: list[Move] = []
+        lost: list[bytes] = []
+        fd = st.files.fd(r.segment)
+        for ikey, e in r.keep:
+            fp = round_up(e.stored_length)
+            with st.lock:
+                off = st.table.place(fp)
+                seq = st.alloc_seq()
+            assert off is not None and off <= e.offset, "kept records fit in half a segment, in offset order"
+            buf = self._buf.ensure(fp)
+            try:
+                got = st.io.pread(fd, buf, fp, e.offset)
+                if got < e.stored_length:
+                    raise OSError(errno.EIO, f"short read: {got} of {e.stored_length} bytes (file truncated?)")
+            except OSError as exc:   # a bad sector costs this record, as on the read path; not the batch
+                with st.lock:
+                    st.counters.io_errors += 1
+                    st.health.read_fault(f"reinserting a block of segment {r.segment} at offset {e.offset}", exc)
+                lost.append(ikey)
+                continue
+            st.io.pwrite(fd, buf, fp, off)
+            with st.lock:
+                st.counters.bytes_read += fp
+                st.counters.bytes_written += fp
+            moves.append(Move(ikey, e, r.segment, off, seq))
+        return moves, lost
