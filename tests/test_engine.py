@@ -622,7 +622,7 @@ def test_stats_exact_fields() -> None:
         "lease_expirations": 0, "reservation_expirations": 0, "quarantine_freed": 0, "store_full": 0,
         "checksum_failures": 0, "hit_keys_ram": 2, "hit_keys_disk": 0, "promotions": 0, "promotion_failures": 0,
         "disk_writes": 0, "disk_write_failures": 0, "demote_dropped": 0, "demote_queue_full": 0,
-        "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0,
+        "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0, "disk_reinserted": 0,
     }
     eng.release([lease])
     assert eng.stats().leased_bytes == 0

@@ -113,10 +113,11 @@ def make_rig(tmp_path) -> Iterator[Callable[..., Rig]]:
     """Rig factory; every rig is stopped and its store closed at the end (a rig may be made twice on one dir)."""
     made: list[Rig] = []
 
-    def make(admission: str = "always", start: bool = True, register: bool = True) -> Rig:
+    def make(admission: str = "always", start: bool = True, register: bool = True, disk_bytes: int = 4 * MiB,
+             reinsert_hits: int = 1) -> Rig:
         io = GatedIO()
-        disk = DiskStore(DiskConfig(directory=str(tmp_path / "disk"), capacity_bytes=4 * MiB, segment_bytes=MiB,
-                                    sync="none"), io=io)
+        disk = DiskStore(DiskConfig(directory=str(tmp_path / "disk"), capacity_bytes=disk_bytes, segment_bytes=MiB,
+                                    sync="none", reinsert_hits=reinsert_hits), io=io)
         disk.open()
         layout = ArenaLayout.for_capacity("/x", 4 * BLOCK)
         mm = mmap.mmap(-1, layout.size_bytes)  # anonymous: page-aligned, zeroed
@@ -416,3 +417,86 @@ def test_restart_recovers_namespaces_and_blocks_from_disk(make_rig) -> None:
     assert [rig2.read(res, j) for j in range(2)] == [value(b"a"), value(b"b")]
     assert eng.stats().counters["promotions"] == 2
     eng.release([res.lease_id])
+
+
+# ----------------------------------------------------------------------------------- reclamation of disk segments
+
+def _k(i: int) -> bytes:
+    return b"k%02d" % i
+
+
+def _kv(e) -> tuple:
+    return (e.kind, e.keys, e.tier, e.to_tier)
+
+
+def test_reclamation_keeps_read_blocks_drops_the_rest_and_publishes_it(make_rig) -> None:
+    # Disk: 2 segments of 16 blocks (A, B). RAM: 4 slots, one of them held by the pinned k00 throughout.
+    rig = make_rig(disk_bytes=2 * MiB)
+    eng = rig.engine
+    rig.put([_k(0)])
+    assert eng.pin(NS, [_k(0)], +1) == 1
+    written = 1
+    for i in range(1, 16, 3):                # k01..k15 in puts of 3: segment A = k00..k15
+        rig.put([_k(j) for j in range(i, min(i + 3, 16))])
+        written += min(3, 16 - i)
+        rig.wait_written(written)
+    res = eng.lookup(NS, [_k(1)], lease=True)   # a get of k01 promotes it: a read of its record in A
+    assert res.tiers == [DISK] and rig.read(res, 0) == value(_k(1))
+    eng.release([res.lease_id])
+    for i in range(16, 32, 3):               # k16..k31: segment B; RAM ends as k00 (pinned), k29, k30, k31
+        rig.put([_k(j) for j in range(i, min(i + 3, 32))])
+        written += min(3, 32 - i)
+        rig.wait_written(written)
+    sub = eng.events.subscribe([NS])
+    # k32-k34 evict k29-k31 (their disk copies stay). Their write reclaims A: k01 was read, so it is copied to
+    # A's start; k00 and k02-k15 leave the disk, k00's RAM copy with them. The commit's blocks got the entry ids
+    # freed by k31, k30, k29 (reused last-freed-first) but are written in the commit's order, after k01.
+    rig.put([_k(32), _k(33), _k(34)])
+    rig.wait_written(written + 3)
+    dropped = tuple(_k(i) for i in [0] + list(range(2, 16)))
+    assert [_kv(sub.next(0)) for _ in range(8)] == [
+        ("moved", (_k(29),), RAM, DISK), ("moved", (_k(30),), RAM, DISK), ("moved", (_k(31),), RAM, DISK),
+        ("stored", (_k(32), _k(33), _k(34)), RAM, 0),
+        ("removed", dropped, DISK, 0),
+        ("stored", (_k(32),), DISK, 0), ("stored", (_k(33),), DISK, 0), ("stored", (_k(34),), DISK, 0),
+    ]
+    assert sub.next(0) is None
+    a = rig.disk.lookup(NS, _k(1)).segment            # type: ignore[union-attr]
+    assert [(r.segment, r.offset // BLOCK) for r in (rig.disk.lookup(NS, _k(i)) for i in (1, 32, 33, 34))] == [
+        (a, 0), (a, 1), (a, 2), (a, 3)]
+    d = eng.stats().disk
+    assert (d.blocks, d.evicted_blocks, d.reinserted_blocks) == (32 + 3 - 15, 15, 1)
+    c = eng.stats().counters
+    # evictions: 12 by k04-k15 (3 free slots beside k00), 1 by k01's promotion, 16 by k16-k31, 3 by k32-k34
+    assert (c["disk_reinserted"], c["disk_writes"], c["evictions"], c["evicted_to_disk"]) == (1, 35, 32, 32)
+    assert eng.exists(NS, [_k(0), _k(1), _k(2), _k(15), _k(16)]) == [True, True, False, False, True]
+    assert [r.tier for r in eng.describe(NS, [_k(0)])] == ["ram"]
+    # k00 unpinned is the LRU block: k35 evicts it, and with its disk copy gone that is a removal from RAM
+    assert eng.pin(NS, [_k(0)], -1) == 1
+    rig.put([_k(35)])
+    rig.wait_written(written + 4)
+    assert [_kv(sub.next(0)) for _ in range(3)] == [
+        ("removed", (_k(0),), RAM, 0), ("stored", (_k(35),), RAM, 0), ("stored", (_k(35),), DISK, 0)]
+    c = eng.stats().counters
+    assert (c["evictions"], c["evicted_to_disk"]) == (33, 32)
+    assert eng.exists(NS, [_k(0)]) == [False]
+    # k01 came back from its copy, bytes intact
+    res = eng.lookup(NS, [_k(1)], lease=True)
+    assert res.tiers == [DISK] and rig.read(res, 0) == value(_k(1))
+    eng.release([res.lease_id])
+    sub.close()
+
+
+def test_plain_fifo_reclamation_drops_read_blocks_too(make_rig) -> None:
+    rig = make_rig(disk_bytes=2 * MiB, reinsert_hits=0)
+    eng = rig.engine
+    for i in range(0, 32, 4):
+        rig.put([_k(j) for j in range(i, i + 4)])
+        rig.wait_written(i + 4)
+    res = eng.lookup(NS, [_k(1)], lease=True)   # read k01 from segment A
+    eng.release([res.lease_id])
+    rig.put([_k(32)])
+    rig.wait_written(33)
+    assert eng.exists(NS, [_k(i) for i in range(16)]) == [False, True] + [False] * 14   # k01: its RAM copy only
+    d = eng.stats().disk
+    assert (d.evicted_blocks, d.reinserted_blocks, eng.stats().counters["disk_reinserted"]) == (16, 0, 0)

@@ -17,7 +17,9 @@ RESERVED, PROMOTING and COMMITTED entries are in a namespace's index; DOOMED and
 invisible and wait for readers or late writers to be gone before their slot is reused.
 
 `flags` records the disk tier's view of a RAM entry (ON_DISK: a verified copy exists, so eviction only drops
-the RAM copy; QUEUED: waiting for the background writer; WRITING: its write is in flight). `seen` is a saturating use count for admission.
+the RAM copy; QUEUED: waiting for the background writer; WRITING: its write is in flight; DISK_DROPPED: its copy
+was dropped by segment reclamation, so eviction drops the block, and hits do not queue it again: the disk
+tier's reinsertion already chose what to keep). `seen` is a saturating use count for admission.
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -30,7 +32,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING"]
+__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
 
 
 class EntryState(IntEnum):
@@ -79,6 +81,7 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
 ON_DISK = 1
 QUEUED = 2
 WRITING = 4
+DISK_DROPPED = 8
 
 
 class Catalog:

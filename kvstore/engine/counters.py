@@ -35,6 +35,7 @@ COUNTER_NAMES: tuple[str, ...] = (
     "evicted_to_disk",
     "hit_bytes_ram",
     "hit_bytes_disk",
+    "disk_reinserted",
 )
 
 

@@ -5,7 +5,8 @@ Metadata decisions stay in the engine; these threads only run the I/O outside th
 - the writer drains a bounded queue of committed blocks (write-behind: a block admitted to the disk tier is
   copied soon after its commit, so a later RAM eviction is a metadata-only drop and never waits for I/O).
   It claims a batch from the engine (which puts an I/O hold on each slot), writes it with one
-  `DiskStore.write_many` call straight from the arena slots, and reports the statuses back.
+  `DiskStore.write_batch` call straight from the arena slots, and reports back the blocks that the batch's
+  segment reclamations dropped (first: they left the disk before the batch landed) and the statuses.
 - promoter threads read blocks that a Lookup found only on disk into slots the engine allocated, then report
   back; the Lookup (or a get waiting on it) is woken through the promotion's event.
 
@@ -21,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvstore.tiers.disk import DiskStatus, DiskStore, WriteItem
+from kvstore.tiers.disk import DiskStatus, DiskStore, WriteItem, WriteResult
 
 __all__ = ["Mover", "Promotion", "MoverHooks"]
 
@@ -45,6 +46,7 @@ class Promotion:
 class MoverHooks(Protocol):
     def claim_writes(self, batch: list[tuple[int, int, bytes]]) -> tuple[list[WriteItem], list[int]]: ...
     def finish_writes(self, eids: list[int], statuses: list[DiskStatus]) -> list[tuple[str, bytes]]: ...
+    def finish_reclaim(self, dropped: list[tuple[str, bytes]], reinserted: int) -> None: ...
     def finish_promotion(self, p: Promotion, status: DiskStatus) -> None: ...
 
 
@@ -117,11 +119,13 @@ class Mover:
         if not items:
             return
         try:
-            statuses = self._disk.write_many(items)
+            result = self._disk.write_batch(items)
         except Exception:  # the writer must survive a bad batch; the holds must be given back either way
             log.exception("disk writer failed on a batch of %d blocks", len(items))
-            statuses = [DiskStatus.IO_ERROR] * len(items)
-        for ns, key in self._hooks.finish_writes(eids, statuses):
+            result = WriteResult([DiskStatus.IO_ERROR] * len(items))
+        if result.reclaimed or result.reinserted:
+            self._hooks.finish_reclaim(result.reclaimed, result.reinserted)
+        for ns, key in self._hooks.finish_writes(eids, result.statuses):
             self._disk.delete(ns, [key])  # deleted while its write was in flight
 
     def _promote_loop(self) -> None:

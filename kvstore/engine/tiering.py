@@ -7,7 +7,14 @@ finds them in RAM (prefetch). A Lookup with a lease (a get) waits up to `promote
 promotions, then leases what arrived; a promotion that failed (checksum, I/O error, no room) is a miss.
 
 Write-behind: a block is queued for the disk writer when the admission policy accepts its use count (at
-commit, or when a later hit raises the count). Its slot is held (leases + 1) only while the write runs.
+commit, or when a later hit raises the count). Its slot is held (leases + 1) only while the write runs. A
+commit's blocks are queued in the commit's order (the order of the chain), not by entry id: the disk tier
+appends them in that order, so a prefix chain lands in one segment (or consecutive ones) and ages out together.
+
+Reclamation: the disk writer reports the blocks whose record a segment reclamation dropped (the disk tier's
+second chance keeps those read since their write, see kvstore/tiers/disk/reclaim.py). A RAM copy of such a
+block loses its ON_DISK mark (DISK_DROPPED: its eviction now drops the block, and is published as removed
+from RAM, not moved to disk), and each is published as removed from the disk tier.
 
 Every method that touches engine state runs under the engine lock; the hooks called from the mover threads
 take it themselves. DiskStore calls made under the lock are index reads (one lmdb read txn per batch).
@@ -21,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvstore.engine.catalog import ON_DISK, QUEUED, WRITING, EntryState, Namespace
-from kvstore.engine.events import MOVED, STORED
+from kvstore.engine.catalog import DISK_DROPPED, ON_DISK, QUEUED, WRITING, EntryState, Namespace
+from kvstore.engine.events import MOVED, REMOVED, STORED
 from kvstore.engine.movement import Promotion
 from kvstore.engine.results import LookupResult
 from kvstore.tiers.disk import DiskStatus, WriteItem
@@ -204,7 +211,7 @@ class TieringMixin:
         if self._disk is None or not len(ids):
             return
         cat = self._cat
-        ids = np.unique(ids)
+        ids = ids[np.sort(np.unique(ids, return_index=True)[1])]  # each once, in the caller's (chain) order
         items = [(int(e), int(cat.ns[e]), cat.keys[e]) for e in ids.tolist()]
         accepted = self._mover.enqueue_writes(items)
         cat.flags[ids[:accepted]] |= QUEUED
@@ -248,6 +255,25 @@ class TieringMixin:
             if eids:
                 self._unlease(np.array(eids, dtype=np.int64))
         return stale
+
+    def finish_reclaim(self: Engine, dropped: list[tuple[str, bytes]], reinserted: int) -> None:
+        """Writer thread: a write batch reclaimed segments; `dropped` (namespace, key) left the disk tier."""
+        with self._lock:
+            self.counters.disk_reinserted += reinserted
+            if not dropped:
+                return
+            cat = self._cat
+            by_ns: dict[str, list[bytes]] = {}
+            for name, key in dropped:
+                by_ns.setdefault(name, []).append(key)
+            for name, keys in by_ns.items():
+                ns = cat.by_name.get(name)
+                if ns is not None:
+                    for key in keys:
+                        eid = ns.index.get(key)
+                        if eid is not None and cat.flags[eid] & ON_DISK:
+                            cat.flags[eid] = DISK_DROPPED
+                self.events.publish(REMOVED, name, keys, TIER_DISK)
 
     def finish_promotion(self: Engine, p: Promotion, status: DiskStatus) -> None:
         """Promoter thread: the read into the slot ended; commit the entry or give the slot back."""

@@ -31,7 +31,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_bytes{state}                     capacity, used
   kvstore_disk_blocks / kvstore_disk_degraded / kvstore_disk_compression_ratio
   kvstore_disk_io_bytes_total{direction}        read, written
-  kvstore_disk_evicted_blocks_total / kvstore_disk_io_errors_total
+  kvstore_disk_evicted_blocks_total / kvstore_disk_reinserted_total / kvstore_disk_io_errors_total
   kvstore_disk_write_queue_blocks
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
@@ -80,6 +80,7 @@ _COUNTERS = {
     "disk_write_failures": ("kvstore_disk_write_failures", "Blocks the disk tier failed to write"),
     "demote_dropped": ("kvstore_demote_dropped", "Queued disk writes dropped: evicted or deleted first"),
     "demote_queue_full": ("kvstore_demote_queue_full", "Blocks not admitted to disk: write queue full"),
+    "disk_reinserted": ("kvstore_disk_reinserted", "Disk records kept at segment reclamation (read since written)"),
     "deleted_blocks": ("kvstore_deleted_blocks", "Blocks deleted by clients"),
     "store_full": ("kvstore_store_full", "Reserves refused: nothing evictable"),
     "checksum_failures": ("kvstore_checksum_failures", "Blocks that failed their checksum (counted as misses)"),
