@@ -32,6 +32,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) -m bench.micro --quick
+	$(PY) -m bench.connector --quick
 
 clean:
 	rm -rf build $(VENV) .pytest_cache
