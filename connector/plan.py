@@ -37,9 +37,6 @@ class SaveJob:
 class StepPlan:
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
-    #: requests whose request_finished() returned True: the worker reports them in finished_sending once
-    #: their saves are committed (vLLM keeps their blocks alive until then)
-    delayed_frees: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.saves or self.delayed_frees)
+        return not (self.loads or self.saves)

@@ -11,8 +11,8 @@ step it turns that into a `StepPlan`:
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`.
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
-- request_finished: if any save was issued for the request, vLLM must keep its blocks until the worker has
-  committed them (delay_free=True; the worker reports the request in finished_sending).
+- request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
+  gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
 
 Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
 all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
@@ -88,7 +88,6 @@ class SchedulerSide:
         self.blocks_per_key = spec.blocks_per_key
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
-        self._delayed: list[str] = []
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> _ReqState:
@@ -158,8 +157,8 @@ class SchedulerSide:
 
     # -- per step ----------------------------------------------------------------------------------------
     def build(self, scheduled: Iterable[ScheduledRequest], finished_req_ids: Iterable[str] = ()) -> StepPlan:
-        plan = StepPlan(loads=self._loads, delayed_frees=self._delayed)
-        self._loads, self._delayed = [], []
+        plan = StepPlan(loads=self._loads)
+        self._loads = []
         for s in scheduled:
             st = self._reqs.get(s.req_id)
             if st is None:
@@ -196,13 +195,9 @@ class SchedulerSide:
         return SaveJob(req.request_id, st.salt, list(keys), list(blocks))
 
     def request_finished(self, request: Any) -> bool:
-        """True when vLLM must keep the request's blocks until its saves are committed."""
-        st = self._reqs.get(request.request_id)
-        if st is None or st.saves_issued == 0:
-            self._reqs.pop(request.request_id, None)
-            return False
-        self._delayed.append(request.request_id)
-        return True
+        """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state."""
+        self._reqs.pop(request.request_id, None)
+        return False
 
     def forget(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)

@@ -165,7 +165,6 @@ class KVStoreConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
         plan = self._plan()
-        self._worker.note_delayed(plan.delayed_frees)
         self._worker.start_loads(plan.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

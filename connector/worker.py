@@ -1,9 +1,10 @@
 """Worker side of the connector: moves bytes between vLLM's paged KV cache and the daemon's arena.
 
 Save (in wait_for_save, after the step's forward wrote the KV): one Reserve for the step's new stored blocks
-(keys the store already has come back ALREADY_PRESENT and are skipped; a request with more new keys than the
-daemon's max_batch_keys takes one Reserve/gather/Commit per max_batch_keys, and a load one Lookup per part), one batched gather of every reserved
-block's pieces across all layers into its arena slot, then Commit on a background thread. The gather itself
+(keys the store already has come back ALREADY_PRESENT and are skipped), one batched gather of every reserved
+block's pieces across all layers into its arena slot, then Commit on a background thread. A request with more
+keys than the daemon's max_batch_keys (a 64K-token prompt at one 16-token block per key) is split into parts
+of that many keys, each its own Reserve / gather / Commit (and, for a load, its own Lookup lease). The gather itself
 is done before wait_for_save returns (CPU) or ordered before the next step's kernels (CUDA, see
 cuda_copy.fence), so a block vLLM frees and reuses later can never leak into the store.
 
@@ -13,8 +14,10 @@ lease, one batched scatter from the leased slots into the request's blocks, chec
 down, a key evicted since the scheduler's lookup, a lease lost, a wrong block size — marks that job's
 vLLM blocks as failed: vLLM (kv_load_failure_policy="recompute") recomputes them instead of failing.
 
-get_finished reports loads as received (failed ones too, as vLLM requires) and, for requests whose blocks
-vLLM kept alive for us (request_finished returned True), reports them as sent once their commits are done.
+get_finished reports loads as received (failed ones too, as vLLM requires). It never reports sends: a save
+reads vLLM's blocks only during its gather, which is complete when wait_for_save returns (CPU) or ordered
+before any later kernel (CUDA), so vLLM may free a finished request's blocks at once; the Commit that follows
+touches only the arena. (Holding blocks until commits finish would also block reset_prefix_cache.)
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ __all__ = ["WorkerSide"]
 
 log = logging.getLogger(__name__)
 RESERVED = 0
-_MAX_FINISHED_REMEMBERED = 65536
 
 
 class WorkerSide:
@@ -61,8 +63,6 @@ class WorkerSide:
         self._recv_done: set[str] = set()
         self._failed_blocks: set[int] = set()
         self._pending_saves: dict[str, int] = defaultdict(int)
-        self._delayed: set[str] = set()
-        self._finished_seen: dict[str, None] = {}  # insertion-ordered set, bounded
         self._futures: list[Future[Any]] = []
         self._disabled_reason = ""
 
@@ -246,23 +246,13 @@ class WorkerSide:
                 del self._pending_saves[req_id]
 
     # -- completion --------------------------------------------------------------------------------------
-    def note_delayed(self, req_ids: list[str]) -> None:
-        with self._lock:
-            self._delayed.update(req_ids)
-
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        """(requests whose delayed saves are committed, requests whose loads are done)."""
+        """(requests whose sends finished: always empty, see the module docstring; requests whose loads are
+        done, failed or not)."""
         with self._lock:
-            self._finished_seen.update(dict.fromkeys(finished_req_ids))
-            while len(self._finished_seen) > _MAX_FINISHED_REMEMBERED:  # ids vLLM never asked us to delay
-                del self._finished_seen[next(iter(self._finished_seen))]
-            sent = {r for r in self._delayed if r in self._finished_seen and r not in self._pending_saves}
-            self._delayed -= sent
-            for r in sent:
-                self._finished_seen.pop(r, None)
             recv, self._recv_done = self._recv_done, set()
         self._futures = [f for f in self._futures if not f.done()]
-        return sent, recv
+        return set(), recv
 
     def load_errors(self) -> set[int]:
         with self._lock:
