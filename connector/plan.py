@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["LoadJob", "SaveJob", "StepPlan"]
+__all__ = ["LoadJob", "SaveJob", "StepPlan", "StoredRecord"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,18 @@ class StepPlan:
 
     def is_empty(self) -> bool:
         return not (self.loads or self.saves)
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """Blocks the scheduler side asked the worker to store, for vLLM's KV events (routers index them).
+
+    Emitted when the save is issued, not when it commits: routers treat KV events as hints, and a save that
+    fails only turns a predicted hit into a miss.
+    """
+
+    keys: list[bytes]
+    parent: bytes | None
+    token_ids: list[int]
+    tokens_per_key: int
+    lora_name: str | None

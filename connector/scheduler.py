@@ -30,7 +30,7 @@ from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for
-from connector.plan import LoadJob, SaveJob, StepPlan
+from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.stats import ConnectorCounters
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
@@ -88,6 +88,7 @@ class SchedulerSide:
         self.blocks_per_key = spec.blocks_per_key
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
+        self._stored: list[StoredRecord] = []
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> _ReqState:
@@ -192,12 +193,20 @@ class SchedulerSide:
         st.stored_keys = full
         st.saves_issued += 1
         self.counters.add(save_keys=full - first)
+        t = self.tokens_per_key
+        self._stored.append(StoredRecord(list(keys), st.chain.keys[first - 1] if first else None,
+                                         list(tokens[first * t: full * t]), t, _lora_name(req)))
         return SaveJob(req.request_id, st.salt, list(keys), list(blocks))
 
     def request_finished(self, request: Any) -> bool:
         """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state."""
         self._reqs.pop(request.request_id, None)
         return False
+
+    def take_stored(self) -> list[StoredRecord]:
+        """Save records since the last call (vLLM's take_events)."""
+        out, self._stored = self._stored, []
+        return out
 
     def forget(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)

@@ -16,6 +16,7 @@ are documented and validated in `connector.config`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,7 @@ from connector.plan import StepPlan
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.stats import ConnectorCounters
 from connector.worker import WorkerSide
+from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -156,6 +158,14 @@ class KVStoreConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
         return self._sched.request_finished(request), None
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """BlockStored for every stored block issued since the last call (hashes are our stable keys)."""
+        if self._sched is None:
+            return ()
+        return [BlockStored(block_hashes=list(r.keys), parent_block_hash=r.parent, token_ids=r.token_ids,
+                            block_size=r.tokens_per_key, lora_id=None, medium=MEDIUM_CPU, lora_name=r.lora_name)
+                for r in self._sched.take_stored()]
 
     # -- worker side -------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

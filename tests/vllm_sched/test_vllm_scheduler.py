@@ -45,6 +45,23 @@ def test_repeat_after_reset_prefix_cache_loads_exactly_the_stored_blocks(daemon,
     h.close()
 
 
+def test_kv_events_name_the_stored_blocks(daemon, model_dir) -> None:
+    from vllm.distributed.kv_events import BlockStored
+
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    seen: list = []
+    take = h.sched_side.take_events
+    h.sched_side.take_events = lambda: seen.extend(take()) or ()   # vLLM's scheduler drains them each step
+    h.add("r1", PROMPT)
+    h.run()
+    assert [type(e) for e in seen] == [BlockStored]
+    (e,) = seen
+    assert sorted(e.block_hashes) == sorted(_keys(h, daemon.address))  # the keys the daemon holds
+    assert (len(e.block_hashes), e.parent_block_hash, e.token_ids, e.block_size) == (6, None, PROMPT[:96], 16)
+    assert list(take()) == []
+    h.close()
+
+
 def test_vllm_prefix_cache_hit_is_not_loaded_again(daemon, model_dir) -> None:
     h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
     h.add("r1", PROMPT)
