@@ -88,6 +88,10 @@ class StoreLink:
                 self.failures += 1
                 log.warning("kvstore call failed: %s", exc)
             return None
+        except Exception:  # noqa: BLE001 - nothing from the store may escape into vLLM's scheduler or worker
+            self.failures += 1
+            log.exception("kvstore call failed unexpectedly")
+            return None
 
     def _ensure(self, c: Client, namespace: str) -> None:
         if namespace not in self._registered:

@@ -154,6 +154,10 @@ class WorkerSide:
                 log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", req_id,
                             lease.hits, len(keys), sorted(set(lease.sizes)), self.key_bytes)
                 return None
+            got = self._arena_client()  # the Lookup remaps the arena of a restarted daemon: copy into that one
+            if got is None:
+                return None
+            copier = got[1]
             base = c.arena_span[0]  # type: ignore[index]
             slots = base + np.asarray(lease.offsets, dtype=np.uint64)
             assert self.layout is not None
@@ -215,6 +219,11 @@ class WorkerSide:
         if not idx:
             self._save_done(job.req_id)  # nothing reserved: the daemon holds no reservation to abort
             return
+        got = self._arena_client()  # Reserve remaps the arena of a restarted daemon: gather into that one
+        if got is None:
+            self._save_done(job.req_id)
+            return
+        copier = got[1]
         blocks = self._blocks(job.block_ids)[idx]
         slots = c.arena_span[0] + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)  # type: ignore[index]
         assert self.layout is not None

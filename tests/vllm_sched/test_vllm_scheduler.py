@@ -126,3 +126,15 @@ def test_grouped_keys_with_a_local_hit_inside_the_first_stored_block(daemon, mod
     assert h.tracked["c"].scheduled_tokens == 8 + 1
     assert h.kv_matches_tokens("c", 201)
     h.close()
+
+
+def test_save_all_stores_generated_tokens_whose_kv_exists(daemon, model_dir) -> None:
+    """100 prompt + 28 generated tokens: the KV of the last sampled token is never computed, so 127 positions
+    exist -> 7 full blocks with save="all" (6 with the default "prompt")."""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1, "save": "all"})
+    h.add("r1", PROMPT, max_tokens=28)
+    h.run()
+    assert h.tracked["r1"].scheduled_tokens == 127
+    assert len(_keys(h, daemon.address)) == 7
+    assert h.worker.counters.totals["saved_blocks"] == 7
+    h.close()
