@@ -9,6 +9,7 @@ medians; see bench/_common.py). `--help` says what each measurement is; the last
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -357,7 +358,8 @@ def run(tokens: int, *, rounds: int, warmup: int, threads: Sequence[int] = (1, 2
     t_start, psi0 = time.perf_counter(), pressure()
     with progress((warmup + rounds) * n_cases + 3) as pg:
         pg.step(f"daemon with a {fmt_bytes(arena)} arena")
-        with DaemonProcess(arena_bytes=arena, max_block_bytes=block_bytes) as d:
+        with contextlib.closing(DaemonProcess(arena_bytes=arena, max_block_bytes=block_bytes)) as d:
+            d.start(timeout_s=180)      # pre-faulting a 4.6 GiB arena on a busy 2-core box can take a while
             pg.advance()
             pg.step(f"KV cache of {fmt_bytes(blocks * block_bytes)}: filling")
             b = Bench(d, tokens, threads, sample)
