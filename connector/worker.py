@@ -56,7 +56,7 @@ class WorkerSide:
         self.counters = counters or ConnectorCounters()
         self.layout: KVLayout | None = None
         self._copier: Copier | None = None
-        self._copier_arena: tuple[int, int] | None = None
+        self._copier_arena: tuple[tuple[int, int], int | None] | None = None
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit")
         self._lock = threading.Lock()
@@ -92,11 +92,12 @@ class WorkerSide:
                 self._disabled_reason = "the daemon's arena cannot be mapped (daemon on another host?)"
                 log.error("kvstore connector: %s; it needs kvstore-server on the same node", self._disabled_reason)
             return None
-        if self._copier is None or self._copier_arena != span:
+        ident = (span, c.arena_incarnation)  # a restarted daemon's arena may map at the same address
+        if self._copier is None or self._copier_arena != ident:
             if self._copier is not None:
                 self._copier.close()
             self._copier = make_copier(self.layout.device, span, self.config.copy_threads)
-            self._copier_arena = span
+            self._copier_arena = ident
         return c, self._copier
 
     def _blocks(self, block_ids: list[int]) -> np.ndarray:

@@ -114,6 +114,12 @@ class Client:
             return None
         return self._arena.arena.address, self._arena.layout.size_bytes
 
+    @property
+    def arena_incarnation(self) -> int | None:
+        """The mapped arena's incarnation (changes when the daemon restarts, even if the new mapping happens to
+        land at the same address): a registration of the old range (GPU pinning) must be redone."""
+        return self._arena.incarnation if self._arena is not None else None
+
     def lease_valid(self, lease: Lease) -> list[bool]:
         """Per hit of `lease`: True when its slot still holds the leased block, checked after a copy made
         outside the client (a False means the lease expired mid-copy: treat that block as a miss)."""
