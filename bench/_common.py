@@ -9,6 +9,8 @@ Per-iteration setup/teardown (fresh keys, releasing leases) runs outside the tim
 
 from __future__ import annotations
 
+import json
+
 import os
 import statistics
 import sys
@@ -240,3 +242,12 @@ def pressure() -> dict[str, float]:
         except (OSError, IndexError, ValueError):
             pass
     return out
+
+
+def emit_json(out: dict[str, Any], json_out: str | None = None) -> None:
+    """The benchmark's last line: one JSON object (also written to ``json_out`` when given)."""
+    line = json.dumps(out, sort_keys=True)
+    if json_out:
+        with open(json_out, "w") as fh:
+            fh.write(line + "\n")
+    print(line, flush=True)

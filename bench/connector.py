@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench._common import Case, Samples, fmt_bytes, gbs, interleave, pressure, print_table, progress, timed
+from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, pressure, print_table, progress, timed
 from connector.config import ConnectorConfig
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for, registration
@@ -466,11 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"note: the box during the run: load average {out['load_avg_1m']}, "
           + ", ".join(f"{k.split('_')[0]} pressure {v} % (some task stalled)"
                       for k, v in out.items() if k.endswith("_pressure_pct")))
-    line = json.dumps(out, sort_keys=True)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            fh.write(line + "\n")
-    print(line, flush=True)
+    emit_json(out, args.json_out)
     return out
 
 

@@ -9,7 +9,6 @@ stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from bench._common import TimedLock, fmt_bytes, fs_type, gbs, pressure, print_table, progress, timed
+from bench._common import TimedLock, emit_json, fmt_bytes, fs_type, gbs, pressure, print_table, progress, timed
 from kvstore.testing import DaemonProcess
 from kvstore.tiers.disk import AlignedBuffer, BlockIO, DiskConfig, DiskStatus, DiskStore, WriteItem
 from kvstore.tiers.disk import reader as disk_reader
@@ -456,11 +455,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [[f"{k} >= {TARGET}", out[k], "yes" if ok else "NO"] for k, ok in out["targets_met"].items()])
     print(f"note: {HOST_CACHE}.\nnote: the box during the run: load average {out['load_avg_1m']}, "
           + ", ".join(f"{k.split('_')[0]} pressure {v} % (some task stalled)" for k, v in psi.items()))
-    line = json.dumps(out, sort_keys=True)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            fh.write(line + "\n")
-    print(line, flush=True)
+    emit_json(out, args.json_out)
     return out
 
 

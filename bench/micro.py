@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
 import inspect
 import math
 import os
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._common import Case, Samples, fmt_bytes, gbs, interleave, print_table, progress
+from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, print_table, progress
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess
@@ -392,11 +391,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_table("targets", ["target", "value", "met"],
                 [[f"{k} {op} {v}", out[k], "yes" if out["targets_met"][k] else "NO"] for k, (op, v) in TARGETS.items()]
                 + [["headline arena copy_threads", threads, ""]])
-    line = json.dumps(out, sort_keys=True)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            fh.write(line + "\n")
-    print(line, flush=True)
+    emit_json(out, args.json_out)
     return out
 
 
