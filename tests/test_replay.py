@@ -103,8 +103,9 @@ def test_segment_log_reclaims_the_oldest_segment_whole() -> None:
 
 
 def test_disk_fifo_ignores_hits() -> None:
-    # One record a segment, 3 segments. FIFO by segment: a hit neither keeps a block on disk nor rewrites it.
-    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096)
+    # One record a segment, 3 segments, no second chance (reinsert_hits=0; with one record a segment there is
+    # no room for one anyway): a hit neither keeps a block on disk nor rewrites it.
+    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096, reinsert_hits=0)
     trace = [
         _req(1),  # put a1                                   RAM: a1      disk: [a1]
         _req(1),  # RAM hit
@@ -124,19 +125,67 @@ def test_disk_fifo_ignores_hits() -> None:
     assert (c["hit_keys_ram"], c["hit_keys_disk"], c["disk_blocks"]) == (5, 1, 3)
 
 
-def test_disk_writes_follow_entry_ids() -> None:
-    # The daemon queues a commit's blocks sorted by catalog entry id, and ids freed by evictions are reused
-    # last-freed-first: b3 b4 reuse the ids of a2 a1, so b4 is written before b3 and its segment goes first.
-    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096)  # one record a segment
+def test_disk_second_chance_keeps_promoted_blocks() -> None:
+    # Two records a segment, 3 segments; a promotion is a read of the block's record. At reclamation, records
+    # read since their write are copied to the start of the reclaimed segment (at most half of it: 1 record)
+    # with their read count reset; the others leave.
+    disk = SegmentLog("disk", segments=3, segment_bytes=8192, block_bytes=4096)
+    assert (disk.reinsert_hits, disk.keep_max) == (1, 1)
     trace = [
-        _req(1, 2),  # put a1 (id 0) a2 (id 1)                        disk: [a1] [a2]
-        _req(3, 4),  # put b3 b4: evicts a1 then a2; b3 gets id 1, b4 id 0: written b4, b3   disk: [a2] [b4] [b3]
-        _req(3),     # RAM hit b3                                     RAM: b4 b3
-        _req(5, 6),  # put c5 c6: evicts b4 (id 0), b3 (id 1); c5 gets 1, c6 0: written c6, c5   disk: [b3] [c6] [c5]
-        _req(3, 4),  # b3 is still on disk (written in chain order it would be gone, and b4 kept): 1 disk hit
+        _req(1),  # A: put a1                                    RAM: a1      disk: [a1 -]
+        _req(2),  # B: put b2                                    RAM: a1 b2   disk: [a1 b2]
+        _req(3),  # C: put c3 -> evicts a1                       RAM: b2 c3   disk: [a1 b2] [c3 -]
+        _req(1),  # D: disk hit: a1 promoted (read 1), evicts b2 RAM: c3 a1
+        _req(4),  # E: put d4 -> evicts c3                       RAM: a1 d4   disk: [a1 b2] [c3 d4]
+        _req(5),  # F: put e5 -> evicts a1                       RAM: d4 e5   disk: + [e5 -]
+        _req(6),  # G: put f6 -> evicts d4                       RAM: e5 f6   disk: [a1 b2] [c3 d4] [e5 f6]
+        _req(7),  # H: put g7 -> evicts e5; reclaims [a1 b2]: a1 was read -> kept (b2 goes)
+                  #                                              disk: [c3 d4] [e5 f6] [a1 g7]
+        _req(1),  # I: disk hit: a1 promoted again (plain FIFO: a miss), evicts f6      RAM: g7 a1
+        _req(2),  # J: b2 is gone: miss; put b2 -> evicts g7; reclaims [c3 d4], neither read
+                  #                                              disk: [e5 f6] [a1 g7] [b2 -]
     ]
     r = simulate(trace, [LRUTier("ram", 2), disk])
-    assert r.hits == [0, 0, 1, 0, 1] and r.disk_hits[4] == (0,)
+    assert r.hits == [0, 0, 0, 1, 0, 0, 0, 0, 1, 0]
+    assert r.disk_hits[3] == r.disk_hits[8] == (0,)
+    c = r.counters
+    assert (c["disk_writes"], c["disk_reinserted"], c["disk_evicted_blocks"], c["disk_blocks"]) == (8, 1, 3, 5)
+    assert (c["evictions"], c["evicted_to_disk"], c["promotions"]) == (8, 8, 2)
+    assert (c["disk_bytes_written"], c["disk_bytes_read"]) == ((8 + 1) * 4096, (2 + 1) * 4096)  # + the copy
+    fifo = simulate(trace, [LRUTier("ram", 2), SegmentLog("disk", 3, 8192, 4096, reinsert_hits=0)])
+    assert fifo.hits == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_ram_copy_of_a_reclaimed_block_is_no_longer_on_disk() -> None:
+    # Two segments of one record. The engine hears which blocks reclamation dropped: a RAM copy loses its
+    # "on disk" mark, so its later eviction drops the block (not evicted_to_disk).
+    disk = SegmentLog("disk", segments=2, segment_bytes=4096, block_bytes=4096)
+    trace = [
+        _req(1),  # put a1                                       RAM: a1      disk: [a1]
+        _req(2),  # put b2                                       RAM: a1 b2   disk: [a1] [b2]
+        _req(1),  # RAM hit                                      RAM: b2 a1
+        _req(3),  # put c3 -> evicts b2 (to disk); reclaims [a1], whose RAM copy is unmarked   disk: [b2] [c3]
+        _req(4),  # put d4 -> evicts a1: dropped, not moved to disk; reclaims [b2]             disk: [c3] [d4]
+        _req(1),  # miss; put a1 -> evicts c3 (to disk); reclaims [c3]                       disk: [d4] [a1]
+    ]
+    r = simulate(trace, [LRUTier("ram", 2), disk])
+    assert r.hits == [0, 0, 1, 0, 0, 0]
+    # evictions b2, a1, c3: all but a1 kept a disk copy; reclaimed a1, b2, c3
+    assert (r.counters["evictions"], r.counters["evicted_to_disk"], r.counters["disk_evicted_blocks"]) == (3, 2, 3)
+
+
+def test_disk_writes_follow_chain_order() -> None:
+    # The daemon queues a commit's blocks in the commit's (chain) order, whatever catalog ids they got.
+    disk = SegmentLog("disk", segments=3, segment_bytes=4096, block_bytes=4096)  # one record a segment
+    trace = [
+        _req(1, 2),  # put a1 a2                                      disk: [a1] [a2]
+        _req(3, 4),  # put b3 b4: evicts a1, a2; written b3 then b4   disk: [a2] [b3] [b4]
+        _req(3),     # RAM hit b3                                     RAM: b4 b3
+        _req(5, 6),  # put c5 c6: evicts b4, b3; written c5, c6 -> reclaims [a2], then [b3]   disk: [b4] [c5] [c6]
+        _req(3, 4),  # b3 is gone (the chain's head went first): 0 hits; put b3 (b4 is on disk)
+    ]
+    r = simulate(trace, [LRUTier("ram", 2), disk])
+    assert r.hits == [0, 0, 1, 0, 0] and r.present_on_put == 1
     assert (r.counters["disk_writes"], r.counters["disk_evicted_blocks"]) == (7, 4)
 
 
@@ -245,14 +294,15 @@ def _point(ram: int, disk: int, hit: float) -> dict:
             "bytes_per_token": 64, "block_bytes": 32768, "arena_bytes": ram * 64, "disk_bytes": disk * 63,
             "hit_rate": hit, "sim_hit_rate": hit, "hit_rate_ram": 0.1435, "hit_rate_disk": hit - 0.1435,
             "max_hit_rate": 0.3734, "prefill_reduction": 1.17, "load_gbps": 0.06, "put_gbps": 0.15,
-            "requests_per_s": 128}
+            "requests_per_s": 128, "disk_write_amplification": 1.1734 if disk else 0.0}
 
 
 def test_markdown_table_and_series() -> None:
     points = [_point(3_000_000, 0, 0.1435), _point(10_000_000, 0, 0.25), _point(3_000_000, 30_000_000, 0.35)]
     table = markdown_table(points, "t")
-    assert "| 3M | RAM | 3M (183 MiB) | - | 0.1435 | 0.1435 | 0.1435 / 0.0000 | 38.4% |" in table
-    assert "| 33M | RAM+disk | 3M (183 MiB) | 30M (1802 MiB) | 0.3500 | 0.3500 | 0.1435 / 0.2065 | 93.7% |" in table
+    assert "| 3M | RAM | 3M (183 MiB) | - | 0.1435 | 0.1435 | 0.1435 / 0.0000 | 38.4% | 1.170x | - |" in table
+    assert ("| 33M | RAM+disk | 3M (183 MiB) | 30M (1802 MiB) | 0.3500 | 0.3500 | 0.1435 / 0.2065 | 93.7% | 1.170x "
+            "| 1.17x |") in table
     ram, disk = series_from_points(points)
     assert (ram.label, ram.capacity_tokens) == ("RAM", (3_000_000, 10_000_000))
     # the RAM+disk line starts at RAM alone (disk 0), on the total-capacity axis
@@ -280,11 +330,14 @@ def test_replay_through_real_daemon_equals_simulation() -> None:
     assert store.synced_leases
 
 
-def test_replay_with_disk_tier_equals_simulation() -> None:
+@pytest.mark.parametrize(("reinsert_hits", "reclaimed", "reinserted"), [(1, 41, 23), (0, 32, 0)])
+def test_replay_with_disk_tier_equals_simulation(reinsert_hits: int, reclaimed: int, reinserted: int) -> None:
     # The same 469 calls into 19 blocks of RAM and 96 blocks of disk (3 segments of 1 MiB = 32 blocks of 32 KiB):
-    # promotions, a failed all-or-nothing put, and FIFO reclamation of a whole segment, all exactly as modelled.
+    # promotions, a failed all-or-nothing put, and reclamation, all exactly as modelled. Plain FIFO drops one
+    # whole segment (32 blocks). With the second chance the first reclamation keeps 16 promoted records (half
+    # a segment), so a second one comes sooner and keeps 7: 41 dropped, 23 copied.
     reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1))
-    spec = StoreSpec.ram_disk(10_000, 49_152)
+    spec = StoreSpec.ram_disk(10_000, 49_152, reinsert_hits=reinsert_hits)
     assert spec.disk is not None and (spec.disk.segments, spec.disk.capacity_blocks) == (3, 96)
     sim = simulate(reqs, spec.sim_tiers())
     store = replay(reqs, spec)
@@ -294,5 +347,8 @@ def test_replay_with_disk_tier_equals_simulation() -> None:
     assert [k for k, (a, b) in checks.items() if a != b] == [], checks
     assert (sum(sim.hits), sim.hits_by_tier, sim.store_full) == (3_203, [2_724, 479], 1)
     c = sim.counters
-    assert (c["promotions"], c["disk_writes"], c["disk_evicted_blocks"], c["disk_blocks"]) == (479, 125, 32, 93)
+    assert (c["promotions"], c["disk_writes"], c["disk_evicted_blocks"], c["disk_reinserted"]) == (
+        479, 125, reclaimed, reinserted)
+    assert c["disk_blocks"] == 125 - reclaimed and c["evicted_to_disk"] == 584   # one eviction lost its copy
+    assert store.counters["disk_reinserted"] == reinserted
     assert store.synced_writes and store.counters["demote_dropped"] == 0

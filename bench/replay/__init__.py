@@ -5,7 +5,8 @@
 - trace.py        load / write the Mooncake JSONL format; which blocks of a request are cacheable
 - keys.py         stable chained block keys (sha256, fixed seed) and the content marks a load verifies
 - tiers.py        the store under test (RAM, disk segments; capacities in tokens) for daemon and simulator
-- sim.py          offline exact simulation: LRU RAM tier, FIFO-segment disk tier; the infinite-cache maximum
+- sim.py          offline exact simulation: LRU RAM tier, segment-log disk tier (oldest segment reclaimed,
+                  second chance for records read since written); the infinite-cache maximum
 - replayer.py     the connector's lookup -> load -> put loop through a real daemon and client
 - metrics.py      hit rates, prefill reduction, the GPU-seconds capacity model, time-to-next-action
 - run.py          one capacity point: store + simulator -> one flat figures dict

@@ -5,7 +5,8 @@ with every figure (see run.py for the names). stderr: the progress bar and notes
 store's hit rate differs from the simulated one by more than one point: that is a finding, not noise.
 
 --disk-tokens N adds the daemon's disk tier (see tiers.py for its segments; disk_sync none: a hit-rate
-replay). A run with a disk tier also replays RAM alone at the same RAM size ("ram_only" in the JSON), so one
+replay), with its second chance at reclamation (--disk-reinsert-hits, the daemon's default 1; 0: plain
+FIFO). A run with a disk tier also replays RAM alone at the same RAM size ("ram_only" in the JSON), so one
 run shows what the disk adds. --unique-share F sizes RAM + disk to F x the trace's unique KV tokens (every
 distinct cacheable block once), RAM taking --ram-share of it.
 
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size RAM + disk to this share of the trace's unique KV tokens (instead of the two above)")
     p.add_argument("--ram-share", type=float, default=0.5, help="with --unique-share: RAM's part of it")
     p.add_argument("--no-baseline", action="store_true", help="with a disk tier: skip the RAM-alone replay")
+    p.add_argument("--disk-reinsert-hits", type=int, default=1,
+                   help="disk second chance: keep records read this many times at reclamation (0: plain FIFO)")
     p.add_argument("--bytes-per-token", type=int, default=64, help="KV bytes a token (64: a block is 32 KiB)")
     p.add_argument("--partial-blocks", choices=("drop", "keep"), default="drop",
                    help="drop: only full 512-token blocks are cached (vLLM); keep: every hash id (dataset README)")
@@ -141,7 +144,8 @@ def _specs(a: argparse.Namespace, w: Workload, factor: float) -> list[StoreSpec]
     else:
         ram = a.capacity_tokens or int(3_000_000 * factor)
         disk = a.disk_tokens if a.disk_tokens is not None else int(QUICK_DISK_TOKENS * factor) if a.quick else 0
-    head = StoreSpec.ram_disk(ram, disk, bpt)
+    hits = a.disk_reinsert_hits
+    head = StoreSpec.ram_disk(ram, disk, bpt, hits)
     specs = [head]
     if disk and not a.no_baseline:
         specs.append(StoreSpec.ram(ram, bpt))
@@ -153,7 +157,7 @@ def _specs(a: argparse.Namespace, w: Workload, factor: float) -> list[StoreSpec]
         line_ram, dfull, dquick = DISK_SWEEPS[kind]
         line_ram = a.capacity_tokens or int(line_ram * factor)
         disks = a.disk_capacities or [int(d * factor) for d in (dquick if a.quick else dfull)]
-        specs += [StoreSpec.ram(line_ram, bpt)] + [StoreSpec.ram_disk(line_ram, d, bpt) for d in disks if d]
+        specs += [StoreSpec.ram(line_ram, bpt)] + [StoreSpec.ram_disk(line_ram, d, bpt, hits) for d in disks if d]
     unique: dict[tuple[int, int], StoreSpec] = {}
     for spec in specs:
         unique.setdefault((spec.ram_tokens, spec.disk_tokens), spec)
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
                 "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "mismatched_requests", "tier_mismatches",
-                "load_gbps", "put_gbps", "requests_per_s", "replay_s")
+                "disk_reinserted_blocks", "disk_write_amplification", "load_gbps", "put_gbps", "requests_per_s",
+                "replay_s")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),
                       table=str(a.out / f"sweep_{stem}.md"))
     result["elapsed_s"] = round(time.perf_counter() - t0, 1)

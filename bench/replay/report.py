@@ -36,6 +36,7 @@ _COLUMNS = (
      lambda p: f"{p.get('hit_rate_ram', p['hit_rate']):.4f} / {p.get('hit_rate_disk', 0.0):.4f}"),
     ("of max", lambda p: f"{p['hit_rate'] / p['max_hit_rate']:.1%}" if p["max_hit_rate"] else "-"),
     ("prefill reduction", lambda p: f"{p['prefill_reduction']:.3f}x"),
+    ("disk write amp.", lambda p: f"{p['disk_write_amplification']:.2f}x" if p.get("disk_tokens") else "-"),
     ("loads GB/s", lambda p: f"{p['load_gbps']:.2f}"),
     ("puts GB/s", lambda p: f"{p['put_gbps']:.2f}"),
     ("req/s", lambda p: f"{p['requests_per_s']:.0f}"),
@@ -108,6 +109,9 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
             ("disk bytes promoted / written; blocks reclaimed",
              f"{p['promoted_bytes'] / 1e9:.2f} GB / {p['disk_written_bytes'] / 1e9:.2f} GB; "
              f"{p['disk_reclaimed_blocks']:,}"),
+            ("disk second chance (reads to keep): blocks kept; write amplification",
+             f"{p['disk_reinsert_hits'] or 'off'}: {p['disk_reinserted_blocks']:,}; "
+             f"{p['disk_write_amplification']:.3f}x"),
             ("waiting for the disk writer and promotions", f"{p['settle_s']:.1f} s ({p['settle_polls']:,} polls)"),
         ]
     if "ttna_p50_s" in p:

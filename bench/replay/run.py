@@ -51,7 +51,7 @@ def _mismatches(store: Sequence[int], sim: Sequence[int]) -> list[tuple[int, int
 
 # counter name -> where the store reports it (engine counters, or the disk tier's stats)
 _CHECKED = ("evictions", "evicted_to_disk", "promotions", "promotion_failures", "hit_keys_ram", "hit_keys_disk",
-            "store_full", "disk_writes", "disk_write_failures")
+            "store_full", "disk_writes", "disk_write_failures", "disk_reinserted")
 _CHECKED_DISK = {"disk_evicted_blocks": "evicted_blocks", "disk_blocks": "blocks",
                  "disk_bytes_written": "bytes_written", "disk_bytes_read": "bytes_read"}
 
@@ -67,16 +67,26 @@ def _tier_checks(store: ReplayResult, sim: SimResult) -> dict[str, list[int]]:
 def _disk_figures(spec: StoreSpec, store: ReplayResult, sim: SimResult) -> dict:
     """The disk tier's size and traffic (zeros without one), and how the replay synchronised with it."""
     d = spec.disk
+    record = d.record_bytes if d else 0
+    reinserted = store.counters.get("disk_reinserted", 0)
+    written = store.disk.get("bytes_written", 0)
+    admitted = store.counters.get("disk_writes", 0) * record
     out: dict = {"disk_bytes": d.capacity_bytes if d else 0, "disk_blocks": d.capacity_blocks if d else 0,
                  "disk_segment_bytes": d.segment_bytes if d else 0, "disk_segments": d.segments if d else 0,
                  "total_tokens": spec.ram_tokens + spec.disk_tokens,
                  "mismatched_disk_hits": sum(a != b for a, b in zip(store.disk_hits, sim.disk_hits)),
-                 "promoted_bytes": store.disk.get("bytes_read", 0),
-                 "sim_promoted_bytes": sim.counters.get("disk_bytes_read", 0),
-                 "disk_written_bytes": store.disk.get("bytes_written", 0),
+                 "disk_read_bytes": store.disk.get("bytes_read", 0),
+                 "sim_disk_read_bytes": sim.counters.get("disk_bytes_read", 0),
+                 "promoted_bytes": store.disk.get("bytes_read", 0) - reinserted * record,
+                 "disk_written_bytes": written,
                  "sim_disk_written_bytes": sim.counters.get("disk_bytes_written", 0),
                  "disk_resident_blocks": store.disk.get("blocks", 0),
                  "disk_reclaimed_blocks": store.disk.get("evicted_blocks", 0),
+                 "disk_reinsert_hits": spec.disk_reinsert_hits if d else 0,
+                 "disk_reinserted_blocks": reinserted,
+                 "sim_disk_reinserted_blocks": sim.counters.get("disk_reinserted", 0),
+                 # device bytes written per byte admitted: 1.0 for a plain FIFO log; reinsertion copies add to it
+                 "disk_write_amplification": round(written / admitted, 4) if admitted else 0.0,
                  "synced_writes": store.synced_writes,
                  "settle_s": round(store.settle_s, 2), "settle_polls": store.settle_polls}
     if d:

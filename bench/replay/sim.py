@@ -20,17 +20,19 @@ RAM tier (exact LRU over block keys, kvstore/engine/engine.py):
 - eviction of a block that has a disk copy (written or promoted) only drops the RAM copy (`evicted_to_disk`).
 
 Disk tier (`SegmentLog`, kvstore/tiers/disk/segments.py + writer.py):
-- write-behind: every stored block is written once, in the writer's batches of 16; the replayer waits for
-  the writer after each put, so no block is evicted before its write. Promoted blocks are not rewritten.
-  Order: the daemon queues a commit's blocks sorted by catalog entry id (np.unique in
-  TieringMixin._queue_writes), not in chain order, and the catalog hands out ids LIFO from the ids that
-  evictions freed (Catalog.add/drop). Within one put this decides which blocks land in a segment that is
-  reclaimed first, so the model keeps the same ids (`_EntryIds`) and writes in that order.
+- write-behind: every stored block is written once, in the writer's batches of 16, in the put's (chain)
+  order (TieringMixin._queue_writes keeps the commit's order); the replayer waits for the writer after each
+  put, so no block is evicted before its write. Promoted blocks are not rewritten.
 - space: each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and a free
-  one (or, when none is left, the OLDEST sealed one, reclaimed whole: all its blocks leave the tier) becomes
-  active; a batch never reclaims a segment it wrote into itself (NO_SPACE: tiers.py sizes segments so that
-  this cannot happen). FIFO by segment: hits do not keep a block on disk, and a block's RAM copy keeps its
-  "on disk" mark after its segment was reclaimed (the daemon does not rewrite it).
+  one (or, when none is left, the OLDEST sealed one) becomes active; a batch never reclaims a segment it wrote
+  into itself (NO_SPACE: tiers.py sizes segments so that this cannot happen).
+- second chance (kvstore/tiers/disk/reclaim.py, `reinsert_hits`): every promotion is a verified read of the
+  block's record. When a segment is reclaimed, its records read at least `reinsert_hits` times since their
+  (re)write are copied first, in write order, to the start of that same segment, which becomes the active
+  one: at most half a segment of them (REINSERT_SHARE); their read counts start again at 0. The others leave
+  the tier (`reclaimed`). reinsert_hits 0: plain FIFO by segment.
+- a block whose record was dropped loses the "on disk" mark of its RAM copy (the engine's DISK_DROPPED), so
+  its later RAM eviction is not `evicted_to_disk`; the daemon does not rewrite it.
 
 An unbounded LRU tier (capacity None) gives the infinite-cache maximum.
 """
@@ -45,10 +47,11 @@ from bench.replay.keys import chain_keys
 from bench.replay.trace import Convention, Request
 
 __all__ = ["LRUTier", "SegmentLog", "SimTier", "CacheSim", "SimResult", "simulate", "infinite_cache",
-           "WRITER_BATCH_BLOCKS", "PAGE_BYTES"]
+           "WRITER_BATCH_BLOCKS", "PAGE_BYTES", "REINSERT_SHARE"]
 
 WRITER_BATCH_BLOCKS = 16  # kvstore.engine.movement.Mover: blocks one write_many call takes from the queue
 PAGE_BYTES = 4096  # every disk record starts on a page and is rounded up to whole pages
+REINSERT_SHARE = 0.5  # kvstore.tiers.disk.reclaim: most of a reclaimed segment its kept records may fill
 
 
 class LRUTier:
@@ -94,30 +97,39 @@ class LRUTier:
 
 
 class SegmentLog:
-    """The daemon's disk tier: a log of `segments` segments of `segment_bytes`, reclaimed oldest first."""
+    """The daemon's disk tier: a log of `segments` segments of `segment_bytes`, reclaimed oldest first, keeping
+    the records read at least `reinsert_hits` times since their write (0: plain FIFO)."""
 
     def __init__(self, name: str, segments: int, segment_bytes: int, block_bytes: int,
-                 batch_blocks: int = WRITER_BATCH_BLOCKS) -> None:
+                 batch_blocks: int = WRITER_BATCH_BLOCKS, reinsert_hits: int = 1) -> None:
         self.record_bytes = -(-block_bytes // PAGE_BYTES) * PAGE_BYTES
         if segments < 2 or self.record_bytes > segment_bytes:
             raise ValueError(f"tier {name}: need >= 2 segments that each hold a {self.record_bytes}-byte record")
         self.name = name
         self.segments, self.segment_bytes, self.batch_blocks = segments, segment_bytes, batch_blocks
+        self.reinsert_hits = reinsert_hits
+        self.keep_max = int(segment_bytes * REINSERT_SHARE) // self.record_bytes  # kept records per reclamation
         self.capacity_blocks: int | None = segments * (segment_bytes // self.record_bytes)
         self._where: dict[bytes, int] = {}  # key -> the segment use holding it
-        self._members: dict[int, list[bytes]] = {}  # segment use -> keys written into it
+        self._members: dict[int, list[bytes]] = {}  # segment use -> keys written into it, in offset order
+        self._reads: dict[bytes, int] = {}  # key -> verified reads of its record since it was (re)written
         self._sealed: deque[int] = deque()  # oldest first
         self._active: int | None = None
         self._wp = 0
         self._free = segments
         self._uses = 0
-        self.written = self.reclaimed = self.no_space = 0
+        self.dropped: list[bytes] = []  # keys reclamation dropped since the caller last emptied this list
+        self.written = self.reclaimed = self.reinserted = self.no_space = 0
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def read(self, key: bytes) -> None:
+        """A verified read of the key's record (a promotion)."""
+        self._reads[key] = self._reads.get(key, 0) + 1
 
     def write(self, keys: Sequence[bytes]) -> list[bool]:
         """Append records in order, batch by batch (writer.py's _reserve); whether each was written."""
@@ -136,45 +148,49 @@ class SegmentLog:
             if self._active is not None:
                 self._sealed.append(self._active)  # seal the full one
                 self._active = None
+            keep: list[bytes] = []
             if self._free:
                 self._free -= 1
             elif self._sealed and self._sealed[0] not in touched:
-                for k in self._members.pop(self._sealed.popleft()):  # reclaim the oldest whole
-                    del self._where[k]
-                    self.reclaimed += 1
+                keep = self._reclaim(self._sealed.popleft())
             else:
                 return False  # this batch alone fills the tier: NO_SPACE
             self._uses += 1
             self._active, self._wp = self._uses, 0
             self._members[self._active] = []
+            for k in keep:  # copied to the start of the reclaimed segment, now the active one
+                self._append(k)
+                self.reinserted += 1
+            if keep:
+                touched.add(self._active)
         old = self._where.get(key)
         if old is not None:  # a rewrite replaces the older record (not reached by the replay's puts)
             self._members[old].remove(key)
-        self._where[key] = self._active
-        self._members[self._active].append(key)
-        self._wp += self.record_bytes
+        self._append(key)
         touched.add(self._active)
         return True
 
+    def _append(self, key: bytes) -> None:
+        self._where[key] = self._active  # type: ignore[assignment]
+        self._members[self._active].append(key)  # type: ignore[index]
+        self._wp += self.record_bytes
+        self._reads.pop(key, None)
+
+    def _reclaim(self, use: int) -> list[bytes]:
+        """Take the segment use `use` back: the records to keep (write order); the others leave the tier."""
+        keep: list[bytes] = []
+        for k in self._members.pop(use):
+            if self.reinsert_hits and self._reads.get(k, 0) >= self.reinsert_hits and len(keep) < self.keep_max:
+                keep.append(k)
+                continue
+            del self._where[k]
+            self._reads.pop(k, None)
+            self.dropped.append(k)
+            self.reclaimed += 1
+        return keep
+
 
 SimTier = LRUTier | SegmentLog
-
-
-class _EntryIds:
-    """The daemon's catalog entry ids of the RAM blocks: a freed id is reused first (a LIFO free list)."""
-
-    def __init__(self) -> None:
-        self._of: dict[bytes, int] = {}
-        self._free: list[int] = []
-
-    def add(self, key: bytes) -> None:
-        self._of[key] = self._free.pop() if self._free else len(self._of) + len(self._free)
-
-    def drop(self, key: bytes) -> None:
-        self._free.append(self._of.pop(key))
-
-    def __getitem__(self, key: bytes) -> int:
-        return self._of[key]
 
 
 class CacheSim:
@@ -187,8 +203,7 @@ class CacheSim:
             raise ValueError("CacheSim models RAM and at most one disk tier (a SegmentLog) below it")
         self.ram: LRUTier = tiers[0]
         self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]
-        self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted)
-        self._ids = _EntryIds()  # only the disk tier's write order depends on them
+        self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted, not dropped since)
         # the daemon's counter names (kvstore/engine/counters.py), so store and model compare one to one
         self.counters = dict.fromkeys(("evictions", "evicted_to_disk", "promotions", "promotion_failures",
                                        "hit_keys_ram", "hit_keys_disk", "store_full"), 0)
@@ -214,6 +229,7 @@ class CacheSim:
                 if self._ram_admit([keys[i]], keep):  # a promoting block is no victim either
                     keep.add(keys[i])
                     self._flagged.add(keys[i])
+                    disk.read(keys[i])  # type: ignore[union-attr]
                     c["promotions"] += 1
                 else:
                     c["promotion_failures"] += 1
@@ -235,21 +251,18 @@ class CacheSim:
             return 0  # like a failed Reserve, which reports nothing about the keys it found
         self.present_on_put += len(present)
         if disk is not None and new:
-            order = sorted(new, key=self._ids.__getitem__)
-            self._flagged.update(k for k, ok in zip(order, disk.write(order)) if ok)
+            self._flagged.update(k for k, ok in zip(new, disk.write(new)) if ok)
+            self._flagged.difference_update(disk.dropped)  # the engine hears of them after the batch
+            disk.dropped.clear()
         return len(new)
 
     def _ram_admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
         stored, victims = self.ram.admit(keys, keep)  # all victims first, then the inserts, like Reserve
         self.counters["evictions"] += len(victims)
         for v in victims:
-            self._ids.drop(v)
             if v in self._flagged:
                 self._flagged.discard(v)
                 self.counters["evicted_to_disk"] += 1
-        if stored:
-            for k in keys:
-                self._ids.add(k)
         return stored
 
 
@@ -288,8 +301,9 @@ def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
     if sim.disk is not None:
         d = sim.disk
         counters.update(disk_writes=d.written, disk_write_failures=d.no_space, disk_evicted_blocks=d.reclaimed,
-                        disk_blocks=len(d), disk_bytes_written=d.written * d.record_bytes,
-                        disk_bytes_read=counters["promotions"] * d.record_bytes)
+                        disk_reinserted=d.reinserted, disk_blocks=len(d),
+                        disk_bytes_written=(d.written + d.reinserted) * d.record_bytes,
+                        disk_bytes_read=(counters["promotions"] + d.reinserted) * d.record_bytes)
         evictions.append(d.reclaimed)
     return SimResult(hits, [sum(hits) - on_disk, on_disk], disk_hits, stored, counters["store_full"],
                      [t.name for t in tiers], evictions, [len(t) for t in tiers], sim.present_on_put, counters)

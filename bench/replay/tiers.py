@@ -14,7 +14,8 @@ daemon reclaims, FIFO). The segment size is the largest whole MiB that still giv
 oldest-segment reclamation drops at most ~1.6 % of the tier at once, close to a block-grained FIFO), and at
 least one record (the block rounded up to 4 KiB). disk_sync "none": this is a hit-rate replay, not a
 durability test, so no fsync. Codec none (the stamped rows would compress to nothing and skew the bytes),
-admission always (every committed block gets its disk copy, which the simulator assumes).
+admission always (every committed block gets its disk copy, which the simulator assumes). `disk_reinsert_hits`
+is the disk tier's second chance at reclamation (the daemon's default 1; 0 = plain FIFO), on both sides.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class StoreSpec:
     tiers: tuple[TierSpec, ...]
     bytes_per_token: int = 64
     policy: str = "lru"
+    disk_reinsert_hits: int = 1
 
     def __post_init__(self) -> None:
         if not self.tiers or self.tiers[0].kind != "ram":
@@ -110,10 +112,10 @@ class StoreSpec:
         return StoreSpec((TierSpec("ram", capacity_tokens),), bytes_per_token)
 
     @staticmethod
-    def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64) -> StoreSpec:
+    def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64, reinsert_hits: int = 1) -> StoreSpec:
         """RAM alone when disk_tokens is 0."""
         tiers = (TierSpec("ram", ram_tokens),) + ((TierSpec("disk", disk_tokens),) if disk_tokens else ())
-        return StoreSpec(tiers, bytes_per_token)
+        return StoreSpec(tiers, bytes_per_token, disk_reinsert_hits=reinsert_hits)
 
     @property
     def block_bytes(self) -> int:
@@ -148,12 +150,14 @@ class StoreSpec:
         d = self.disk
         if d is not None:
             opts.update(disk_bytes=d.capacity_bytes, disk_segment_bytes=d.segment_bytes, disk_sync="none",
-                        disk_codec="none", disk_admission="always", write_queue_blocks=WRITE_QUEUE_BLOCKS)
+                        disk_codec="none", disk_admission="always", write_queue_blocks=WRITE_QUEUE_BLOCKS,
+                        disk_reinsert_hits=self.disk_reinsert_hits)
         return opts
 
     def sim_tiers(self) -> list[SimTier]:
         tiers: list[SimTier] = [LRUTier("ram", self.tiers[0].capacity_blocks)]
         d = self.disk
         if d is not None:
-            tiers.append(SegmentLog("disk", d.segments, d.segment_bytes, self.block_bytes))
+            tiers.append(SegmentLog("disk", d.segments, d.segment_bytes, self.block_bytes,
+                                    reinsert_hits=self.disk_reinsert_hits))
         return tiers
