@@ -7,6 +7,7 @@ A transfer is one operation that moves bytes on one data plane into or out of on
     arena   ram   out        a leasing Lookup -> its Release (the client copies out of the arena)
     stream  ram   in / out   one Put / Get gRPC stream (bytes inside the RPC, for clients that cannot map)
     disk    disk  in / out   one O_DIRECT write batch (pwrite + fdatasync) / one block read (pread)
+    tcp|ucx|grpc  peer  in / out   one batched fetch or push between peers (in: into this node's arena)
 
 Each (plane, tier, direction) keeps a byte counter and two fixed-bucket histograms per operation: seconds and
 GB/s (10^9 bytes per second). Operations that moved no bytes are not observed (their throughput means
@@ -35,6 +36,10 @@ KNOWN: tuple[tuple[str, str, str], ...] = (
     ("arena", "ram", "in"), ("arena", "ram", "out"),
     ("stream", "ram", "in"), ("stream", "ram", "out"),
     ("disk", "disk", "in"), ("disk", "disk", "out"),
+    # the peer tier: bytes fetched from / served or pushed to other nodes, per data plane
+    ("tcp", "peer", "in"), ("tcp", "peer", "out"),
+    ("ucx", "peer", "in"), ("ucx", "peer", "out"),
+    ("grpc", "peer", "in"), ("grpc", "peer", "out"),
 )
 
 

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -75,6 +76,13 @@ _PROMOTING = int(EntryState.PROMOTING)
 _RECENT_CLOSED = 8192
 
 
+class RemoteHooks(Protocol):
+    """What the engine asks of the peer tier (kvstore.peer.PeerCluster); both are called with keys only."""
+
+    def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a Lookup, no lock held
+    def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
+
+
 class Engine(TieringMixin, InspectionMixin):
     def __init__(
         self,
@@ -109,9 +117,14 @@ class Engine(TieringMixin, InspectionMixin):
         self._promotions: dict[int, Promotion] = {}
         self._mover = Mover(disk, self, queue_blocks=config.write_queue_blocks) if disk is not None else None
         self._next_probe = 0.0
+        self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
         if disk is not None:
             for name in disk.namespaces():  # known from before a restart; the next registration describes them
                 self._cat.add_namespace(name, "", "", "", recovered=True)
+
+    def attach_remote(self, remote: RemoteHooks | None) -> None:
+        """The peer tier's hooks: `fill` on Lookup (fetch misses from owners), `committed` on Commit (push)."""
+        self._remote = remote
 
     def start(self) -> None:
         """Start the background I/O threads (the daemon calls this once its RPC server is up)."""
@@ -309,6 +322,8 @@ class Engine(TieringMixin, InspectionMixin):
             self.counters.committed_blocks += len(eids)
             if self.events.subscribers:
                 self.events.publish(STORED, ns.name, [cat.keys[e] for e in eids], TIER_RAM)
+            if self._remote is not None:  # queues pushes to owners; never blocks
+                self._remote.committed(reservation_id, ns.name, [cat.keys[e] for e in eids])
             if self._disk is not None:
                 ids = np.array(eids, dtype=np.int64)
                 cat.seen[ids] = 1

@@ -48,8 +48,10 @@ _DOOMED = int(EntryState.DOOMED)
 class TieringMixin:
     # -- lookup -----------------------------------------------------------------------------------------
     def lookup(self: Engine, ns_name: str, keys: Sequence[bytes], prefix: bool = False,
-               lease: bool = True) -> LookupResult:
+               lease: bool = True, local_only: bool = False) -> LookupResult:
         self._check_keys(keys)
+        if self._remote is not None and not local_only:  # peer tier: fetch local misses first (no lock held)
+            self._remote.fill(ns_name, keys)
         with self._lock:
             ns = self._namespace(ns_name)
             eids, tiers = self._locate(ns, keys)

@@ -78,6 +78,18 @@ class ServerConfig:
     sweep_interval_s: float = field(default=0.25, **_help("how often leases and reservations are checked for expiry"))
     grpc_workers: int = field(default=16, **_help("gRPC server threads (event subscribers hold one each)"))
     max_subscribers: int = field(default=4, **_help("most concurrent KV-event subscribers"))
+    etcd_endpoints: str = field(default="", **_help(
+        "peer tier: comma-separated etcd v3 client URLs (http://host:2379); '' runs this node alone"))
+    etcd_prefix: str = field(default="/kvstore/members/", **_help("etcd key prefix under which members register"))
+    peer_listen: str = field(default="127.0.0.1:7071", **_help("peer data plane host:port (TCP or UCX listener)"))
+    peer_advertise: str = field(default="", **_help("data address peers dial; '' = peer_listen"))
+    peer_control_advertise: str = field(default="", **_help("gRPC address peers see in the member set; '' = listen"))
+    peer_lease_ttl_s: float = field(default=5.0, **_help("TTL of this node's etcd lease: a dead node leaves after it"))
+    peer_refresh_s: float = field(default=0.5, **_help("how often the member set is re-read and the lease kept alive"))
+    peer_replication: str = field(default="owner", **_help("push after a put: off, owner, owner+1 (owner and one replica)"))
+    peer_data_plane: str = field(default="tcp", **_help("peer data plane: tcp (framed, zero-copy), ucx (ucxx), grpc"))
+    peer_timeout_s: float = field(default=2.0, **_help("bound on one batched call to a peer; past it the keys are misses"))
+    peer_push_queue_blocks: int = field(default=4096, **_help("bound of the background push queue; beyond it pushes drop"))
     log_level: str = field(default="info", **_help("debug, info, warning, error"))
     log_format: str = field(default="text", **_help("text or json (one object a line)"))
 
@@ -135,7 +147,43 @@ class ServerConfig:
         _require(1 <= self.write_queue_blocks <= 1 << 20, f"write_queue_blocks={self.write_queue_blocks}: use 1..1048576")
         _require(0 <= self.disk_reinsert_hits <= 255,
                  f"disk_reinsert_hits={self.disk_reinsert_hits}: use 0 (plain FIFO) .. 255, e.g. 1")
+        self._validate_peers()
         return self
+
+    @property
+    def peer_endpoints(self) -> list[str]:
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
+
+    def _validate_peers(self) -> None:
+        """The peer tier's settings; checked only when etcd is configured (alone, they are inert)."""
+        if not self.peer_endpoints:
+            return
+        for url in self.peer_endpoints:
+            _require(re.fullmatch(r"https?://[^/\s]+(:\d+)?/?", url) is not None,
+                     f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. http://127.0.0.1:2379")
+        _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
+                 f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
+        _require(bool(self.listen or self.peer_control_advertise),
+                 "peer tier: listen is empty, so peers cannot reach this node's gRPC port; set listen or peer_control_advertise")
+        for name in ("peer_listen", "peer_advertise", "peer_control_advertise"):
+            value = getattr(self, name)
+            if value or name == "peer_listen":
+                host, _, port = value.rpartition(":")
+                _require(bool(host) and port.isdigit() and 0 <= int(port) < 65536 and (int(port) > 0 or name == "peer_listen"),
+                         f"{name}={value!r}: use host:port, e.g. 127.0.0.1:7071")
+        _require(0.5 <= self.peer_lease_ttl_s <= 300,
+                 f"peer_lease_ttl_s={self.peer_lease_ttl_s}: use 0.5..300 seconds (short: a dead node leaves sooner)")
+        _require(0.05 <= self.peer_refresh_s <= self.peer_lease_ttl_s / 3,
+                 f"peer_refresh_s={self.peer_refresh_s}: use 0.05..peer_lease_ttl_s/3 ({self.peer_lease_ttl_s / 3:g}) "
+                 "so the lease is renewed at least three times per TTL")
+        _require(self.peer_replication in ("off", "owner", "owner+1"),
+                 f"peer_replication={self.peer_replication!r}: use off, owner or owner+1")
+        _require(self.peer_data_plane in ("tcp", "ucx", "grpc"),
+                 f"peer_data_plane={self.peer_data_plane!r}: use tcp, ucx or grpc")
+        _require(0.01 <= self.peer_timeout_s <= 60,
+                 f"peer_timeout_s={self.peer_timeout_s}: use 0.01..60 seconds")
+        _require(1 <= self.peer_push_queue_blocks <= 1 << 20,
+                 f"peer_push_queue_blocks={self.peer_push_queue_blocks}: use 1..1048576")
 
 
 def _require(ok: bool, message: str) -> None:

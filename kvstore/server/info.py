@@ -13,6 +13,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.shm import SharedArena
 from kvstore.engine.results import EngineConfig
 from kvstore.hostinfo import boot_id
+from kvstore.peer.cluster import PeerStatus
 
 __all__ = ["NodeInfo"]
 
@@ -29,6 +30,7 @@ class NodeInfo:
         # Offsets handed out by this process are meaningless in another daemon's arena, even one with the
         # same shm name after a restart: clients compare this value before trusting an offset.
         self.incarnation = random.getrandbits(63) | 1
+        self.peer_status: Callable[[], PeerStatus] | None = None  # set by the daemon when the peer tier runs
 
     def uptime_s(self) -> float:
         return time.monotonic() - self._started
@@ -46,5 +48,18 @@ class NodeInfo:
             status="DEGRADED" if detail else self.status, detail=detail, node_id=self.node_id, version=__version__, hostname=socket.gethostname(),
             boot_id=boot_id(), pid=os.getpid(), arena=self.arena_info(),
             max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
-            max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(),
+            max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(), peers=self.peer_stats(),
         )
+
+    def peer_stats(self) -> pb.PeerTierStats:
+        """The peer tier for Health and Stats (enabled=false when this node runs alone)."""
+        if self.peer_status is None:
+            return pb.PeerTierStats(enabled=False, node_id=self.node_id)
+        st = self.peer_status()
+        return pb.PeerTierStats(
+            enabled=True, node_id=st.node_id, etcd_connected=st.etcd_connected, data_plane=st.data_plane,
+            data_address=st.data_address, replication=st.replication, counters=st.counters,
+            pending_pushes=st.pending_pushes,
+            members=[pb.PeerMember(node_id=m.node_id, control_address=m.control, data_address=m.data,
+                                   data_plane=m.plane, capacity_bytes=m.capacity_bytes, self=m.node_id == st.node_id)
+                     for m in st.members])

@@ -2,8 +2,8 @@
 
 Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
 disk tier (recovered or wiped) -> engine -> disk I/O threads, gRPC server on the unix socket and TCP ->
-sweeper thread. Shutdown on SIGTERM/SIGINT runs the other way: stop accepting RPCs, let in-flight ones finish
-(grace), stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
+sweeper thread -> peer tier (only with etcd_endpoints: data-plane listener, etcd registration, pusher). Shutdown on SIGTERM/SIGINT runs the other way: stop accepting RPCs, let in-flight ones finish
+(grace) after leaving the cluster, stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from kvstore.arena.shm import ArenaLayout, SharedArena
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineConfig
 from kvstore.errors import ConfigError
+from kvstore.peer import PeerCluster, PeerConfig
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
@@ -65,8 +66,11 @@ class Daemon:
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
+            self.peers = self._build_peers() if cfg.peer_endpoints else None
+            if self.peers is not None:
+                self.info.peer_status = self.peers.status
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
-                                          self.transfers) if cfg.metrics_listen else None)
+                                          self.transfers, self.info.peer_status) if cfg.metrics_listen else None)
             self.server = self._build_server()
         except BaseException:
             if getattr(self, "metrics", None) is not None:
@@ -88,6 +92,19 @@ class Daemon:
                           io=BlockIO(transfers=self.transfers))
         store.open(wipe=cfg.disk_wipe)  # logs what it recovered
         return store
+
+    def _build_peers(self) -> PeerCluster:
+        """The peer tier (etcd membership + data plane); started after the gRPC server, stopped before it."""
+        cfg = self.cfg
+        return PeerCluster(PeerConfig(
+            node_id=cfg.node_id, etcd_endpoints=tuple(cfg.peer_endpoints), etcd_prefix=cfg.etcd_prefix,
+            listen=cfg.peer_listen, advertise=cfg.peer_advertise,
+            control_address=cfg.peer_control_advertise or cfg.listen, lease_ttl_s=cfg.peer_lease_ttl_s,
+            refresh_s=cfg.peer_refresh_s, replication=cfg.peer_replication, data_plane=cfg.peer_data_plane,
+            timeout_s=cfg.peer_timeout_s, push_queue_blocks=cfg.peer_push_queue_blocks,
+            max_keys=cfg.max_batch_keys, max_block_bytes=cfg.max_block_bytes,
+            capacity_bytes=self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0),
+        ), self.engine, self.arena.view, self.transfers)
 
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg
@@ -123,6 +140,8 @@ class Daemon:
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
         self._sweeper.start()
+        if self.peers is not None:
+            self.peers.start()
         lay = self.arena.layout
         log.info("serving node=%s unix=%s tcp=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
                  self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-", lay.shm_name,
@@ -146,6 +165,8 @@ class Daemon:
         log.info("shutting down: draining RPCs for up to %.1fs", SHUTDOWN_GRACE_S)
         self.info.status = "STOPPING"
         self._stop.set()
+        if self.peers is not None:
+            self.peers.stop()  # leave the cluster first: peers stop routing here at once
         self.server.stop(SHUTDOWN_GRACE_S).wait()
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)

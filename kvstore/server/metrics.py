@@ -36,7 +36,12 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
-  Data planes (plane/tier/direction: arena/ram, stream/ram, disk/disk x in/out; see kvstore/transfers.py):
+  Peer tier (only when etcd_endpoints is set; counters listed in kvstore/peer/counters.py):
+  kvstore_peer_members / kvstore_peer_etcd_connected / kvstore_peer_push_queue_blocks
+  kvstore_peer_{fetch_calls,fetched_blocks,fetch_misses,served_blocks,pushed_blocks,pushes_dropped,
+                received_pushes,errors,timeouts,frame_errors,checksum_failures,etcd_errors,rejoins}_total
+  Data planes (plane/tier/direction: arena/ram, stream/ram, disk/disk, tcp|ucx|grpc/peer x in/out; see
+  kvstore/transfers.py):
   kvstore_transfer_bytes_total{plane,tier,direction}
   kvstore_transfer_seconds{plane,tier,direction}                histogram, one observation per operation
   kvstore_transfer_gigabytes_per_second{plane,tier,direction}   histogram of each operation's GB/s (10^9 B/s)
@@ -57,9 +62,11 @@ from prometheus_client.utils import floatToGoString
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
+from kvstore.peer.cluster import PeerStatus
+from kvstore.peer.counters import COUNTER_HELP
 from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
 
-__all__ = ["MetricsServer", "EngineCollector", "TransferCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
+__all__ = ["MetricsServer", "EngineCollector", "TransferCollector", "PeerCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +221,10 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
 class TransferCollector(Collector):
     """Data-plane bytes and per-operation latency / GB/s histograms, read from a TransferMeter at scrape time."""
 
-    def __init__(self, meter: TransferMeter, with_disk: bool) -> None:
+    def __init__(self, meter: TransferMeter, with_disk: bool, with_peers: bool = False) -> None:
         self._meter = meter
         self._with_disk = with_disk  # no disk tier: no disk series (as the other kvstore_disk_* families)
+        self._with_peers = with_peers  # no peer tier: no peer series
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         labels = ["plane", "tier", "direction"]
@@ -227,7 +235,7 @@ class TransferCollector(Collector):
         gbps = HistogramMetricFamily("kvstore_transfer_gigabytes_per_second",
                                      "Throughput of each data-plane operation (10^9 bytes per second)", labels=labels)
         for t in self._meter.snapshot():
-            if t.plane == "disk" and not self._with_disk:
+            if (t.plane == "disk" and not self._with_disk) or (t.tier == "peer" and not self._with_peers):
                 continue
             key = [t.plane, t.tier, t.direction]
             moved.add_metric(key, t.bytes)
@@ -236,6 +244,23 @@ class TransferCollector(Collector):
         yield moved
         yield seconds
         yield gbps
+
+
+class PeerCollector(Collector):
+    """The peer tier: member count, etcd state, push queue, and its counters (kvstore/peer/counters.py)."""
+
+    def __init__(self, status: Callable[[], PeerStatus]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        st = self._status()
+        yield GaugeMetricFamily("kvstore_peer_members", "Live members of the cluster, this node included",
+                                value=len(st.members))
+        yield GaugeMetricFamily("kvstore_peer_etcd_connected", "1 while etcd answers", value=int(st.etcd_connected))
+        yield GaugeMetricFamily("kvstore_peer_push_queue_blocks", "Blocks waiting to be pushed to owners",
+                                value=st.pending_pushes)
+        for name, text in COUNTER_HELP.items():
+            yield CounterMetricFamily(f"kvstore_peer_{name}", text, value=st.counters.get(name, 0))
 
 
 def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -251,12 +276,14 @@ class MetricsServer:
     """/metrics (Prometheus text format) and /healthz on `host:port`, served from one background thread."""
 
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
-                 transfers: TransferMeter | None = None) -> None:
+                 transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None) -> None:
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
         self.transfers = transfers if transfers is not None else TransferMeter()
-        self.registry.register(TransferCollector(self.transfers, engine.disk_enabled))
+        self.registry.register(TransferCollector(self.transfers, engine.disk_enabled, peers is not None))
+        if peers is not None:
+            self.registry.register(PeerCollector(peers))
         locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
         self.registry.register(_Static([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",

@@ -169,7 +169,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                                           hit_keys_disk=n.hit_keys_disk) for n in s.namespaces],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
-            disk=self._disk_stats(s.disk),
+            disk=self._disk_stats(s.disk), peers=self._info.peer_stats(),
         )
 
     def _disk_stats(self, d: Any) -> pb.DiskTierStats:

@@ -1,0 +1,21 @@
+"""The remote peer tier: kvstore-servers that share blocks over etcd membership and a TCP / UCX data plane.
+
+    cluster.py       PeerCluster, the facade the daemon builds (PeerConfig in, engine hooks out)
+    membership.py    this node's lease and record in etcd; the live member set
+    etcd.py          a minimal etcd v3 JSON-gateway client (standard library only)
+    placement.py     rendezvous hashing: the owner (and replica) of a block
+    remote_tier.py   reads: a local miss asks the owner, one batched call per peer
+    replicator.py    writes: after a put, push to the owner in the background (bounded, never blocks)
+    local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive
+    plane.py         the DataPlane interface and its errors
+    frames.py        the framed wire format (header, metadata, validation)
+    tcp_plane.py     the default data plane (recv_into arena slots, sendall from slots)
+    ucx_plane.py     UCX through ucxx
+    grpc_plane.py    the daemon's own Get/Put streams, the last fallback
+    counters.py      the tier's counters
+"""
+
+from kvstore.peer.cluster import COPIES, PeerCluster, PeerConfig, PeerStatus
+from kvstore.peer.membership import Member
+
+__all__ = ["PeerCluster", "PeerConfig", "PeerStatus", "Member", "COPIES"]

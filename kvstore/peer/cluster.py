@@ -1,0 +1,147 @@
+"""The peer tier as one object the composition root builds: membership, placement, data plane, reads, pushes.
+
+    PeerCluster(PeerConfig, engine, arena view, transfer meter)
+      start()     data-plane listener, then join etcd (a down etcd is retried; the node serves alone meanwhile),
+                  then the pusher; the engine gets this object as its `remote` hooks
+      fill()      engine hook on Lookup: fetch local misses from their owners (remote_tier.RemoteTier)
+      committed() engine hook on Commit: queue pushes to owners (replicator.Replicator)
+      stats()     members, etcd state, counters (Stats, Health, metrics)
+      stop()      leave etcd (revoke the lease), stop pushing, close the listener
+
+Without `etcd_endpoints` the daemon never builds one, and nothing of this runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvstore.peer.counters import PeerCounters
+from kvstore.peer.etcd import EtcdClient
+from kvstore.peer.local import LocalStore
+from kvstore.peer.membership import Member, Membership
+from kvstore.peer.plane import DataPlane
+from kvstore.peer.remote_tier import RemoteTier
+from kvstore.peer.replicator import Replicator
+from kvstore.transfers import TransferMeter
+
+if TYPE_CHECKING:
+    from kvstore.engine.engine import Engine
+
+__all__ = ["PeerConfig", "PeerCluster", "PeerStatus", "COPIES"]
+
+log = logging.getLogger(__name__)
+
+COPIES = {"off": 0, "owner": 1, "owner+1": 2}
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """The peer tier's part of the daemon config (validated by kvstore.server.config)."""
+
+    node_id: str
+    etcd_endpoints: tuple[str, ...]
+    etcd_prefix: str
+    listen: str
+    advertise: str
+    control_address: str
+    lease_ttl_s: float
+    refresh_s: float
+    replication: str
+    data_plane: str
+    timeout_s: float
+    push_queue_blocks: int
+    max_keys: int
+    max_block_bytes: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    node_id: str
+    etcd_connected: bool
+    data_plane: str
+    data_address: str
+    replication: str
+    members: tuple[Member, ...]
+    counters: dict[str, int]
+    pending_pushes: int
+
+
+def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter: TransferMeter) -> DataPlane:
+    common = dict(timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, max_block_bytes=cfg.max_block_bytes)
+    if cfg.data_plane == "tcp":
+        from kvstore.peer.tcp_plane import TcpPlane
+        return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)
+    if cfg.data_plane == "ucx":
+        from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
+        return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)
+    from kvstore.peer.grpc_plane import GrpcPlane
+    return GrpcPlane(local, counters, meter, control_address=cfg.control_address, **common)
+
+
+class PeerCluster:
+    def __init__(self, cfg: PeerConfig, engine: Engine, view: np.ndarray, meter: TransferMeter) -> None:
+        self.cfg = cfg
+        self.counters = PeerCounters()
+        self.local = LocalStore(engine, view, self.counters)
+        self.plane = make_plane(cfg, self.local, self.counters, meter)
+        self._engine = engine
+        self.membership: Membership | None = None
+        copies = COPIES[cfg.replication]
+        self.remote = RemoteTier(engine, self.plane, self._members, cfg.node_id, copies=copies,
+                                 timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, counters=self.counters,
+                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2))
+        self.replicator = Replicator(self.local, self.plane, self._members, cfg.node_id, copies=copies,
+                                     queue_blocks=cfg.push_queue_blocks, counters=self.counters)
+
+    def _members(self) -> dict[str, Member]:
+        if self.membership is None:
+            return {}
+        return self.membership.members()
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.plane.start()
+        me = Member(cfg.node_id, cfg.control_address, self.plane.address, cfg.data_plane, cfg.capacity_bytes)
+        etcd = EtcdClient(cfg.etcd_endpoints, timeout_s=min(1.0, cfg.lease_ttl_s / 3))
+        self.membership = Membership(etcd, cfg.etcd_prefix, me, ttl_s=cfg.lease_ttl_s, refresh_s=cfg.refresh_s,
+                                     counters=self.counters, on_change=self._check_planes)
+        self.replicator.start()
+        self.membership.start()
+        self._engine.attach_remote(self)
+        log.info("peer tier: node=%s plane=%s data=%s replication=%s etcd=%s", cfg.node_id, cfg.data_plane,
+                 self.plane.address, cfg.replication, ",".join(cfg.etcd_endpoints))
+
+    def _check_planes(self, members: dict[str, Member]) -> None:
+        for m in members.values():
+            if m.plane != self.cfg.data_plane:
+                log.warning("member %s speaks data plane %s, this node %s: calls to it will fail (use one plane "
+                            "per cluster)", m.node_id, m.plane, self.cfg.data_plane)
+
+    def stop(self) -> None:
+        self._engine.attach_remote(None)
+        self.replicator.stop()
+        if self.membership is not None:
+            self.membership.stop()
+        self.remote.close()
+        self.plane.stop()
+
+    # -- engine hooks ---------------------------------------------------------------------------------------
+    def fill(self, namespace: str, keys: Sequence[bytes]) -> int:
+        return self.remote.fill(namespace, list(keys))
+
+    def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
+        self.replicator.committed(reservation_id, namespace, keys)
+
+    # -- inspection -----------------------------------------------------------------------------------------
+    def status(self) -> PeerStatus:
+        members = self._members()
+        return PeerStatus(self.cfg.node_id, bool(self.membership and self.membership.connected), self.cfg.data_plane,
+                          self.plane.address, self.cfg.replication,
+                          tuple(members[k] for k in sorted(members)), self.counters.snapshot(),
+                          self.replicator.pending)

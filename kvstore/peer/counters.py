@@ -1,0 +1,48 @@
+"""The peer tier's counters: plain integers behind one lock, read at scrape time and by Stats.
+
+Kept apart from the engine's Counters because they are fed from the peer threads (data-plane servers,
+fetchers, pushers, membership), never under the engine lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["PeerCounters", "COUNTER_HELP"]
+
+# name -> help; every name is a Prometheus counter kvstore_peer_<name>_total and a key of Stats.peers.counters
+COUNTER_HELP: dict[str, str] = {
+    "fetch_calls": "Batched fetch calls made to peers (one per peer per local miss batch)",
+    "fetch_keys": "Keys asked of peers",
+    "fetched_blocks": "Blocks fetched from peers into the local arena",
+    "fetch_misses": "Keys a peer did not have, or that a failed call turned into misses",
+    "served_blocks": "Blocks this node sent to peers that asked for them",
+    "pushed_blocks": "Blocks pushed to their owner after a local put",
+    "pushes_dropped": "Pushes dropped: queue full, peer down, timeout or error (never blocks a put)",
+    "received_pushes": "Blocks other nodes pushed here and this node stored",
+    "errors": "Peer calls that failed (refused, reset, protocol error)",
+    "timeouts": "Peer calls that ran past peer_timeout_s (their keys are misses)",
+    "frame_errors": "Malformed, oversized or truncated frames received; the connection was closed",
+    "checksum_failures": "Blocks from a peer whose xxh3 did not match (misses, not stored)",
+    "etcd_errors": "Failed calls to etcd (the node keeps serving its own tiers)",
+    "rejoins": "Times this node registered itself in etcd (first join included)",
+}
+
+
+class PeerCounters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTER_HELP, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self._values[name] += n
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._values[name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)

@@ -1,0 +1,175 @@
+"""The peer wire format: one fixed header, a metadata section, then raw block bytes.
+
+    header (32 bytes, little endian)
+      magic     4s   b"KVSP"
+      version   u8   1
+      op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY
+      flags     u16  0 (reserved)
+      request   u64  request id; a reply carries its request's id
+      count     u32  keys in the batch (<= max_batch_keys)
+      meta_len  u32  bytes of metadata after the header (<= MAX_META_BYTES)
+      payload   u64  bytes of block data after the metadata (= sum of the block sizes)
+
+    FETCH        meta: namespace, keys                       payload: none
+    FETCH_REPLY  meta: per key (size u64, xxh3 u64); 0 = miss payload: the found blocks, in key order
+    PUSH         meta: namespace description, keys, per key (size u64, xxh3 u64)   payload: the blocks
+    PUSH_REPLY   meta: none; count = blocks the receiver stored
+
+Strings are u16-length-prefixed UTF-8, keys u8-length-prefixed. Every field is checked against the limits
+before anything is allocated or read: a frame that breaks one raises FrameError, and the receiver closes that
+connection (it cannot resynchronise a byte stream) and counts it. Why a home-made frame and not protobuf:
+the payload must be read with recv_into straight into arena slots, so the metadata has to say the sizes
+before the bytes arrive, and the bytes must not pass through a message object.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
+           "PUSH_REPLY", "MAX_META_BYTES", "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes",
+           "encode_push", "decode_push", "check_header"]
+
+MAGIC = b"KVSP"
+VERSION = 1
+FETCH, FETCH_REPLY, PUSH, PUSH_REPLY = 1, 2, 3, 4
+_OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY)
+HEADER = struct.Struct("<4sBBHQIIQ")
+MAX_META_BYTES = 1 << 20
+
+
+class FrameError(Exception):
+    """A frame that breaks the format or a limit; the connection it came on is closed."""
+
+
+@dataclass(frozen=True)
+class Header:
+    op: int
+    request_id: int
+    count: int
+    meta_len: int
+    payload_len: int
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, VERSION, self.op, 0, self.request_id, self.count, self.meta_len, self.payload_len)
+
+
+@dataclass(frozen=True)
+class NamespaceDesc:
+    """What a receiver needs to register a namespace it has not seen (pushes carry it)."""
+
+    name: str
+    model: str = ""
+    layout_digest: str = ""
+    tenant: str = ""
+    tokens_per_block: int = 0
+
+
+def check_header(raw: bytes, *, max_keys: int, max_block_bytes: int, expect: tuple[int, ...] = _OPS) -> Header:
+    if len(raw) != HEADER.size:
+        raise FrameError(f"truncated header: {len(raw)} of {HEADER.size} bytes")
+    magic, version, op, _flags, rid, count, meta_len, payload = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported version {version}")
+    if op not in expect:
+        raise FrameError(f"unexpected op {op}")
+    if count > max_keys:
+        raise FrameError(f"{count} keys in one frame (max {max_keys})")
+    if meta_len > MAX_META_BYTES:
+        raise FrameError(f"metadata of {meta_len} bytes (max {MAX_META_BYTES})")
+    if payload > count * max_block_bytes:
+        raise FrameError(f"payload of {payload} bytes for {count} blocks of at most {max_block_bytes}")
+    return Header(op, rid, count, meta_len, payload)
+
+
+class _Reader:
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise FrameError("metadata shorter than its fields")
+        out = self.buf[self.pos: self.pos + n]
+        self.pos += n
+        return out
+
+    def string(self) -> str:
+        (n,) = struct.unpack("<H", self.take(2))
+        try:
+            return self.take(n).decode()
+        except UnicodeDecodeError as exc:
+            raise FrameError("a string field is not UTF-8") from exc
+
+    def keys(self, count: int) -> list[bytes]:
+        out = []
+        for _ in range(count):
+            n = self.take(1)[0]
+            if n == 0:
+                raise FrameError("empty key")
+            out.append(self.take(n))
+        return out
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.take(4))[0]
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise FrameError(f"{len(self.buf) - self.pos} unexpected bytes after the metadata")
+
+
+def _string(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<H", len(b)) + b
+
+
+def _keys(keys: list[bytes]) -> bytes:
+    return b"".join(bytes([len(k)]) + k for k in keys)
+
+
+def encode_fetch(namespace: str, keys: list[bytes]) -> bytes:
+    return _string(namespace) + _keys(keys)
+
+
+def decode_fetch(meta: bytes, count: int) -> tuple[str, list[bytes]]:
+    r = _Reader(meta)
+    ns, keys = r.string(), r.keys(count)
+    r.done()
+    return ns, keys
+
+
+def encode_sizes(sizes: np.ndarray, checksums: np.ndarray) -> bytes:
+    pairs = np.empty((len(sizes), 2), dtype="<u8")
+    pairs[:, 0], pairs[:, 1] = sizes, checksums
+    return pairs.tobytes()
+
+
+def decode_sizes(meta: bytes, count: int, payload_len: int, max_block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, checksums) of a reply or push; sizes must add up to the payload and respect the block limit."""
+    if len(meta) != 16 * count:
+        raise FrameError(f"size table of {len(meta)} bytes for {count} keys")
+    pairs = np.frombuffer(meta, dtype="<u8").reshape(count, 2) if count else np.zeros((0, 2), dtype="<u8")
+    sizes, checksums = pairs[:, 0].astype(np.int64), pairs[:, 1].copy()
+    if count and (int(pairs[:, 0].max()) > max_block_bytes):
+        raise FrameError(f"a block of {int(pairs[:, 0].max())} bytes (max {max_block_bytes})")
+    if int(sizes.sum()) != payload_len:
+        raise FrameError(f"block sizes add up to {int(sizes.sum())}, the header says {payload_len}")
+    return sizes, checksums
+
+
+def encode_push(desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray, checksums: np.ndarray) -> bytes:
+    return (_string(desc.name) + _string(desc.model) + _string(desc.layout_digest) + _string(desc.tenant)
+            + struct.pack("<I", desc.tokens_per_block) + _keys(keys) + encode_sizes(sizes, checksums))
+
+
+def decode_push(meta: bytes, count: int, payload_len: int,
+                max_block_bytes: int) -> tuple[NamespaceDesc, list[bytes], np.ndarray, np.ndarray]:
+    r = _Reader(meta)
+    desc = NamespaceDesc(r.string(), r.string(), r.string(), r.string(), r.u32())
+    keys = r.keys(count)
+    sizes, checksums = decode_sizes(meta[r.pos:], count, payload_len, max_block_bytes)
+    return desc, keys, sizes, checksums

@@ -1,0 +1,170 @@
+"""The local arena as the peer tier sees it: blocks opened for sending, slots reserved for receiving.
+
+Both directions go through the engine's public two-phase primitives, so a block that arrives from a peer is
+an ordinary committed block afterwards (a local hit), and a block being sent is an ordinary leased block
+(never evicted or reused while its bytes are on the wire):
+
+- `open_for_send(ns, keys)`: a local-only leasing lookup; per key its size (0: not here) and xxh3 (computed
+  from the slot when the writer committed without one), plus one writable memoryview per found block.
+  `close()` releases the lease.
+- `receive(ns, keys, sizes)`: one Reserve for the batch; a memoryview of each reserved slot (None for a key
+  already present or in flight: its bytes are read and dropped). `finish(checksums)` verifies xxh3 of every
+  slot and commits, or aborts the whole reservation if any block is damaged (a miss, counted).
+
+Reservations made here are remembered (`is_own`) so the engine's commit hook does not push a block that came
+from a peer back out again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import xxhash
+
+from kvstore.errors import KVStoreError, UnknownNamespaceError
+from kvstore.peer.counters import PeerCounters
+from kvstore.peer.frames import NamespaceDesc
+
+if TYPE_CHECKING:
+    from kvstore.engine.engine import Engine
+
+__all__ = ["LocalStore", "Outgoing", "Incoming"]
+
+_RESERVED = 0  # kvstore.engine.results.RESERVED (not imported: the peer tier sits below the engine)
+
+
+@dataclass
+class Outgoing:
+    sizes: np.ndarray           # per requested key; 0 = not here
+    checksums: np.ndarray       # per requested key
+    views: list[memoryview]     # one per found block, in key order
+    _close: object = None
+
+    @property
+    def payload_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()  # type: ignore[operator]
+            self._close = None
+
+
+@dataclass
+class Incoming:
+    views: list[memoryview | None]   # one per block; None = read and drop
+    reservation_id: int
+    _store: LocalStore | None = field(default=None, repr=False)
+
+    def finish(self, checksums: np.ndarray) -> int:
+        """Verify and commit; returns the blocks stored (0 if any reserved block failed its checksum)."""
+        assert self._store is not None
+        return self._store._finish(self, checksums)
+
+    def abort(self) -> None:
+        if self.reservation_id and self._store is not None:
+            self._store._abort(self.reservation_id)
+            self.reservation_id = 0
+
+
+class LocalStore:
+    def __init__(self, engine: Engine, view: np.ndarray, counters: PeerCounters) -> None:
+        self._engine = engine
+        self._view = view
+        self._counters = counters
+        self._own: set[int] = set()
+        self._own_lock = threading.Lock()
+        self._descs: dict[str, NamespaceDesc] = {}
+
+    # -- sending ----------------------------------------------------------------------------------------
+    def open_for_send(self, namespace: str, keys: list[bytes]) -> Outgoing:
+        n = len(keys)
+        try:
+            r = self._engine.lookup(namespace, keys, prefix=False, lease=True, local_only=True)
+        except UnknownNamespaceError:
+            return Outgoing(np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint64), [])
+        sizes = np.zeros(n, dtype=np.int64)
+        sums = np.zeros(n, dtype=np.uint64)
+        views: list[memoryview] = []
+        hit = 0
+        for i, present in enumerate(r.present):
+            if not present:
+                continue
+            off, size = r.offsets[hit], r.sizes[hit]
+            mv = memoryview(self._view[off: off + size])
+            sizes[i] = size
+            sums[i] = r.checksums[hit] or xxhash.xxh3_64_intdigest(mv)
+            views.append(mv)
+            hit += 1
+        lease = r.lease_id
+        return Outgoing(sizes, sums, views, (lambda: self._engine.release([lease])) if lease else None)
+
+    def describe(self, namespace: str) -> NamespaceDesc:
+        """The namespace's description, for pushes (cached: descriptions never change once registered)."""
+        d = self._descs.get(namespace)
+        if d is None:
+            for ns in self._engine.stats().namespaces:
+                self._descs[ns.name] = NamespaceDesc(ns.name, ns.model, ns.layout_digest, ns.tenant,
+                                                     ns.tokens_per_block)
+            d = self._descs.get(namespace, NamespaceDesc(namespace))
+        return d
+
+    # -- receiving --------------------------------------------------------------------------------------
+    def receive(self, namespace: str, keys: list[bytes], sizes: list[int],
+                desc: NamespaceDesc | None = None) -> Incoming | None:
+        """Slots for a batch of blocks; None when they cannot be stored here (full, invalid): drop the bytes."""
+        if desc is not None:
+            try:
+                self._engine.register_namespace(desc.name, desc.model, desc.layout_digest, desc.tenant,
+                                                tokens_per_block=desc.tokens_per_block or None)
+            except KVStoreError:
+                return None  # a conflicting description here: never mix layouts
+        try:
+            r = self._engine.reserve(namespace, keys, sizes)
+        except KVStoreError:
+            return None
+        views: list[memoryview | None] = [
+            memoryview(self._view[off: off + size]) if outcome == _RESERVED else None
+            for off, size, outcome in zip(r.offsets, sizes, r.outcomes)]
+        if r.reservation_id:
+            with self._own_lock:
+                self._own.add(r.reservation_id)
+        return Incoming(views, r.reservation_id, self)
+
+    def _finish(self, inc: Incoming, checksums: np.ndarray) -> int:
+        if not inc.reservation_id:
+            return 0
+        kept = []
+        for view, expected in zip(inc.views, checksums.tolist()):
+            if view is None:
+                continue
+            if xxhash.xxh3_64_intdigest(view) != expected:
+                self._counters.add("checksum_failures")
+                self._engine.note_checksum_failure()
+                inc.abort()
+                return 0
+            kept.append(expected)
+        try:
+            n = self._engine.commit(inc.reservation_id, kept)
+        except KVStoreError:  # expired while the bytes were on the wire: a miss
+            n = 0
+        with self._own_lock:
+            self._own.discard(inc.reservation_id)
+        inc.reservation_id = 0
+        return n
+
+    def _abort(self, rid: int) -> None:
+        try:
+            self._engine.abort(rid)
+        except KVStoreError:
+            pass
+        with self._own_lock:
+            self._own.discard(rid)
+
+    def is_own(self, reservation_id: int) -> bool:
+        """True for a reservation this module made (a block from a peer): the commit hook must not push it."""
+        with self._own_lock:
+            return reservation_id in self._own

@@ -1,0 +1,55 @@
+"""The data-plane interface between peers; one implementation per transport, chosen by `peer_data_plane`.
+
+    DataPlane
+      start() / stop()           the listener peers dial (none for grpc: the control port serves it)
+      address                    what this node advertises as its data address
+      fetch(member, ns, keys)    one batched call: blocks the member has land in local arena slots;
+                                 returns how many were stored here (the rest are misses)
+      push(member, desc, keys)   one batched call: send these local blocks; returns how many it stored
+
+Both calls are bounded by `timeout_s` and raise PeerTimeout or PeerError (both PeerCallError); the caller
+counts them and treats the keys as misses / the pushes as dropped. Implementations: tcp_plane.TcpPlane
+(framed protocol, recv_into arena slots, sends from slots), ucx_plane.UcxPlane (ucxx), grpc_plane.GrpcPlane
+(the daemon's own Get/Put streams, the last fallback).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from kvstore.peer.frames import NamespaceDesc
+from kvstore.peer.membership import Member
+
+__all__ = ["DataPlane", "PeerCallError", "PeerTimeout", "PeerError"]
+
+
+class PeerCallError(Exception):
+    """A call to a peer failed; its keys are misses (fetch) or its blocks are dropped (push)."""
+
+
+class PeerTimeout(PeerCallError):
+    """The peer did not answer within timeout_s."""
+
+
+class PeerError(PeerCallError):
+    """Refused, reset, or an answer that broke the protocol."""
+
+
+class DataPlane(ABC):
+    name: str = ""
+
+    @property
+    @abstractmethod
+    def address(self) -> str: ...
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @abstractmethod
+    def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int: ...
+
+    @abstractmethod
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int: ...

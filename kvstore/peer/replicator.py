@@ -1,0 +1,116 @@
+"""Writes to peers: after a local put, push each block to its owner (and under owner+1 one replica) in the background.
+
+The engine calls `committed(reservation_id, namespace, keys)` inside Commit, under its lock, so it only appends
+to a bounded queue and returns: a put never waits for a peer. One pusher thread drains the queue, groups keys
+by (target peer, namespace) into batches of up to `batch_keys`, opens them from the arena (a lease holds the
+slots while the bytes are on the wire) and makes one push call per batch.
+
+Dropped and counted (`pushes_dropped`), never retried: a full queue, a target that is down, a call that fails
+or times out. A block that came from a peer (fetched or pushed here) is not pushed again (LocalStore.is_own).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from kvstore.peer.counters import PeerCounters
+from kvstore.peer.local import LocalStore
+from kvstore.peer.membership import Member
+from kvstore.peer.placement import owners
+from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
+
+__all__ = ["Replicator"]
+
+log = logging.getLogger(__name__)
+
+
+class Replicator:
+    def __init__(self, local: LocalStore, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *,
+                 copies: int, queue_blocks: int, counters: PeerCounters, batch_keys: int = 32) -> None:
+        self._local = local
+        self._plane = plane
+        self._members = members
+        self._me = me
+        self._copies = copies
+        self._max_queue = queue_blocks
+        self._batch = batch_keys
+        self._counters = counters
+        self._queue: deque[tuple[str, tuple[bytes, ...]]] = deque()
+        self._queued = 0
+        self._busy = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="kvstore-peer-pusher", daemon=True)
+
+    def start(self) -> None:
+        if self._copies:
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    @property
+    def pending(self) -> int:
+        """Blocks queued or being pushed (0: every push so far has been attempted)."""
+        with self._cond:
+            return self._queued + self._busy
+
+    def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
+        """Engine hook, under the engine lock: queue a commit's blocks for pushing; never blocks."""
+        if not self._copies or self._local.is_own(reservation_id):
+            return
+        with self._cond:
+            if self._queued + len(keys) > self._max_queue:
+                self._counters.add("pushes_dropped", len(keys))
+                return
+            self._queue.append((namespace, tuple(keys)))
+            self._queued += len(keys)
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    self._counters.add("pushes_dropped", self._queued)
+                    return
+                items = list(self._queue)
+                self._queue.clear()
+                self._busy, self._queued = self._queued, 0
+            try:
+                self._push(items)
+            except Exception:  # the pusher must survive a bug in one round
+                log.exception("peer push round failed")
+            finally:
+                with self._cond:
+                    self._busy = 0
+
+    def _push(self, items: list[tuple[str, tuple[bytes, ...]]]) -> None:
+        members = self._members()
+        ids = list(members)
+        batches: dict[tuple[str, str], list[bytes]] = {}
+        for namespace, keys in items:
+            for key in keys:
+                for target in owners(namespace, key, ids, self._copies):
+                    if target != self._me:
+                        batches.setdefault((target, namespace), []).append(key)
+        for (target, namespace), keys in batches.items():
+            desc = self._local.describe(namespace)
+            for i in range(0, len(keys), self._batch):
+                part = keys[i: i + self._batch]
+                try:
+                    self._plane.push(members[target], desc, part)  # the owner may hold some already: fine
+                except PeerCallError as exc:
+                    self._counters.add("pushes_dropped", len(part))
+                    self._counters.add("timeouts" if isinstance(exc, PeerTimeout) else "errors")
+                    log.info("push of %d blocks to %s dropped: %s", len(part), target, exc)
+                    continue
+                self._counters.add("pushed_blocks", len(part))
