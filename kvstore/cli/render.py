@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvstore.client.types import Health, KeyInfo, Stats
+from kvstore.client.types import Health, KeyInfo, PeerInfo, Stats
 
 __all__ = [
     "HEX_PREFIX", "human_bytes", "human_age", "pct", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
@@ -165,6 +165,10 @@ def print_stats(s: Stats) -> None:
         ]))
     else:
         c.print(Text("disk tier: off"))
+    p = s.peers
+    if p is not None:
+        c.print(_kv_table("peer tier", [("members", _peers_line(p)), ("pending pushes", p.pending_pushes)]
+                          + [(k.replace("_", " "), v) for k, v in p.counters.items()]))
     counters = Table(title="counters", title_justify="left", show_header=False, box=None, padding=(0, 2))
     for _ in range(2):
         counters.add_column(style="bold")
@@ -229,4 +233,13 @@ def print_health(h: Health) -> None:
                   f"{'locked' if h.arena_locked else 'NOT locked'}"),
         ("max block", human_bytes(h.max_block_bytes)),
         ("max batch", f"{h.max_batch_keys} keys"),
+        ("peers", _peers_line(h.peers)),
     ]))
+
+
+def _peers_line(p: PeerInfo | None) -> str:
+    if p is None:
+        return "off (alone: no etcd_endpoints)"
+    etcd = "etcd connected" if p.etcd_connected else "etcd UNREACHABLE (last member set)"
+    names = ", ".join(m.node_id + ("*" if m.is_self else "") for m in p.members)
+    return f"{len(p.members)} members [{names}], {etcd}, plane {p.data_plane} {p.data_address}, replication {p.replication}"

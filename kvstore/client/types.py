@@ -6,7 +6,40 @@ from dataclasses import dataclass, field
 
 from kvstore._proto import kvstore_pb2 as pb
 
-__all__ = ["KVEvent", "TIER_NAMES", "Health", "Stats", "DiskInfo", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
+__all__ = ["KVEvent", "TIER_NAMES", "Health", "Stats", "PeerInfo", "PeerMemberInfo", "DiskInfo", "NamespaceInfo", "SizeClassInfo", "KeyInfo", "PutResult", "Reservation", "Lease"]
+
+
+@dataclass(frozen=True)
+class PeerMemberInfo:
+    node_id: str
+    control_address: str
+    data_address: str
+    data_plane: str
+    capacity_bytes: int
+    is_self: bool
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """The peer tier's part of Health and Stats (None when the daemon runs alone)."""
+
+    node_id: str
+    etcd_connected: bool
+    data_plane: str
+    data_address: str
+    replication: str
+    members: list[PeerMemberInfo]
+    counters: dict[str, int]
+    pending_pushes: int
+
+    @staticmethod
+    def from_pb(m: pb.PeerTierStats) -> PeerInfo | None:
+        if not m.enabled:
+            return None
+        return PeerInfo(m.node_id, m.etcd_connected, m.data_plane, m.data_address, m.replication,
+                        [PeerMemberInfo(p.node_id, p.control_address, p.data_address, p.data_plane, p.capacity_bytes,
+                                        p.self) for p in m.members],
+                        dict(sorted(m.counters.items())), m.pending_pushes)
 
 
 @dataclass(frozen=True)
@@ -23,11 +56,13 @@ class Health:
     max_batch_keys: int
     uptime_s: float
     detail: str = ""
+    peers: PeerInfo | None = None
 
     @staticmethod
     def from_pb(m: pb.HealthResponse) -> Health:
         return Health(m.status, m.node_id, m.version, m.hostname, m.pid, m.arena.shm_name, m.arena.size_bytes,
-                      m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s, m.detail)
+                      m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s, m.detail,
+                      PeerInfo.from_pb(m.peers))
 
 
 @dataclass(frozen=True)
@@ -134,6 +169,7 @@ class Stats:
     namespaces: list[NamespaceInfo] = field(default_factory=list)
     size_classes: list[SizeClassInfo] = field(default_factory=list)
     disk: DiskInfo | None = None
+    peers: PeerInfo | None = None
 
     @staticmethod
     def from_pb(m: pb.StatsResponse) -> Stats:
@@ -146,6 +182,7 @@ class Stats:
                            n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk) for n in m.namespaces],
             [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
             DiskInfo.from_pb(m.disk) if m.disk.enabled else None,
+            PeerInfo.from_pb(m.peers),
         )
 
 

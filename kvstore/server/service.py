@@ -242,8 +242,10 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     def Get(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> Iterator[pb.GetChunk]:
         start = time.perf_counter()
+        # a peer's fetch (grpc data plane) reads this node's own tiers only: it must never fan out again
+        from_peer = ("kvstore-peer", "1") in tuple(context.invocation_metadata() or ())
         try:
-            r = self._engine.lookup(request.namespace, request.keys, prefix=False, lease=True)
+            r = self._engine.lookup(request.namespace, request.keys, prefix=False, lease=True, local_only=from_peer)
         except KVStoreError as exc:
             _abort(context, exc)
             return

@@ -1,0 +1,267 @@
+"""UCX data plane through ucxx (pip: ucxx-cu12): RDMA where the system's UCX has it, tcp / shared memory here.
+
+Same frames as the TCP plane (frames.py), carried as UCX tagged messages on one endpoint per peer connection:
+the header (32 bytes), the metadata (when not empty), then one message per block, each received straight
+into its arena slot (a numpy view on the slot: no copy in Python) and sent from the leased slot. ucxx is
+asyncio-based, so the plane owns one event-loop thread; `fetch` and `push` submit a coroutine to it and wait
+at most `timeout_s`. Engine calls (lease, reserve, verify + commit) run in the loop's executor so a slow one
+never stalls other endpoints.
+
+Measured here (no RDMA NIC): 0.25-0.8 GB/s over UCX's tcp transport from Python vs 3.4-3.8 GB/s for plain
+sockets, hence TCP is the default; on an RDMA fabric UCX avoids the kernel copies that bound the TCP plane.
+A header that breaks the format closes that endpoint and counts `frame_errors`, as on the TCP plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+
+from kvstore.errors import ConfigError
+from kvstore.peer import frames as fr
+from kvstore.peer.counters import PeerCounters
+from kvstore.peer.frames import FrameError, Header, NamespaceDesc
+from kvstore.peer.local import LocalStore
+from kvstore.peer.membership import Member
+from kvstore.peer.plane import DataPlane, PeerError, PeerTimeout
+from kvstore.transfers import TransferMeter
+
+__all__ = ["UcxPlane"]
+
+log = logging.getLogger(__name__)
+
+
+def _np(view: memoryview) -> np.ndarray:
+    return np.frombuffer(view, dtype=np.uint8)
+
+
+class UcxPlane(DataPlane):
+    name = "ucx"
+
+    def __init__(self, local: LocalStore, counters: PeerCounters, meter: TransferMeter, *, listen: str,
+                 advertise: str, timeout_s: float, max_keys: int, max_block_bytes: int) -> None:
+        try:
+            import ucxx  # noqa: F401 - fail at construction, with a message, when it is missing
+        except ImportError as exc:
+            raise ConfigError("peer_data_plane=ucx needs ucxx: pip install 'kvstore[ucx]' (ucxx-cu12)") from exc
+        self._local = local
+        self._counters = counters
+        self._meter = meter
+        self._listen = listen
+        self._advertise = advertise
+        self._timeout = timeout_s
+        self._max_keys = max_keys
+        self._max_block = max_block_bytes
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-ucx", daemon=True)
+        self._listener = None
+        self._eps: dict[str, tuple[object, asyncio.Lock]] = {}
+        self._next_id = 1
+        self._bound = ""
+
+    @property
+    def address(self) -> str:
+        return self._advertise or self._bound or self._listen
+
+    def _run(self, coro, timeout: float | None):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self) -> None:
+        import ucxx
+        self._thread.start()
+        host, _, port = self._listen.rpartition(":")
+
+        async def listen() -> None:
+            self._listener = ucxx.create_listener(self._serve, port=int(port))
+
+        try:
+            self._run(listen(), 30)
+        except Exception as exc:
+            raise ConfigError(f"cannot listen for UCX peers on {self._listen}: {exc}") from exc
+        self._bound = f"{host}:{self._listener.port}"  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for ep, _ in list(self._eps.values()):
+                try:
+                    await ep.close()  # type: ignore[attr-defined]
+                except Exception:
+                    pass
+            self._eps.clear()
+            if self._listener is not None:
+                self._listener.close()  # type: ignore[attr-defined]
+
+        if self._thread.is_alive():
+            try:
+                self._run(close(), 5)
+            except Exception:
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    # -- framing over UCX messages --------------------------------------------------------------------------
+    async def _recv_header(self, ep, expect: tuple[int, ...]) -> Header:  # type: ignore[no-untyped-def]
+        raw = np.empty(fr.HEADER.size, dtype=np.uint8)
+        await ep.recv(raw)
+        return fr.check_header(raw.tobytes(), max_keys=self._max_keys, max_block_bytes=self._max_block, expect=expect)
+
+    async def _recv_meta(self, ep, n: int) -> bytes:  # type: ignore[no-untyped-def]
+        if not n:
+            return b""
+        buf = np.empty(n, dtype=np.uint8)
+        await ep.recv(buf)
+        return buf.tobytes()
+
+    async def _send_frame(self, ep, h: Header, meta: bytes) -> None:  # type: ignore[no-untyped-def]
+        await ep.send(np.frombuffer(h.pack(), dtype=np.uint8))
+        if meta:
+            await ep.send(np.frombuffer(meta, dtype=np.uint8))
+
+    async def _receive_blocks(self, ep, namespace: str, keys: list[bytes], sizes: np.ndarray,  # type: ignore[no-untyped-def]
+                              sums: np.ndarray, desc: NamespaceDesc | None) -> int:
+        loop = asyncio.get_running_loop()
+        found = np.flatnonzero(sizes)
+        if not len(found):
+            return 0
+        f_keys = [keys[i] for i in found.tolist()]
+        f_sizes = sizes[found].tolist()
+        inc = await loop.run_in_executor(None, self._local.receive, namespace, f_keys, f_sizes, desc)
+        try:
+            for j, size in enumerate(f_sizes):
+                view = inc.views[j] if inc is not None else None
+                await ep.recv(_np(view) if view is not None else np.empty(size, dtype=np.uint8))
+        except BaseException:
+            if inc is not None:
+                inc.abort()
+            raise
+        if inc is None:
+            return 0
+        return await loop.run_in_executor(None, inc.finish, sums[found])
+
+    # -- server ---------------------------------------------------------------------------------------------
+    async def _serve(self, ep) -> None:  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                h = await self._recv_header(ep, (fr.FETCH, fr.PUSH))
+                meta = await self._recv_meta(ep, h.meta_len)
+                start = time.perf_counter()
+                if h.op == fr.FETCH:
+                    if h.payload_len:
+                        raise FrameError("a fetch carries no payload")
+                    ns, keys = fr.decode_fetch(meta, h.count)
+                    out = await loop.run_in_executor(None, self._local.open_for_send, ns, keys)
+                    try:
+                        table = fr.encode_sizes(out.sizes, out.checksums)
+                        await self._send_frame(ep, Header(fr.FETCH_REPLY, h.request_id, h.count, len(table),
+                                                          out.payload_bytes), table)
+                        for view in out.views:
+                            await ep.send(_np(view))
+                    finally:
+                        out.close()
+                    self._counters.add("served_blocks", len(out.views))
+                    self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
+                else:
+                    desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
+                    stored = await self._receive_blocks(ep, desc.name, keys, sizes, sums, desc)
+                    self._counters.add("received_pushes", stored)
+                    self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
+                    await self._send_frame(ep, Header(fr.PUSH_REPLY, h.request_id, stored, 0, 0), b"")
+        except FrameError as exc:
+            self._counters.add("frame_errors")
+            log.warning("UCX peer endpoint closed: %s", exc)
+        except Exception as exc:  # the peer went away (UCX raises its own connection errors)
+            log.info("UCX peer endpoint ended: %s", exc)
+        finally:
+            try:
+                await ep.close()
+            except Exception:
+                pass
+
+    # -- client ---------------------------------------------------------------------------------------------
+    async def _endpoint(self, member: Member):  # type: ignore[no-untyped-def]
+        import ucxx
+        entry = self._eps.get(member.data)
+        if entry is None:
+            host, _, port = member.data.rpartition(":")
+            ep = await ucxx.create_endpoint(host, int(port))
+            entry = self._eps[member.data] = (ep, asyncio.Lock())
+        return entry
+
+    def _drop(self, member: Member) -> None:
+        async def drop() -> None:
+            entry = self._eps.pop(member.data, None)
+            if entry is not None:
+                try:
+                    await entry[0].close()  # type: ignore[attr-defined]
+                except Exception:
+                    pass
+        asyncio.run_coroutine_threadsafe(drop(), self._loop)
+
+    def _call(self, member: Member, coro_fn):  # type: ignore[no-untyped-def]
+        async def run():  # type: ignore[no-untyped-def]
+            ep, lock = await self._endpoint(member)
+            async with lock:  # one request at a time per endpoint: messages of two calls must not interleave
+                rid = self._next_id
+                self._next_id += 1
+                return await coro_fn(ep, rid)
+
+        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            return fut.result(self._timeout)
+        except FutureTimeout as exc:
+            fut.cancel()
+            self._drop(member)
+            raise PeerTimeout(f"{member.node_id} did not answer within {self._timeout}s (ucx)") from exc
+        except FrameError as exc:
+            self._drop(member)
+            raise PeerError(f"{member.node_id}: {exc}") from exc
+        except Exception as exc:
+            self._drop(member)
+            raise PeerError(f"{member.node_id} (ucx): {exc}") from exc
+
+    def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
+        meta = fr.encode_fetch(namespace, keys)
+
+        async def call(ep, rid: int) -> int:  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            await self._send_frame(ep, Header(fr.FETCH, rid, len(keys), len(meta), 0), meta)
+            h = await self._recv_header(ep, (fr.FETCH_REPLY,))
+            if h.request_id != rid or h.count != len(keys):
+                raise FrameError(f"reply for request {h.request_id}, expected {rid}")
+            sizes, sums = fr.decode_sizes(await self._recv_meta(ep, h.meta_len), h.count, h.payload_len,
+                                          self._max_block)
+            stored = await self._receive_blocks(ep, namespace, keys, sizes, sums, None)
+            self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
+            return stored
+
+        return self._call(member, call)
+
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
+        out = self._local.open_for_send(desc.name, keys)
+        try:
+            found = np.flatnonzero(out.sizes)
+            if not len(found):
+                return 0
+            f_keys = [keys[i] for i in found.tolist()]
+            meta = fr.encode_push(desc, f_keys, out.sizes[found], out.checksums[found])
+
+            async def call(ep, rid: int) -> int:  # type: ignore[no-untyped-def]
+                start = time.perf_counter()
+                await self._send_frame(ep, Header(fr.PUSH, rid, len(f_keys), len(meta), out.payload_bytes), meta)
+                for view in out.views:
+                    await ep.send(_np(view))
+                h = await self._recv_header(ep, (fr.PUSH_REPLY,))
+                if h.request_id != rid:
+                    raise FrameError(f"push reply for request {h.request_id}, expected {rid}")
+                self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
+                return h.count
+
+            return self._call(member, call)
+        finally:
+            out.close()

@@ -1,0 +1,70 @@
+"""Shared pieces of the peer-tier tests: a real etcd and three real daemons that join it."""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+
+import pytest
+
+from kvstore.peer.placement import rank
+from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
+from kvstore.testing import DaemonProcess, wait_until
+
+needs_etcd = pytest.mark.skipif(etcd_binary() is None,
+                                reason="etcd binary missing: apt-get install -y etcd-server (make setup does)")
+
+
+def ucx_available() -> bool:
+    try:
+        import ucxx  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class Cluster:
+    """etcd + daemons a, b, c (node ids given), each with its own ports, arena and data port."""
+
+    def __init__(self, stack: ExitStack, plane: str = "tcp", ttl_s: float = 2.0, timeout_s: float = 1.0,
+                 names: tuple[str, ...] = ("a", "b", "c"), **opts: object) -> None:
+        self.etcd = stack.enter_context(EtcdProcess().start())
+        tag = os.urandom(3).hex()
+        self.ids = [f"{n}-{tag}" for n in names]
+        self.nodes: dict[str, DaemonProcess] = {}
+        for name, node_id in zip(names, self.ids):
+            d = DaemonProcess(node_id=node_id, **peer_options(self.etcd, plane=plane, ttl_s=ttl_s,
+                                                               timeout_s=timeout_s, **opts))
+            stack.callback(d.close)
+            self.nodes[name] = d.start()
+        self.clients = {n: stack.enter_context(d.client()) for n, d in self.nodes.items()}
+        self.wait_members(len(names))
+
+    def wait_members(self, n: int, on: tuple[str, ...] | None = None, timeout_s: float = 15.0) -> None:
+        for name in on or tuple(self.clients):
+            c = self.clients[name]
+            wait_until(lambda: len(c.health().peers.members) == n, timeout_s, 0.05, f"{name} to see {n} members")
+
+    def owner(self, ns: str, key: bytes, alive: tuple[str, ...] | None = None) -> str:
+        """The node name (a, b, c) that owns a block."""
+        names = alive or tuple(self.nodes)
+        ids = [self.nodes[n].node_id for n in names]
+        return names[ids.index(rank(ns, key, ids)[0])]
+
+    def counters(self, name: str) -> dict[str, int]:
+        return self.clients[name].stats().peers.counters
+
+    def wait_pushes(self, name: str) -> None:
+        c = self.clients[name]
+        wait_until(lambda: c.stats().peers.pending_pushes == 0, 10, 0.02, f"{name}'s pushes")
+
+
+def register(clients: dict, ns: str) -> None:
+    for c in clients.values():
+        c.register_namespace(ns, model="m", layout_digest="d", tenant="t")
+
+
+def blocks(n: int, size: int, seed: int) -> list[bytes]:
+    import random
+    rnd = random.Random(seed)
+    return [rnd.randbytes(size) for _ in range(n)]

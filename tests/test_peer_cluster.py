@@ -1,0 +1,102 @@
+"""Three real daemons and a real etcd on loopback: blocks put on one node are read on another.
+
+Every scenario runs on the TCP data plane and, when ucxx is installed, on the UCX plane (same tests).
+Placement is computed here with the same rendezvous hash, so every count is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+
+import pytest
+
+from tests.peer_helpers import Cluster, blocks, needs_etcd, register, ucx_available
+
+pytestmark = [needs_etcd]
+
+PLANES = ["tcp", pytest.param("ucx", marks=pytest.mark.skipif(not ucx_available(),
+                                                                reason="ucxx not installed (pip install ucxx-cu12)"))]
+
+
+@pytest.fixture(scope="module", params=PLANES)
+def cluster(request):
+    with ExitStack() as stack:
+        yield Cluster(stack, plane=request.param)
+
+
+def test_members_and_health(cluster: Cluster) -> None:
+    h = cluster.clients["a"].health()
+    assert h.peers is not None and h.peers.etcd_connected
+    assert sorted(m.node_id for m in h.peers.members) == sorted(cluster.ids)
+    assert [m.is_self for m in h.peers.members if m.node_id == cluster.ids[0]] == [True]
+    s = cluster.clients["c"].stats()
+    assert s.peers.data_plane == cluster.nodes["c"].args[cluster.nodes["c"].args.index("--peer-data-plane") + 1]
+
+
+def test_owner_pushes_land_on_the_owner_and_c_reads_a_block_put_on_a(cluster: Cluster) -> None:
+    a, b, c = (cluster.clients[n] for n in "abc")
+    ns = f"push-{time.monotonic_ns()}"
+    register(cluster.clients, ns)
+    keys = [b"blk-%02d" % i for i in range(16)]
+    values = blocks(16, 256 << 10, seed=1)
+    before = {n: cluster.counters(n) for n in "abc"}
+    a.put_many(ns, keys, values)
+    cluster.wait_pushes("a")
+    owners = [cluster.owner(ns, k) for k in keys]
+    # put on a -> pushed to its owner (b or c); nobody else holds it
+    for name in "bc":
+        assert cluster.clients[name].exists(ns, keys) == [o == name for o in owners]
+    pushed = sum(o != "a" for o in owners)
+    after_a = cluster.counters("a")
+    assert after_a["pushed_blocks"] - before["a"]["pushed_blocks"] == pushed
+    assert after_a["pushes_dropped"] == before["a"]["pushes_dropped"]
+    for name in "bc":
+        got = cluster.counters(name)["received_pushes"] - before[name]["received_pushes"]
+        assert got == owners.count(name)
+    # c reads everything: its own pushes locally, the rest from the owners (a for a-owned blocks)
+    missing_on_c = [k for k, o in zip(keys, owners) if o != "c"]
+    assert c.get_many(ns, keys) == values
+    after_c = cluster.counters("c")
+    assert after_c["fetched_blocks"] - before["c"]["fetched_blocks"] == len(missing_on_c)
+    assert after_c["fetch_calls"] - before["c"]["fetch_calls"] == len({o for o in owners if o != "c"})
+    assert after_c["fetch_misses"] == before["c"]["fetch_misses"]
+    # now local hits: a second read asks nobody
+    assert c.exists(ns, keys) == [True] * 16
+    assert c.get_many(ns, keys) == values
+    assert cluster.counters("c")["fetch_calls"] == after_c["fetch_calls"]
+    # a block no node has is a plain miss
+    assert c.get_many(ns, [b"nobody-has-it"]) == [None]
+
+
+def test_prefix_lookup_across_nodes_one_call_per_peer(cluster: Cluster) -> None:
+    a, b, c = (cluster.clients[n] for n in "abc")
+    ns = f"prefix-{time.monotonic_ns()}"
+    register(cluster.clients, ns)
+    chain = [b"chain-%03d" % i for i in range(40)]
+    values = blocks(40, 64 << 10, seed=2)
+    b.put_many(ns, chain[:30], values[:30])  # the first 30 of the chain exist (on b and their owners)
+    cluster.wait_pushes("b")
+    before = cluster.counters("a")
+    assert a.lookup_prefix(ns, chain) == 30
+    after = cluster.counters("a")
+    owners = {cluster.owner(ns, k) for k in chain} - {"a"}
+    assert after["fetch_calls"] - before["fetch_calls"] == len(owners)  # one batched call per peer, not per key
+    assert after["fetch_keys"] - before["fetch_keys"] == sum(cluster.owner(ns, k) != "a" for k in chain)
+    assert a.get_many(ns, chain[:30]) == values[:30]
+
+
+def test_remote_put_through_stream_reaches_the_owner(cluster: Cluster) -> None:
+    """A block written on c through the gRPC stream (no arena) is pushed like any other put."""
+    ns = f"stream-{time.monotonic_ns()}"
+    register(cluster.clients, ns)
+    from kvstore.client import Client
+    key, value = b"streamed", blocks(1, 100_000, seed=3)[0]
+    with Client(cluster.nodes["c"].tcp_address, mode="stream") as remote:
+        assert remote.mode == "stream"
+        remote.put_many(ns, [key], [value])
+    cluster.wait_pushes("c")
+    owner = cluster.owner(ns, key)
+    assert cluster.clients[owner].exists(ns, [key]) == [True]
+    reader = next(n for n in "abc" if n not in (owner, "c"))
+    assert cluster.clients[reader].get_many(ns, [key]) == [value]
