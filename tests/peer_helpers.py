@@ -28,7 +28,7 @@ class Cluster:
 
     def __init__(self, stack: ExitStack, plane: str = "tcp", ttl_s: float = 2.0, timeout_s: float = 1.0,
                  names: tuple[str, ...] = ("a", "b", "c"), **opts: object) -> None:
-        self.etcd = stack.enter_context(EtcdProcess().start())
+        self.etcd = stack.enter_context(EtcdProcess())
         tag = os.urandom(3).hex()
         self.ids = [f"{n}-{tag}" for n in names]
         self.nodes: dict[str, DaemonProcess] = {}

@@ -14,6 +14,7 @@ serving and retries on its next tick.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -62,7 +63,7 @@ class EtcdClient:
                     answer = json.loads(resp.read() or b"{}")
                 self._preferred = idx
                 return answer
-            except (OSError, urllib.error.URLError, ValueError) as exc:  # HTTPError is a URLError
+            except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
                 last = exc
         raise EtcdUnavailable(f"etcd {', '.join(self._endpoints)}: {last}") from last
 

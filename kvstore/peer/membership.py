@@ -90,7 +90,10 @@ class Membership:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._refresh):
-            self._tick()
+            try:
+                self._tick()
+            except Exception:  # membership must outlive a bug in one tick; the log says what happened
+                log.exception("membership tick failed")
 
     def _tick(self) -> None:
         try:
