@@ -19,9 +19,13 @@ setup: $(STAMP)
 # Editable install: CMake builds the native copy module and generates the gRPC stubs from proto/.
 # torch==2.13.0 is the CPU wheel (the connector's unit tests use CPU tensors).
 $(STAMP): $(SOURCES)
+	@# etcd for the peer-tier tests and bench.remote (Debian's etcd-server), only when it is missing
+	test -x /usr/bin/etcd || command -v etcd >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq etcd-server; } || \
+		echo "etcd-server not installed: the peer-tier tests will be skipped"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,connector]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,connector,ucx]' torch==2.13.0
 	touch $@
 
 setup-vllm: $(VLLM_STAMP) $(VLLM_CPU_STAMP)
@@ -67,6 +71,7 @@ test-fast: setup
 bench: setup
 	$(PY) -m bench.micro --quick
 	$(PY) -m bench.connector --quick
+	$(PY) -m bench.remote --quick
 
 clean:
 	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) .pytest_cache
