@@ -79,8 +79,10 @@ def test_peer_config_errors_name_the_setting(args: list[str], message: str) -> N
         load_config(args, env={})
 
 
-def test_peer_settings_are_inert_without_etcd() -> None:
-    cfg = load_config(["--peer-data-plane", "rdma"], env={})  # alone: never read, never validated
+def test_peer_settings_are_validated_even_without_etcd() -> None:
+    with pytest.raises(ConfigError, match="peer_data_plane='rdma': use tcp, ucx or grpc"):
+        load_config(["--peer-data-plane", "rdma"], env={})  # a typo surfaces now, not when the node joins
+    cfg = load_config(["--listen", ""], env={})             # alone, an empty listen is fine
     assert cfg.peer_endpoints == []
     cfg = load_config([], env={"KVSTORE_ETCD_ENDPOINTS": "http://a:2379, http://b:2379"})
     assert cfg.peer_endpoints == ["http://a:2379", "http://b:2379"]

@@ -155,15 +155,14 @@ class ServerConfig:
         return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
     def _validate_peers(self) -> None:
-        """The peer tier's settings; checked only when etcd is configured (alone, they are inert)."""
-        if not self.peer_endpoints:
-            return
+        """The peer tier's settings: checked even when etcd is not configured (inert then, but a typo should
+        not wait for the day the node joins a cluster to surface)."""
         for url in self.peer_endpoints:
             _require(re.fullmatch(r"https?://[^/\s]+(:\d+)?/?", url) is not None,
                      f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. http://127.0.0.1:2379")
         _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
                  f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
-        _require(bool(self.listen or self.peer_control_advertise),
+        _require(bool(self.listen or self.peer_control_advertise or not self.peer_endpoints),
                  "peer tier: listen is empty, so peers cannot reach this node's gRPC port; set listen or peer_control_advertise")
         for name in ("peer_listen", "peer_advertise", "peer_control_advertise"):
             value = getattr(self, name)
