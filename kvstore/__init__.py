@@ -15,9 +15,11 @@ from kvstore.errors import (
     IntegrityError,
     InvalidRequestError,
     KVStoreError,
+    PermissionDeniedError,
     ReservationClosedError,
     StoreFullError,
     StoreUnavailableError,
+    UnauthenticatedError,
     UnknownNamespaceError,
     UnknownReservationError,
 )
@@ -27,5 +29,5 @@ __all__ = [
     "Client", "Health", "KeyInfo", "Lease", "NamespaceInfo", "PutResult", "Reservation", "Stats",
     "KVStoreError", "ConfigError", "StoreUnavailableError", "InvalidRequestError", "BatchTooLargeError",
     "UnknownNamespaceError", "UnknownReservationError", "ReservationClosedError", "ConflictError",
-    "StoreFullError", "IntegrityError",
+    "StoreFullError", "IntegrityError", "UnauthenticatedError", "PermissionDeniedError",
 ]

@@ -15,7 +15,9 @@ the daemon::
      ├── UnknownReservationError     reservation id never issued by this daemon               NOT_FOUND
      ├── ReservationClosedError      reservation already committed, aborted or expired        FAILED_PRECONDITION
      ├── ConflictError               namespace re-registered with another spec                ALREADY_EXISTS
-     ├── StoreFullError              nothing evictable can make room                          RESOURCE_EXHAUSTED
+     ├── StoreFullError              nothing evictable can make room (or tenant quota)        RESOURCE_EXHAUSTED
+     ├── UnauthenticatedError        tokens are configured and the call has no valid one      UNAUTHENTICATED
+     ├── PermissionDeniedError       the caller's tenant may not do this                      PERMISSION_DENIED
      └── IntegrityError              bytes failed their checksum                              DATA_LOSS
 """
 
@@ -33,6 +35,8 @@ __all__ = [
     "ConflictError",
     "StoreFullError",
     "IntegrityError",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
     "error_for_reason",
 ]
 
@@ -97,6 +101,16 @@ class IntegrityError(KVStoreError):
     grpc_code = "DATA_LOSS"
 
 
+class UnauthenticatedError(KVStoreError):
+    reason = "unauthenticated"
+    grpc_code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(KVStoreError):
+    reason = "permission_denied"
+    grpc_code = "PERMISSION_DENIED"
+
+
 _BY_REASON: dict[str, type[KVStoreError]] = {
     cls.reason: cls
     for cls in (
@@ -111,6 +125,8 @@ _BY_REASON: dict[str, type[KVStoreError]] = {
         ConflictError,
         StoreFullError,
         IntegrityError,
+        UnauthenticatedError,
+        PermissionDeniedError,
     )
 }
 

@@ -22,7 +22,7 @@ import grpc
 
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
-from kvstore.errors import StoreUnavailableError
+from kvstore.errors import StoreUnavailableError, UnauthenticatedError
 
 __all__ = ["DaemonProcess", "free_port", "wait_until", "raw_stub"]
 
@@ -101,8 +101,10 @@ class DaemonProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kvstore-server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with Client(self.address, timeout_s=1.0):
+                with Client(self.address, timeout_s=1.0, token_file=""):
                     return self
+            except UnauthenticatedError:  # tokens are on: the daemon answered, so it is ready
+                return self
             except StoreUnavailableError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"kvstore-server not ready after {timeout_s}s:\n{self.log()}") from None

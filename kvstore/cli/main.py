@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from kvstore.cli import events_cmd, inspect_cmd, top
 from kvstore.cli.commands import COMMANDS, CommandError
 from kvstore.client import Client
+from kvstore.client.rpc import tls_from_env
+from kvstore.security.tls import TlsFiles
 from kvstore.errors import KVStoreError
 
 __all__ = ["main", "build_parser", "parse_key"]
@@ -137,6 +139,15 @@ def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help="print exactly one JSON document (keys as hex, plus key_text when printable)")
     g.add_argument("--timeout", type=_positive_float, default=d(10.0), metavar="SECONDS",
                    help="deadline of each call to the daemon [default: 10]")
+    g.add_argument("--token-file", default=d(None), metavar="FILE",
+                   help="owner-only file holding this tenant's bearer token (never the token itself) "
+                        "[default: $KVSTORE_TOKEN_FILE]")
+    g.add_argument("--tls-ca", default=d(None), metavar="FILE",
+                   help="PEM CA to verify a TCP daemon's certificate (TLS) [default: $KVSTORE_TLS_CA]")
+    g.add_argument("--tls-cert", default=d(None), metavar="FILE",
+                   help="PEM client certificate for mutual TLS [default: $KVSTORE_TLS_CERT]")
+    g.add_argument("--tls-key", default=d(None), metavar="FILE",
+                   help="PEM private key of --tls-cert [default: $KVSTORE_TLS_KEY]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,11 +208,18 @@ def _handler(name: str) -> Callable[[Client, argparse.Namespace], int]:
     return COMMANDS.get(name) or extra[name]
 
 
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    """Flags override the KVSTORE_TLS_* environment one by one; None when neither gives anything."""
+    env = tls_from_env()
+    tls = TlsFiles(args.tls_cert or env.cert, args.tls_key or env.key, args.tls_ca or env.ca)
+    return tls if tls.enabled else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (argparse errors exit 2 by raising SystemExit)."""
     args = build_parser().parse_args(argv)
     try:
-        with Client(args.address, timeout_s=args.timeout) as client:
+        with Client(args.address, timeout_s=args.timeout, token_file=args.token_file, tls=_tls(args)) as client:
             return _handler(args.command)(client, args)
     except (KVStoreError, CommandError) as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)

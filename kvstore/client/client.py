@@ -28,6 +28,7 @@ from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Res
 from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
 from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
+from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
 
 __all__ = ["Client"]
@@ -50,11 +51,14 @@ class Client:
     """
 
     def __init__(self, address: str | None = None, *, mode: str = "auto", timeout_s: float = 10.0,
-                 copy_threads: int = 2) -> None:
+                 copy_threads: int = 2, token_file: str | None = None, tls: TlsFiles | None = None) -> None:
+        """`token_file` (default $KVSTORE_TOKEN_FILE): owner-only file with this tenant's bearer token.
+        `tls` (default from $KVSTORE_TLS_CA / _CERT / _KEY): CA to trust and optional client certificate for a
+        TCP address (mutual TLS); unix sockets never use TLS."""
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r}: use one of {', '.join(_MODES)}")
         self.address = address or default_address()
-        self._rpc = Rpc(self.address, timeout_s)
+        self._rpc = Rpc(self.address, timeout_s, tls=tls, token_file=token_file)
         self._copy_threads = copy_threads
         self._requested_mode = mode
         self._arena: ArenaPath | None = None
@@ -299,7 +303,8 @@ class Client:
 
         A subscriber that reads too slowly gets a `gap` event counting what it missed; the store never waits.
         """
-        call = self._rpc.stub.Subscribe(pb.SubscribeRequest(namespaces=list(namespaces), buffer=buffer))
+        call = self._rpc.stub.Subscribe(pb.SubscribeRequest(namespaces=list(namespaces), buffer=buffer),
+                                        metadata=self._rpc.metadata)
         return EventStream(call, self.address)
 
     def describe(self, namespace: str, keys: Sequence[bytes]) -> list[KeyInfo | None]:

@@ -1,16 +1,26 @@
-"""The client's gRPC seam: one channel, one stub, and the one place where grpc errors become kvstore errors."""
+"""The client's gRPC seam: one channel, one stub, and the one place where grpc errors become kvstore errors.
+
+Security lives here too: a TCP address with TLS material (`tls=`, or KVSTORE_TLS_CA / KVSTORE_TLS_CERT /
+KVSTORE_TLS_KEY) gets a TLS channel (mutual TLS when a certificate is given); a unix socket is always plain
+(owner-only). A token (read from `token_file` or KVSTORE_TOKEN_FILE, never passed as a value) rides on every
+call as `authorization: Bearer <token>`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import os
+
 import grpc
 
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import KVStoreError, StoreUnavailableError, error_for_reason
+from kvstore.security.tls import TlsFiles
+from kvstore.security.tokens import read_client_token
 
-__all__ = ["Rpc", "translate"]
+__all__ = ["Rpc", "translate", "tls_from_env", "open_channel"]
 
 T = TypeVar("T")
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -41,27 +51,45 @@ def _target(address: str) -> str:
     return address
 
 
+def tls_from_env() -> TlsFiles:
+    env = os.environ
+    return TlsFiles(env.get("KVSTORE_TLS_CERT", ""), env.get("KVSTORE_TLS_KEY", ""), env.get("KVSTORE_TLS_CA", ""))
+
+
+def open_channel(address: str, tls: TlsFiles | None, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """TLS channel for a TCP address when TLS material is given, else a plain one (always for unix sockets)."""
+    target = _target(address)
+    if tls is not None and tls.enabled and not target.startswith(("unix:", "unix-abstract:")):
+        tls.check("client", need_identity=False, need_ca=False)
+        return grpc.secure_channel(target, tls.grpc_channel_credentials(), options=options)
+    return grpc.insecure_channel(target, options=options)
+
+
 class Rpc:
     """Owns the channel. `call(name, request)` returns the response or raises a KVStoreError."""
 
-    def __init__(self, address: str, timeout_s: float, max_message_bytes: int = 64 << 20) -> None:
+    def __init__(self, address: str, timeout_s: float, max_message_bytes: int = 64 << 20, *,
+                 tls: TlsFiles | None = None, token_file: str | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
-        self.channel = grpc.insecure_channel(_target(address), options=opts)
+        token_file = token_file if token_file is not None else os.environ.get("KVSTORE_TOKEN_FILE", "")
+        token = read_client_token(token_file) if token_file else ""
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
+        self.channel = open_channel(address, tls if tls is not None else tls_from_env(), opts)
         self.stub = pb_grpc.KVStoreStub(self.channel)
 
     def call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return getattr(self.stub, name)(request, timeout=timeout_s or self.timeout_s)
+            return getattr(self.stub, name)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
             raise translate(exc, self.address) from None
 
     def stream(self, name: str, request: Any, consume: Callable[[Any], T]) -> T:
         """Run a streaming RPC and hand its result (a response or a response iterator) to `consume`."""
         try:
-            return consume(getattr(self.stub, name)(request, timeout=self.timeout_s))
+            return consume(getattr(self.stub, name)(request, timeout=self.timeout_s, metadata=self.metadata))
         except grpc.RpcError as exc:
             raise translate(exc, self.address) from None
 

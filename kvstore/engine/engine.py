@@ -48,6 +48,7 @@ from kvstore.engine.results import (
     ReserveResult,
 )
 from kvstore.engine.movement import Mover, Promotion
+from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.read_buffer import ReadBuffer
 from kvstore.engine.inspection import InspectionMixin
 from kvstore.engine.tiering import TIER_DISK, TIER_RAM, TieringMixin
@@ -95,6 +96,7 @@ class Engine(TieringMixin, InspectionMixin):
         disk: DiskStore | None = None,
         admission: AdmissionPolicy | None = None,
         arena_address: int = 0,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self.config = config
         self.layout = layout
@@ -118,6 +120,7 @@ class Engine(TieringMixin, InspectionMixin):
         self._mover = Mover(disk, self, queue_blocks=config.write_queue_blocks) if disk is not None else None
         self._next_probe = 0.0
         self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
+        self._quotas = quotas if quotas is not None and quotas.enabled else None  # quotas.py: eviction floors
         if disk is not None:
             for name in disk.namespaces():  # known from before a restart; the next registration describes them
                 self._cat.add_namespace(name, "", "", "", recovered=True)
@@ -222,7 +225,7 @@ class Engine(TieringMixin, InspectionMixin):
             if not todo:
                 return ReserveResult(0, outcomes, offsets, 0)
             for i in todo:
-                off = self._allocate(sizes[i], keep)
+                off = self._allocate(sizes[i], keep, ns.tenant)
                 if off is None:
                     for j in todo:
                         if offsets[j]:
@@ -242,18 +245,58 @@ class Engine(TieringMixin, InspectionMixin):
             f"allocated, {alloc.free_slabs} of {alloc.n_slabs} slabs ({alloc.slab_bytes} bytes each) free, and "
             "nothing else is evictable (leased, pinned or reserved). Release leases, unpin blocks, use fewer "
             "distinct block sizes per batch (each size class needs a slab), or give the daemon a larger arena_bytes"
+            + ("; tenant_ram_quota protects other tenants' blocks up to their quotas" if self._quotas else "")
         )
 
-    def _allocate(self, size: int, keep: set[int]) -> int | None:
+    def _allocate(self, size: int, keep: set[int], tenant: str | None = None) -> int | None:
+        """A slot of `size`, evicting as needed; `tenant` is who asks (quotas.py decides whose blocks may go)."""
         off = self._alloc.allocate(size)
         eligible = (lambda eid: eid not in keep and self._evictable(eid)) if keep else self._evictable
         while off is None:
-            victim = self._choose_victim(eligible)
+            victim = (self._choose_victim(eligible) if self._quotas is None
+                      else self._choose_quota_victim(eligible, tenant))
             if victim is None:
                 return None
             self._evict(victim)
             off = self._alloc.allocate(size)
         return off
+
+    def _choose_quota_victim(self, eligible: Callable[[int], bool], tenant: str | None,
+                             own_pass: bool = True) -> int | None:
+        """Over-quota tenants' blocks first, then (allocation only) the acting tenant's own; see quotas.py."""
+        assert self._quotas is not None
+        cat = self._cat
+        tenant_of = lambda eid: cat.namespace_of(eid).tenant  # noqa: E731
+        over = self._quotas.over_quota(TenantQuotas.usage(cat.namespaces), tenant_of, lambda eid: int(cat.size[eid]))
+        victim = self._choose_victim(lambda eid: eligible(eid) and over(eid))
+        if victim is None and own_pass and tenant is not None:
+            victim = self._choose_victim(lambda eid: eligible(eid) and tenant_of(eid) == tenant)
+        return victim
+
+    def tenant_usage(self) -> dict[str, int]:
+        """RAM payload bytes per tenant (what quotas compare against)."""
+        with self._lock:
+            return TenantQuotas.usage(self._cat.namespaces)
+
+    # -- ownership (the service's tenant checks) ----------------------------------------------------------
+    def namespace_owner(self, name: str) -> tuple[str, bool] | None:
+        """(tenant, recovered) of a namespace; None when unknown. `recovered`: known only from the disk tier
+        after a restart, not yet registered again (its tenant is not known to the engine)."""
+        with self._lock:
+            ns = self._cat.by_name.get(name)
+            return None if ns is None else (ns.tenant, ns.recovered)
+
+    def reservation_namespace(self, reservation_id: int) -> str | None:
+        with self._lock:
+            payload = self._reservations.get(reservation_id)
+            return None if payload is None else payload[0].name
+
+    def lease_namespace(self, lease_id: int) -> str | None:
+        with self._lock:
+            ids = self._leases.get(lease_id)
+            if ids is None or not len(ids):
+                return None
+            return self._cat.namespace_of(int(ids[0])).name
 
     def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
         self._touches.apply()
@@ -338,7 +381,8 @@ class Engine(TieringMixin, InspectionMixin):
             return
         target = cfg.low_watermark * alloc.capacity
         while alloc.allocated_bytes > target:
-            victim = self._choose_victim(self._evictable)
+            victim = (self._choose_victim(self._evictable) if self._quotas is None
+                      else self._choose_quota_victim(self._evictable, None, own_pass=False))
             if victim is None:
                 return
             self._evict(victim)

@@ -145,7 +145,7 @@ class TieringMixin:
         return promos
 
     def _start_promotion(self: Engine, ns: Namespace, key: bytes, length: int, keep: set[int]) -> Promotion | None:
-        off = self._allocate(length, keep)
+        off = self._allocate(length, keep, ns.tenant)
         if off is None:
             self.counters.promotion_failures += 1
             return None

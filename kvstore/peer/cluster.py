@@ -27,6 +27,7 @@ from kvstore.peer.membership import Member, Membership
 from kvstore.peer.plane import DataPlane
 from kvstore.peer.remote_tier import RemoteTier
 from kvstore.peer.replicator import Replicator
+from kvstore.security.tls import TlsFiles
 from kvstore.transfers import TransferMeter
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class PeerConfig:
     max_keys: int
     max_block_bytes: int
     capacity_bytes: int
+    tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (config.py refuses other planes with TLS)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter
     common = dict(timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, max_block_bytes=cfg.max_block_bytes)
     if cfg.data_plane == "tcp":
         from kvstore.peer.tcp_plane import TcpPlane
-        return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)
+        return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls, **common)
     if cfg.data_plane == "ucx":
         from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
         return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)

@@ -23,6 +23,7 @@ COUNTER_HELP: dict[str, str] = {
     "errors": "Peer calls that failed (refused, reset, protocol error)",
     "timeouts": "Peer calls that ran past peer_timeout_s (their keys are misses)",
     "frame_errors": "Malformed, oversized or truncated frames received; the connection was closed",
+    "tls_handshake_failures": "Data-plane connections refused at the TLS handshake (no or untrusted certificate)",
     "checksum_failures": "Blocks from a peer whose xxh3 did not match (misses, not stored)",
     "etcd_errors": "Failed calls to etcd (the node keeps serving its own tiers)",
     "rejoins": "Times this node registered itself in etcd (first join included)",

@@ -10,6 +10,12 @@ MAX_CONNECTIONS); an idle connection may wait for its next header forever, but o
 the frame must arrive within timeout_s. A frame that breaks the format (frames.FrameError), a truncated one
 (peer closed or stalled mid-frame) or an oversized one closes that connection and counts `frame_errors`; the
 daemon keeps serving everyone else.
+
+With TLS (`tls`: the daemon's tls_cert/tls_key/tls_ca) every connection is mutual TLS: the listener requires a
+certificate signed by the CA before it reads a frame (the handshake runs in the connection's thread, bounded
+by timeout_s; a failed one counts `tls_handshake_failures`), and the dialer verifies the peer's certificate
+and host name or IP against the same CA. The framed protocol is unchanged inside the TLS stream; recv_into
+still lands in the arena slot (the ssl module decrypts into the given buffer).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -30,6 +37,7 @@ from kvstore.peer.frames import FrameError, Header, NamespaceDesc
 from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member
 from kvstore.peer.plane import DataPlane, PeerError, PeerTimeout
+from kvstore.security.tls import TlsFiles
 from kvstore.transfers import TransferMeter
 
 __all__ = ["TcpPlane", "MAX_CONNECTIONS", "recv_exact", "recv_into_exact", "drain"]
@@ -114,7 +122,8 @@ class TcpPlane(DataPlane):
     name = "tcp"
 
     def __init__(self, local: LocalStore, counters: PeerCounters, meter: TransferMeter, *, listen: str,
-                 advertise: str, timeout_s: float, max_keys: int, max_block_bytes: int) -> None:
+                 advertise: str, timeout_s: float, max_keys: int, max_block_bytes: int,
+                 tls: TlsFiles | None = None) -> None:
         self._local = local
         self._counters = counters
         self._meter = meter
@@ -131,6 +140,8 @@ class TcpPlane(DataPlane):
         self._conns_lock = threading.Lock()
         self._stopping = threading.Event()
         self._bound = ""
+        self._server_ctx = tls.server_context() if tls is not None else None
+        self._client_ctx = tls.client_context() if tls is not None else None
 
     # -- server -----------------------------------------------------------------------------------------
     @property
@@ -189,7 +200,30 @@ class TcpPlane(DataPlane):
             _tune(conn)
             threading.Thread(target=self._serve, args=(conn,), name="kvstore-peer-conn", daemon=True).start()
 
+    def _handshake(self, conn: socket.socket) -> socket.socket | None:
+        """Mutual TLS on an accepted connection; None (connection closed, counted) when it fails."""
+        assert self._server_ctx is not None
+        conn.settimeout(self._timeout)
+        try:
+            tls_conn = self._server_ctx.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            self._counters.add("tls_handshake_failures")
+            log.warning("peer data connection refused at the TLS handshake: %s", exc)
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
+            return None
+        with self._conns_lock:
+            self._conns.discard(conn)
+            self._conns.add(tls_conn)
+        return tls_conn
+
     def _serve(self, conn: socket.socket) -> None:
+        if self._server_ctx is not None:
+            tls_conn = self._handshake(conn)
+            if tls_conn is None:
+                return
+            conn = tls_conn
         try:
             while not self._stopping.is_set():
                 conn.settimeout(None)  # idle between frames: wait for the next header as long as it takes
@@ -258,6 +292,15 @@ class TcpPlane(DataPlane):
         except OSError as exc:
             raise PeerError(f"cannot connect to {member.node_id} ({member.data}): {exc.strerror}") from exc
         _tune(sock)
+        if self._client_ctx is not None:
+            try:
+                sock = self._client_ctx.wrap_socket(sock, server_hostname=host.strip("[]"))
+            except socket.timeout as exc:
+                sock.close()
+                raise PeerTimeout(f"TLS handshake with {member.node_id} ({member.data}) timed out") from exc
+            except (ssl.SSLError, OSError) as exc:
+                sock.close()
+                raise PeerError(f"TLS handshake with {member.node_id} ({member.data}) failed: {exc}") from exc
         return sock
 
     def _give_back(self, member: Member, sock: socket.socket) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from kvstore.errors import ConfigError
+from kvstore.security.tls import TlsFiles, is_loopback_address
+from kvstore.security.tokens import TENANT_RE, TokenTable
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.policies.admission import ADMISSION_HELP, make_admission
 from kvstore.policies import POLICY_NAMES
@@ -38,6 +40,22 @@ def parse_size(value: str | int, name: str = "size") -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{name}: cannot read {value!r} as a size; use e.g. 4096, '512MiB', '1GiB'")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_quotas(text: str, name: str) -> dict[str, int]:
+    """'alice=8GiB, bob=2GiB, *=1GiB' -> {'alice': ..., 'bob': ..., '*': ...}."""
+    out: dict[str, int] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        tenant, sep, size = item.partition("=")
+        tenant = tenant.strip()
+        if not sep or not (tenant == "*" or TENANT_RE.match(tenant)):
+            raise ConfigError(f"{name}: cannot read {item!r}; use tenant=size pairs, e.g. 'alice=8GiB,*=1GiB'")
+        if tenant in out:
+            raise ConfigError(f"{name}: tenant {tenant!r} given twice")
+        out[tenant] = parse_size(size.strip(), f"{name} of {tenant}")
+    return out
 
 
 def _help(text: str, **kw: object) -> dict:
@@ -90,6 +108,17 @@ class ServerConfig:
     peer_data_plane: str = field(default="tcp", **_help("peer data plane: tcp (framed, zero-copy), ucx (ucxx), grpc"))
     peer_timeout_s: float = field(default=2.0, **_help("bound on one batched call to a peer; past it the keys are misses"))
     peer_push_queue_blocks: int = field(default=4096, **_help("bound of the background push queue; beyond it pushes drop"))
+    tls_cert: str = field(default="", **_help("PEM certificate chain: TLS on the TCP gRPC listener and the peer data plane"))
+    tls_key: str = field(default="", **_help("PEM private key of tls_cert (must be owner-only, mode 0600)"))
+    tls_ca: str = field(default="", **_help(
+        "PEM CA bundle: gRPC clients must present a certificate it signed (mutual TLS); required by the peer plane"))
+    allow_insecure_remote: bool = field(default=False, **_help(
+        "allow a non-loopback gRPC or peer listener without TLS (logs a warning); off: such a listener is refused"))
+    tokens_file: str = field(default="", **_help(
+        "owner-only file of `tenant token` lines; every RPC then needs `authorization: Bearer <token>`; '' = no tokens"))
+    tenant_ram_quota: str = field(default="", **_help(
+        "guaranteed RAM bytes per tenant, e.g. 'alice=8GiB,bob=2GiB,*=1GiB' ('*': every other tenant); another "
+        "tenant's burst never evicts a tenant below its quota; '' = no quotas"))
     log_level: str = field(default="info", **_help("debug, info, warning, error"))
     log_format: str = field(default="text", **_help("text or json (one object a line)"))
 
@@ -148,7 +177,42 @@ class ServerConfig:
         _require(0 <= self.disk_reinsert_hits <= 255,
                  f"disk_reinsert_hits={self.disk_reinsert_hits}: use 0 (plain FIFO) .. 255, e.g. 1")
         self._validate_peers()
+        self._validate_security()
         return self
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca)
+
+    @property
+    def ram_quotas(self) -> dict[str, int]:
+        return parse_quotas(self.tenant_ram_quota, "tenant_ram_quota")
+
+    def _validate_security(self) -> None:
+        """TLS files readable (key owner-only), tokens file owner-only and well-formed, and no listener that
+        other hosts can reach without TLS unless allow_insecure_remote says so."""
+        tls = self.tls
+        if tls.enabled:
+            tls.check("tls", need_identity=True, need_ca=False)
+        if self.tokens_file:
+            TokenTable.load(self.tokens_file)
+        self.ram_quotas  # parse errors surface now
+        if self.listen and not is_loopback_address(self.listen) and not tls.enabled:
+            _require(self.allow_insecure_remote,
+                     f"listen={self.listen!r} is reachable from other hosts and TLS is off: set tls_cert and tls_key "
+                     "(and tls_ca for mutual TLS), listen on 127.0.0.1, or set allow_insecure_remote = true "
+                     "on a trusted network")
+        if self.peer_endpoints:
+            if tls.enabled:
+                tls.check("peer data plane", need_identity=True, need_ca=True)
+                _require(self.peer_data_plane == "tcp",
+                         f"peer_data_plane={self.peer_data_plane!r} has no TLS support here: use tcp with TLS")
+            elif not is_loopback_address(self.peer_listen):
+                _require(self.allow_insecure_remote,
+                         f"peer_listen={self.peer_listen!r} is reachable from other hosts and TLS is off: set "
+                         "tls_cert, tls_key and tls_ca (the peer plane is mutual TLS), or allow_insecure_remote = true")
+            _require(not (self.tokens_file and self.peer_data_plane == "grpc"),
+                     "peer_data_plane = 'grpc' calls peers' gRPC port without a token: with tokens_file use tcp")
 
     @property
     def peer_endpoints(self) -> list[str]:

@@ -32,7 +32,11 @@ from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.metrics import MetricsServer
+from kvstore.server.auth import AuthInterceptor
 from kvstore.server.service import KVStoreService
+from kvstore.server.tenancy import TenantGuard
+from kvstore.engine.quotas import TenantQuotas
+from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore
 from kvstore.transfers import TransferMeter
 
@@ -47,6 +51,8 @@ class Daemon:
 
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
+        _check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
+        self.tokens = TokenTable.load(cfg.tokens_file) if cfg.tokens_file else None
         data_bytes = (cfg.arena_bytes // cfg.max_block_bytes) * cfg.max_block_bytes
         layout = ArenaLayout.for_capacity(cfg.shm_name, data_bytes)
         self.arena = SharedArena(layout, lock=cfg.arena_lock)
@@ -64,7 +70,8 @@ class Daemon:
             self.disk = self._open_disk() if cfg.disk_bytes else None
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
-                                 admission=make_admission(cfg.disk_admission), arena_address=self.arena.address)
+                                 admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
+                                 quotas=TenantQuotas(cfg.ram_quotas))
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
             self.peers = self._build_peers() if cfg.peer_endpoints else None
             if self.peers is not None:
@@ -104,6 +111,7 @@ class Daemon:
             timeout_s=cfg.peer_timeout_s, push_queue_blocks=cfg.peer_push_queue_blocks,
             max_keys=cfg.max_batch_keys, max_block_bytes=cfg.max_block_bytes,
             capacity_bytes=self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0),
+            tls=cfg.tls if cfg.tls.enabled else None,
         ), self.engine, self.arena.view, self.transfers)
 
     def _build_server(self) -> grpc.Server:
@@ -111,18 +119,24 @@ class Daemon:
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
+        interceptors = [AuthInterceptor(self.tokens)] if self.tokens is not None else []
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
-                                                        thread_name_prefix="kvstore-rpc"), options=opts)
+                                                        thread_name_prefix="kvstore-rpc"), options=opts,
+                             interceptors=interceptors)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
-                                 transfers=self.transfers)
+                                 transfers=self.transfers, guard=TenantGuard(self.engine, owners))
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)
             server.add_insecure_port("unix:" + cfg.unix_socket)
         if cfg.listen:
             try:
-                server.add_insecure_port(cfg.listen)
+                if cfg.tls.enabled:  # mutual TLS when tls_ca is set (config.py checked the files)
+                    server.add_secure_port(cfg.listen, cfg.tls.grpc_server_credentials())
+                else:
+                    server.add_insecure_port(cfg.listen)
             except RuntimeError as exc:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
         return server
@@ -132,7 +146,21 @@ class Daemon:
         h = self.info.health()
         return (200 if h.status in ("SERVING", "DEGRADED") else 503), h.status + (f": {h.detail}" if h.detail else "")
 
+    def _warn_exposure(self) -> None:
+        cfg = self.cfg
+        exposed = [a for a in (cfg.listen, cfg.peer_listen if cfg.peer_endpoints else "") if a
+                   and not is_loopback_address(a)]
+        if exposed and not cfg.tls.enabled:
+            log.warning("SECURITY: allow_insecure_remote is set and %s %s reachable from other hosts WITHOUT TLS: "
+                        "anyone on the network can read and write every block%s", ", ".join(exposed),
+                        "is" if len(exposed) == 1 else "are",
+                        "" if self.tokens else " (and there are no tokens)")
+        if cfg.metrics_listen and not is_loopback_address(cfg.metrics_listen):
+            log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and up to 50 "
+                        "namespace names; no keys or bytes)", cfg.metrics_listen)
+
     def start(self) -> None:
+        self._warn_exposure()
         self.engine.start()
         if self.metrics is not None:
             self.metrics.start()
@@ -143,8 +171,10 @@ class Daemon:
         if self.peers is not None:
             self.peers.start()
         lay = self.arena.layout
-        log.info("serving node=%s unix=%s tcp=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
-                 self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-", lay.shm_name,
+        log.info("serving node=%s unix=%s tcp=%s%s tokens=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
+                 self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-",
+                 ("+mtls" if self.cfg.tls_ca else "+tls") if self.cfg.tls.enabled else "",
+                 len(self.tokens.tenants) if self.tokens else "off", lay.shm_name,
                  lay.data_bytes, self.arena.locked, self.cfg.policy,
                  f"{self.cfg.disk_dir}:{self.cfg.disk_bytes}" if self.disk else "off", os.getpid())
 
@@ -184,6 +214,15 @@ class Daemon:
         log.info("stopped")
 
 
+def _check_state_dirs(cfg: ServerConfig) -> None:
+    """The socket's directory and the disk tier's directory must not be writable by other users."""
+    if cfg.unix_socket:
+        check_not_world_writable_dir(os.path.dirname(cfg.unix_socket) or ".", "unix_socket directory")
+    if cfg.disk_bytes:
+        check_not_world_writable_dir(cfg.disk_dir, "disk_dir")
+        check_not_world_writable_dir(os.path.dirname(cfg.disk_dir.rstrip("/")) or ".", "disk_dir's parent")
+
+
 def _prepare_socket_dir(path: str) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -207,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvstore-server: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_level, cfg.log_format, cfg.node_id)
+    os.umask(0o077)  # everything the daemon creates (socket, disk files, owners file) is owner-only
     try:
         daemon = Daemon(cfg)
     except ConfigError as exc:

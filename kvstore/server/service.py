@@ -26,6 +26,7 @@ from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
+from kvstore.server.tenancy import TenantGuard
 from kvstore.transfers import TransferMeter
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
@@ -67,8 +68,9 @@ def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
 class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
-                 transfers: TransferMeter | None = None) -> None:
+                 transfers: TransferMeter | None = None, guard: TenantGuard | None = None) -> None:
         self._engine = engine
+        self._guard = guard if guard is not None else TenantGuard(engine)  # tenancy.py: per-RPC ownership checks
         self._view = arena_view
         self._info = info
         self._observe = observe  # RPC latency sink (the metrics histogram)
@@ -83,12 +85,15 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @_rpc
     def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.ServicerContext) -> pb.RegisterNamespaceResponse:
         tokens = request.tokens_per_block if request.HasField("tokens_per_block") else None
-        created = self._engine.register_namespace(request.name, request.model, request.layout_digest, request.tenant,
+        tenant = self._guard.register(request.name, request.tenant)
+        created = self._engine.register_namespace(request.name, request.model, request.layout_digest, tenant,
                                                   request.disk_codec, tokens)
+        self._guard.registered(request.name, tenant)
         return pb.RegisterNamespaceResponse(created=created)
 
     @_rpc
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
+        self._guard.namespace(request.namespace)
         r = self._engine.reserve(request.namespace, request.keys, request.sizes)
         self._arena.reserved(r.reservation_id, sum(s for s, o in zip(request.sizes, r.outcomes) if o == RESERVED))
         return pb.ReserveResponse(reservation_id=r.reservation_id, outcomes=r.outcomes, offsets=r.offsets,
@@ -96,18 +101,21 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
+        self._guard.reservation(request.reservation_id)
         committed = self._engine.commit(request.reservation_id, request.checksums)
         self._arena.committed(request.reservation_id)
         return pb.CommitResponse(committed=committed)
 
     @_rpc
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
+        self._guard.reservation(request.reservation_id)
         aborted = self._engine.abort(request.reservation_id)
         self._arena.aborted(request.reservation_id)
         return pb.AbortResponse(aborted=aborted)
 
     @_rpc
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+        self._guard.namespace(request.namespace)
         r = self._engine.lookup(request.namespace, request.keys, request.prefix, request.lease)
         self._arena.leased(r.lease_id, sum(r.sizes))
         return pb.LookupResponse(num_prefix=r.num_prefix, present=r.present, offsets=r.offsets, sizes=r.sizes,
@@ -116,38 +124,46 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
-        released = self._engine.release(request.lease_ids)
-        self._arena.released(request.lease_ids)
+        lease_ids = self._guard.own_leases(list(request.lease_ids))
+        released = self._engine.release(lease_ids)
+        self._arena.released(lease_ids)
         return pb.ReleaseResponse(released=released)
 
     @_rpc
     def Exists(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
+        self._guard.namespace(request.namespace)
         return pb.ExistsResponse(present=self._engine.exists(request.namespace, request.keys))
 
     @_rpc
     def Delete(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        self._guard.namespace(request.namespace)
         return pb.CountResponse(count=self._engine.delete(request.namespace, request.keys))
 
     @_rpc
     def Pin(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        self._guard.namespace(request.namespace)
         return pb.CountResponse(count=self._engine.pin(request.namespace, request.keys, +1))
 
     @_rpc
     def Unpin(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        self._guard.namespace(request.namespace)
         return pb.CountResponse(count=self._engine.pin(request.namespace, request.keys, -1))
 
     @_rpc
     def ClearNamespace(self, request: pb.ClearNamespaceRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        self._guard.namespace(request.namespace)
         return pb.CountResponse(count=self._engine.clear_namespace(request.namespace))
 
     @_rpc
     def ListKeys(self, request: pb.ListKeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
+        self._guard.namespace(request.namespace)
         records, cursor = self._engine.list_keys(request.namespace, request.cursor, request.limit or 1000)
         tokens = self._engine.tokens_per_block(request.namespace)
         return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records], next_cursor=cursor)
 
     @_rpc
     def Describe(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
+        self._guard.namespace(request.namespace)
         records = self._engine.describe(request.namespace, request.keys)
         tokens = self._engine.tokens_per_block(request.namespace)
         return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records])
@@ -166,7 +182,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
                                           blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
                                           hit_keys=n.hit_keys, puts=n.puts, tokens_per_block=n.tokens_per_block,
-                                          hit_keys_disk=n.hit_keys_disk) for n in s.namespaces],
+                                          hit_keys_disk=n.hit_keys_disk) for n in s.namespaces
+                        if self._guard.owns(n.name)],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
             disk=self._disk_stats(s.disk), peers=self._info.peer_stats(),
@@ -195,6 +212,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 if part == "header":
                     if writer is not None:
                         raise InvalidRequestError("Put stream: a new header arrived before the previous block's data")
+                    self._guard.namespace(chunk.header.namespace)
                     writer = _StreamWriter(self._engine, self._view, chunk.header)
                 elif part == "data":
                     if writer is None:
@@ -231,11 +249,18 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         if request.buffer > 1 << 20:
             _abort(context, InvalidRequestError(f"buffer {request.buffer} too large: use 1..1048576 (0 = default)"))
             return
+        try:
+            for name in request.namespaces:
+                self._guard.namespace(name)
+        except KVStoreError as exc:
+            _abort(context, exc)
+            return
+        filtered = self._guard.caller() is not None
         sub = bus.subscribe(list(request.namespaces), request.buffer)
         try:
             while context.is_active():
                 ev = sub.next(timeout_s=0.5)
-                if ev is not None:
+                if ev is not None and (not filtered or not ev.namespace or self._guard.owns(ev.namespace)):
                     yield _event_pb(ev, self._info.node_id)
         finally:
             sub.close()
@@ -245,6 +270,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         # a peer's fetch (grpc data plane) reads this node's own tiers only: it must never fan out again
         from_peer = ("kvstore-peer", "1") in tuple(context.invocation_metadata() or ())
         try:
+            self._guard.namespace(request.namespace)
             r = self._engine.lookup(request.namespace, request.keys, prefix=False, lease=True, local_only=from_peer)
         except KVStoreError as exc:
             _abort(context, exc)
