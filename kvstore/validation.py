@@ -19,11 +19,31 @@ __all__ = [
     "check_sizes",
     "MAX_TOKENS_PER_BLOCK",
     "check_tokens_per_block",
+    "MAX_LABEL_CHARS",
+    "MAX_RELEASE_IDS",
+    "MAX_SUBSCRIBE_NAMESPACES",
+    "check_label",
+    "check_count",
 ]
 
 MAX_KEY_BYTES = 64
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]{1,200}$")
 MAX_TOKENS_PER_BLOCK = 1 << 20
+MAX_LABEL_CHARS = 256            # model, layout_digest, tenant: descriptive strings kept per namespace
+MAX_RELEASE_IDS = 65536          # lease ids in one Release
+MAX_SUBSCRIBE_NAMESPACES = 1024  # namespace filters in one Subscribe
+
+
+def check_label(what: str, value: str) -> None:
+    """Descriptive strings stored with a namespace: bounded, printable, no control characters."""
+    if len(value) > MAX_LABEL_CHARS or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise InvalidRequestError(f"{what} must be at most {MAX_LABEL_CHARS} printable characters "
+                                  f"(got {len(value)} characters)")
+
+
+def check_count(what: str, n: int, limit: int) -> None:
+    if n > limit:
+        raise BatchTooLargeError(f"{n} {what} in one request exceeds the limit of {limit}: split the request")
 
 
 def check_tokens_per_block(tokens_per_block: int | None) -> None:

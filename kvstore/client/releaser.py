@@ -16,6 +16,7 @@ import threading
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.rpc import Rpc
 from kvstore.errors import KVStoreError
+from kvstore.validation import MAX_RELEASE_IDS
 
 __all__ = ["Releaser"]
 
@@ -54,10 +55,12 @@ class Releaser:
                     stop = True
                     break
                 batch.extend(more)
-            try:
-                self._rpc.call("Release", pb.ReleaseRequest(lease_ids=batch))
-            except KVStoreError as exc:
-                log.debug("release of %d leases failed (%s); the daemon expires them by TTL", len(batch), exc)
+            for start in range(0, len(batch), MAX_RELEASE_IDS):  # the daemon's per-call limit
+                part = batch[start:start + MAX_RELEASE_IDS]
+                try:
+                    self._rpc.call("Release", pb.ReleaseRequest(lease_ids=part))
+                except KVStoreError as exc:
+                    log.debug("release of %d leases failed (%s); the daemon expires them by TTL", len(part), exc)
             if stop:
                 return
 

@@ -64,7 +64,7 @@ from kvstore.errors import (
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy, AlwaysAdmit
 from kvstore.tiers.disk import DISK_CODECS, DiskStore
-from kvstore.validation import check_keys, check_namespace_name, check_sizes, check_tokens_per_block
+from kvstore.validation import check_keys, check_label, check_namespace_name, check_sizes, check_tokens_per_block
 
 __all__ = ["Engine"]
 
@@ -151,6 +151,8 @@ class Engine(TieringMixin, InspectionMixin):
         """
         check_namespace_name(name)
         check_tokens_per_block(tokens_per_block)
+        for what, value in (("model", model), ("layout_digest", layout_digest), ("tenant", tenant)):
+            check_label(what, value)
         if disk_codec not in DISK_CODECS:
             raise InvalidRequestError(f"disk_codec={disk_codec!r}: use one of {', '.join(DISK_CODECS[1:])} or ''")
         codec = disk_codec or self.config.disk_codec

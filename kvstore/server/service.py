@@ -28,6 +28,8 @@ from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
 from kvstore.server.tenancy import TenantGuard
 from kvstore.transfers import TransferMeter
+from kvstore.validation import (MAX_KEY_BYTES, MAX_RELEASE_IDS, MAX_SUBSCRIBE_NAMESPACES, check_count,
+                                check_namespace_name)
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
 
@@ -124,6 +126,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
+        check_count("lease ids", len(request.lease_ids), MAX_RELEASE_IDS)
         lease_ids = self._guard.own_leases(list(request.lease_ids))
         released = self._engine.release(lease_ids)
         self._arena.released(lease_ids)
@@ -157,6 +160,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @_rpc
     def ListKeys(self, request: pb.ListKeysRequest, context: grpc.ServicerContext) -> pb.ListKeysResponse:
         self._guard.namespace(request.namespace)
+        if len(request.cursor) > MAX_KEY_BYTES:
+            raise InvalidRequestError(f"cursor of {len(request.cursor)} bytes: a cursor is a key (1..{MAX_KEY_BYTES})")
         records, cursor = self._engine.list_keys(request.namespace, request.cursor, request.limit or 1000)
         tokens = self._engine.tokens_per_block(request.namespace)
         return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records], next_cursor=cursor)
@@ -250,7 +255,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             _abort(context, InvalidRequestError(f"buffer {request.buffer} too large: use 1..1048576 (0 = default)"))
             return
         try:
+            check_count("namespaces", len(request.namespaces), MAX_SUBSCRIBE_NAMESPACES)
             for name in request.namespaces:
+                check_namespace_name(name)
                 self._guard.namespace(name)
         except KVStoreError as exc:
             _abort(context, exc)
