@@ -1,0 +1,27 @@
+"""The short chaos soak (bench.soak, ~35 s): every fault kind injected, zero wrong bytes, zero leaked slots,
+disk tier consistent with its index, no INTERNAL from the fuzzer. `python -m bench.soak --minutes M` for longer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kvstore.peer.testing import etcd_binary
+
+
+def test_short_soak() -> None:
+    r = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "0.5", "--clients", "2", "--quiet"],
+                       capture_output=True, text=True, timeout=240)
+    lines = r.stdout.strip().splitlines()
+    assert lines, r.stderr[-3000:]
+    out = json.loads(lines[-1])
+    assert r.returncode == 0 and out["ok"], out
+    assert out["wrong_bytes"] == 0 and out["leaked_slots"] == 0 and out["arena_allocated_after_clear"] == 0
+    kinds = {"kill_daemon", "kill_lease_holder", "disk_fill", "kill_client"}
+    if etcd_binary():
+        kinds.add("restart_peer")
+    assert kinds <= set(out["faults_injected"]), out["faults_injected"]
+    assert out["rpcs_fuzzed"] > 100 and out["fuzz_internal_errors"] == 0
+    assert out["bytes_verified"] > 0 and out["disk_dropped_entries"] == 0 and out["disk_read_failures"] == 0
+    assert out["disk_blocks_verified_offline"] > 0 and out["blocks_verified_after_kill"] > 0
