@@ -288,12 +288,12 @@ def test_inspect_chain_prefix_and_counts_without_side_effects(tmp_path: Path,
     finally:
         d.close()
     assert doc["chain"] == {"length": 6, "prefix": 4, "prefix_bytes": 4 * MIB - 6 - 1 - 4, "prefix_tokens": 64,
-                            "counts": {"ram": 2, "ram+disk": 2, "disk": 1, "missing": 1},
-                            "prefix_counts": {"ram": 1, "ram+disk": 2, "disk": 1, "missing": 0}}
+                            "counts": {"ram": 2, "ram+disk": 2, "disk": 1, "peer": 0, "missing": 1},
+                            "prefix_counts": {"ram": 1, "ram+disk": 2, "disk": 1, "peer": 0, "missing": 0}}
     assert [k["key_text"] for k in doc["keys"]] == ["b2", "a1", "a0", "b0", "a2", "b1"]
     flat = " ".join(out.split())  # the console wraps long lines at its width
-    assert "present prefix: 4 of 6 keys (4.0 MiB, 64 tokens): ram 1, ram+disk 2, disk 1, missing 0" in flat
-    assert "whole chain: ram 2, ram+disk 2, disk 1, missing 1" in out
+    assert "present prefix: 4 of 6 keys (4.0 MiB, 64 tokens): ram 1, ram+disk 2, disk 1, peer 0, missing 0" in flat
+    assert "whole chain: ram 2, ram+disk 2, disk 1, peer 0, missing 1" in out
 
 
 def test_inspect_table_shows_tiers_and_dashes(placed: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,7 +304,7 @@ def test_inspect_table_shows_tiers_and_dashes(placed: DaemonProcess, capsys: pyt
     missing = [c.strip() for c in next(line for line in out.splitlines() if "│ a2" in line).split("│")[1:-1]]
     assert missing == ["0", "a2", "missing", "-", "-", "-", "-", "-"]
     ram = [c.strip() for c in next(line for line in out.splitlines() if "│ b1" in line).split("│")[1:-1]]
-    assert ram[:6] == ["1", "b1", "ram", "1024.0 KiB", "0", "0"] and ram[7] == placed.node_id
+    assert ram[:6] == ["1", "b1", "ram", "1024.0 KiB", "0", "0"] and ram[7] == f"{placed.node_id} (ram)"
 
 
 @pytest.mark.parametrize("args, message", [

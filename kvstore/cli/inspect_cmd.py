@@ -6,8 +6,12 @@ used) and starts promoting disk-only blocks into RAM, evicting others. Inspectin
 inspects, so the chain's longest present prefix is computed here from the Describe answer: the leading keys
 present in any tier. That is the prefix a `lookup_prefix` would serve as long as promotions succeed.
 
-Disk-only blocks carry no age (the disk index does not record one): it is shown as "-" / null. `node` is this
-daemon's node id for every present key; when a peer tier exists it will name the node that holds the block.
+Disk-only blocks carry no age (the disk index does not record one): it is shown as "-" / null.
+Across nodes: when the daemon belongs to a cluster (peer tier), the same Describe goes to every other live
+member (one call per node, its control address from the member set, the same credentials). A key held only
+elsewhere has tier "peer" and `node` names the first node that holds it; `nodes` lists every holder with its
+tier. A member that does not answer is reported on stderr and skipped. The present prefix counts keys held on
+any node: a Lookup on this node would fetch those from their owners.
 Exit code 0 whenever the daemon answered: a missing key is part of the report, not a failure.
 """
 
@@ -27,10 +31,11 @@ from rich.text import Text
 from kvstore.cli import render
 from kvstore.cli.commands import CommandError
 from kvstore.client import Client, KeyInfo
+from kvstore.errors import KVStoreError
 
-__all__ = ["Placement", "ChainSummary", "TIERS", "read_chain", "place", "summarize", "run"]
+__all__ = ["Placement", "ChainSummary", "TIERS", "read_chain", "place", "describe_peers", "summarize", "run"]
 
-TIERS = ("ram", "ram+disk", "disk", "missing")
+TIERS = ("ram", "ram+disk", "disk", "peer", "missing")
 
 
 @dataclass(frozen=True)
@@ -45,13 +50,15 @@ class Placement:
     age_s: float | None
     node: str | None
     tokens: int = 0       # tokens in the block (its namespace's tokens_per_block; 0 unknown or missing)
+    nodes: tuple[tuple[str, str], ...] = ()  # every (node, tier) holding it, this node first
 
     def doc(self) -> dict[str, Any]:
         """JSON: a missing key has null size/pins/leases (unknown, not zero)."""
         known = self.tier != "missing"
         return {**render.key_doc(self.key), "tier": self.tier, "size": self.size if known else None,
                 "pins": self.pins if known else None, "leases": self.leases if known else None,
-                "age_s": None if self.age_s is None else round(self.age_s, 3), "node": self.node}
+                "age_s": None if self.age_s is None else round(self.age_s, 3), "node": self.node,
+                "nodes": [{"node": n, "tier": t} for n, t in self.nodes]}
 
 
 @dataclass(frozen=True)
@@ -88,11 +95,41 @@ def read_chain(path: str, parse_key: Callable[[str], bytes]) -> list[bytes]:
     return keys
 
 
-def place(key: bytes, info: KeyInfo | None, node: str) -> Placement:
+def place(key: bytes, info: KeyInfo | None, node: str,
+          remote: list[tuple[str, KeyInfo]] | None = None) -> Placement:
+    """This node's answer for `key`, plus the (node, info) of other members that hold it."""
+    remote = remote or []
+    holders = ((node, info.tier),) if info is not None else ()
+    holders += tuple((n, i.tier) for n, i in remote)
     if info is None:
-        return Placement(key, "missing", 0, 0, 0, None, None)
+        if not remote:
+            return Placement(key, "missing", 0, 0, 0, None, None)
+        n, first = remote[0]
+        return Placement(key, "peer", first.size, first.pins, first.leases, None, n, first.tokens, holders)
     age = None if info.tier == "disk" else info.age_s
-    return Placement(key, info.tier, info.size, info.pins, info.leases, age, node, info.tokens)
+    return Placement(key, info.tier, info.size, info.pins, info.leases, age, node, info.tokens, holders)
+
+
+def describe_peers(client: Client, namespace: str, keys: list[bytes],
+                   connect: Callable[[str], Client] | None) -> list[list[tuple[str, KeyInfo]]]:
+    """Per key, the (node, info) of every other live cluster member that holds it (none when alone)."""
+    out: list[list[tuple[str, KeyInfo]]] = [[] for _ in keys]
+    peers = client.health().peers
+    if peers is None or connect is None:
+        return out
+    for m in peers.members:
+        if m.is_self:
+            continue
+        try:
+            with connect(m.control_address) as other:
+                infos = other.describe(namespace, keys)
+        except KVStoreError as exc:
+            print(f"kvstore: warning: node {m.node_id} ({m.control_address}) did not answer: {exc}", file=sys.stderr)
+            continue
+        for i, info in enumerate(infos):
+            if info is not None:
+                out[i].append((m.node_id, info))
+    return out
 
 
 def summarize(rows: list[Placement]) -> ChainSummary:
@@ -105,8 +142,10 @@ def summarize(rows: list[Placement]) -> ChainSummary:
                         sum(r.tokens for r in rows[:prefix]) if known else None)
 
 
-def run(client: Client, args: argparse.Namespace, parse_key: Callable[[str], bytes]) -> int:
-    """`parse_key` is passed in by main (which imports this module) so that chain files and argv agree."""
+def run(client: Client, args: argparse.Namespace, parse_key: Callable[[str], bytes],
+        connect: Callable[[str], Client] | None = None) -> int:
+    """`parse_key` is passed in by main (which imports this module) so that chain files and argv agree;
+    `connect(address)` opens a client to another cluster member with the same credentials."""
     if args.chain is not None and args.keys:
         raise CommandError("give KEYs or --chain FILE, not both")
     if args.chain is None and not args.keys:
@@ -114,7 +153,8 @@ def run(client: Client, args: argparse.Namespace, parse_key: Callable[[str], byt
     keys: list[bytes] = read_chain(args.chain, parse_key) if args.chain is not None else list(args.keys)
     infos = client.describe(args.namespace, keys)
     node = client.health().node_id
-    rows = [place(k, info, node) for k, info in zip(keys, infos)]
+    remote = describe_peers(client, args.namespace, keys, connect)
+    rows = [place(k, info, node, r) for k, info, r in zip(keys, infos, remote)]
     chain = summarize(rows) if args.chain is not None else None
     if args.json:
         doc: dict[str, Any] = {"namespace": args.namespace, "node": node, "keys": [r.doc() for r in rows]}
@@ -140,7 +180,7 @@ def _print(namespace: str, node: str, rows: list[Placement], chain: ChainSummary
         t.add_row(str(i), Text(render.key_label(r.key)), Text(r.tier, style="red" if missing else ""),
                   "-" if missing else render.human_bytes(r.size), "-" if missing else str(r.pins),
                   "-" if missing else str(r.leases), "-" if r.age_s is None else render.human_age(r.age_s),
-                  Text(r.node or "-"), end_section=chain is not None and i + 1 == chain.prefix < len(rows))
+                  Text(", ".join(f"{n} ({t})" for n, t in r.nodes) or "-"), end_section=chain is not None and i + 1 == chain.prefix < len(rows))
     c.print(t)
     if chain is not None:
         def counts(d: dict[str, int]) -> str:

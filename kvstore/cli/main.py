@@ -10,7 +10,6 @@ subcommand (`kvstore --json stats` and `kvstore stats --json`), because people t
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import textwrap
@@ -204,8 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _handler(name: str) -> Callable[[Client, argparse.Namespace], int]:
     """commands.COMMANDS is looked up at call time (tests patch it); top and inspect live in their own modules."""
     extra: dict[str, Callable[[Client, argparse.Namespace], int]] = {
-        "top": top.run, "events": events_cmd.run, "inspect": functools.partial(inspect_cmd.run, parse_key=parse_key)}
+        "top": top.run, "events": events_cmd.run, "inspect": _inspect}
     return COMMANDS.get(name) or extra[name]
+
+
+def _inspect(client: Client, args: argparse.Namespace) -> int:
+    """inspect asks the other cluster members too, with this invocation's credentials."""
+    def connect(address: str) -> Client:
+        return Client(address, timeout_s=args.timeout, token_file=args.token_file, tls=_tls(args))
+    return inspect_cmd.run(client, args, parse_key=parse_key, connect=connect)
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
