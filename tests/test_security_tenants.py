@@ -225,3 +225,38 @@ def test_register_for_someone_else_via_client(tenants) -> None:
     with Client(daemon.address, token_file=bob_file) as bob:
         with pytest.raises(PermissionDeniedError, match="belongs to tenant 'bob', not 'alice'"):
             bob.register_namespace("model@abc/x", tenant="alice")
+
+
+def test_namespace_owners_survive_a_restart_with_the_disk_tier(tmp_path) -> None:
+    """After a restart the disk tier brings namespaces back before anyone registers them: only their old
+    tenant may claim them (owners are kept in <disk_dir>.owners.json), and nobody else reads their blocks."""
+    tokens = _secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
+    alice_file = _secret(str(tmp_path / "alice.token"), ALICE_TOKEN)
+    bob_file = _secret(str(tmp_path / "bob.token"), BOB_TOKEN)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    d = DaemonProcess(workdir=str(work), tokens_file=tokens, disk_bytes="8MiB", disk_segment_bytes="4MiB")
+    try:
+        d.start()
+        with Client(d.address, token_file=alice_file) as alice:
+            alice.register_namespace(A_NS)
+            alice.put(A_NS, b"persist", b"on disk" * 1000)
+            import time
+            deadline = time.monotonic() + 10
+            while alice.describe(A_NS, [b"persist"])[0].tier != "ram+disk" and time.monotonic() < deadline:
+                time.sleep(0.05)
+        owners = str(work / "disk") + ".owners.json"
+        assert os.stat(owners).st_mode & 0o077 == 0
+        d.stop()
+        d._log.close()
+        d.start()
+        with Client(d.address, token_file=bob_file) as bob:
+            with pytest.raises(PermissionDeniedError, match="taken by another tenant"):
+                bob.register_namespace(A_NS)
+            with pytest.raises(Exception, match="unknown namespace"):
+                bob.get(A_NS, b"persist")
+        with Client(d.address, token_file=alice_file) as alice:
+            assert alice.get(A_NS, b"persist") == b"on disk" * 1000  # recovered, still hers
+            alice.register_namespace(A_NS)
+    finally:
+        d.close()

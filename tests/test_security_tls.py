@@ -109,3 +109,16 @@ def test_socket_arena_and_files_are_owner_only() -> None:
         for root, dirs, files in os.walk(os.path.join(d.workdir, "disk")):
             for f in files:
                 assert stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) & 0o077 == 0, f
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_state_dir_owned_by_another_user_is_refused(tmp_path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 54321, 54321)
+    d = DaemonProcess(unix_socket=str(theirs / "kvstore.sock"))
+    try:
+        with pytest.raises(RuntimeError, match="belongs to uid 54321"):
+            d.start(timeout_s=20)
+    finally:
+        d.close()

@@ -26,13 +26,17 @@ def check_private_file(path: str, what: str) -> None:
 
 def check_not_world_writable_dir(path: str, what: str) -> None:
     """Refuse a directory any local user may write into (even with the sticky bit: another user could create
-    our socket or files there first). A directory that does not exist yet is created 0700 by its owner."""
+    our socket or files there first), or one owned by another (non-root) user, who could swap its contents.
+    A directory that does not exist yet is created 0700 by the daemon itself."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise ConfigError(f"{what} {path}: cannot stat it ({exc.strerror})") from exc
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(f"{what} {path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}) or root: "
+                          "use a directory of your own")
     if st.st_mode & 0o002:
         raise ConfigError(f"{what} {path} is world-writable (mode {stat.S_IMODE(st.st_mode):o}): use a private "
                           f"directory (e.g. `chmod 700 {path}`, or a path under $XDG_RUNTIME_DIR)")

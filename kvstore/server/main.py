@@ -215,12 +215,13 @@ class Daemon:
 
 
 def _check_state_dirs(cfg: ServerConfig) -> None:
-    """The socket's directory and the disk tier's directory must not be writable by other users."""
+    """The socket's directory and the disk tier's directory must not be writable by other users, nor belong to
+    one. (A world-writable parent such as a tmpfs mount point is fine: the sticky bit keeps our directory ours,
+    and an existing one owned by someone else is refused.)"""
     if cfg.unix_socket:
         check_not_world_writable_dir(os.path.dirname(cfg.unix_socket) or ".", "unix_socket directory")
     if cfg.disk_bytes:
         check_not_world_writable_dir(cfg.disk_dir, "disk_dir")
-        check_not_world_writable_dir(os.path.dirname(cfg.disk_dir.rstrip("/")) or ".", "disk_dir's parent")
 
 
 def _prepare_socket_dir(path: str) -> None:
