@@ -230,7 +230,7 @@ def test_admission_seen_twice(make_daemon, tmp_path) -> None:
 
 def _mount_tmpfs(path: str, size: str) -> bool:
     os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True)
     return r.returncode == 0
 
 
