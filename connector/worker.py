@@ -5,8 +5,8 @@ Save (in wait_for_save, after the step's forward wrote the KV): one Reserve for 
 block's pieces across all layers into its arena slot, then Commit on a background thread. A request with more
 keys than the daemon's max_batch_keys (a 64K-token prompt at one 16-token block per key) is split into parts
 of that many keys, each its own Reserve / gather / Commit (and, for a load, its own Lookup lease). The gather itself
-is done before wait_for_save returns (CPU) or ordered before the next step's kernels (CUDA, see
-cuda_copy.fence), so a block vLLM frees and reuses later can never leak into the store.
+is done before wait_for_save returns (CPU) or ordered before every later kernel on the compute stream (CUDA:
+cuda_copy.fence right after the launch), so a block vLLM frees and reuses later can never leak into the store.
 
 Load (start_load_kv, for requests waiting in WAITING_FOR_REMOTE_KVS): on a background thread, Lookup with a
 lease, one batched scatter from the leased slots into the request's blocks, check the slots' generations
@@ -105,9 +105,6 @@ class WorkerSide:
 
     # -- loads -------------------------------------------------------------------------------------------
     def start_loads(self, jobs: list[LoadJob]) -> None:
-        cuda_fence = getattr(self._copier, "fence", None)
-        if cuda_fence is not None:
-            cuda_fence()
         for job in jobs:
             self._futures.append(self._loader.submit(self._load, job))
 
@@ -230,6 +227,9 @@ class WorkerSide:
         assert self.layout is not None
         plan = self.layout.plan(slots, blocks, to_store=True)
         handle = copier.copy(plan)
+        fence = getattr(copier, "fence", None)  # CUDA: every later kernel on the compute stream (the next
+        if fence is not None:                   # forward, block zeroing) waits for this gather, on the GPU
+            fence()
         nbytes = plan.nbytes
         self._futures.append(self._committer.submit(self._commit, job, ns, res, copier, handle, len(idx), nbytes,
                                                     t0))
