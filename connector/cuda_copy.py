@@ -16,6 +16,7 @@ Only imported when the KV cache is on CUDA; bench/gpu_check.py exercises it on a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,7 @@ class CudaCopier:
         self._kernel = cupy.RawKernel(_KERNEL, "kv_copy_segments")
         self.stream = torch.cuda.Stream(device=self.device)
         self._last: Any = None
+        self._lock = threading.Lock()  # saves launch from vLLM's thread, loads from the connector's loader
         self._inflight: list[tuple[Any, Any]] = []
 
     def _translate(self, plan: CopyPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +83,10 @@ class CudaCopier:
 
     def copy(self, plan: CopyPlan) -> Any:
         """Launch the copy after the current stream's work; returns a torch.cuda.Event."""
+        with self._lock:
+            return self._copy_locked(plan)
+
+    def _copy_locked(self, plan: CopyPlan) -> Any:
         torch, cupy = self._torch, self._cupy
         n = len(plan.lengths)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -106,8 +112,10 @@ class CudaCopier:
 
     def fence(self) -> None:
         """Make the compute stream wait (on the GPU, not the CPU) for the last launched copy."""
-        if self._last is not None:
-            self._torch.cuda.current_stream(self.device).wait_event(self._last)
+        with self._lock:
+            last = self._last
+        if last is not None:
+            self._torch.cuda.current_stream(self.device).wait_event(last)
 
     def close(self) -> None:
         self.stream.synchronize()
