@@ -21,6 +21,9 @@ def test_short_soak() -> None:
     kinds = {"kill_daemon", "kill_lease_holder", "disk_fill", "kill_client"}
     if etcd_binary():
         kinds.add("restart_peer")
+    if out["tmpfs"]:  # root: the disk tier sat on a small tmpfs that a filler file made full
+        kinds.add("disk_enospc")
+        assert out["disk_degraded_seen"] == 1 and out["disk_recovered"] == 1
     assert kinds <= set(out["faults_injected"]), out["faults_injected"]
     assert out["rpcs_fuzzed"] > 100 and out["fuzz_internal_errors"] == 0
     assert out["bytes_verified"] > 0 and out["disk_dropped_entries"] == 0 and out["disk_read_failures"] == 0

@@ -7,6 +7,11 @@ Faults, in rotation (each kind at least once in a run of a few intervals):
     kill_client        SIGKILL a random read/write client mid-operation (reservations die with it), respawn it
     disk_fill          a burst of distinct blocks worth 1.5x the disk tier: the log fills and reclaims
     restart_peer       SIGKILL the second daemon of the cluster and restart it (only with etcd available)
+    disk_enospc        (root only; once, at the start) the disk tier lives on a tmpfs a little larger than it; a
+                       filler file takes the free space for 2 s while the clients write: the log cannot grow
+                       (ENOSPC), the tier degrades while RAM keeps serving, then recovers when the filler goes.
+                       Only at the start because segments are preallocated: once the log has reached its
+                       capacity it never asks the filesystem for space again, so a later filler changes nothing.
 
 In a background thread the driver fuzzes every RPC (kvstore.fuzz, namespaces of its own) and, with the peer
 tier, the data port, all while the faults happen.
@@ -54,7 +59,7 @@ class SoakConfig:
 def daemon_options(cfg: SoakConfig) -> dict[str, object]:
     return dict(arena_bytes=cfg.arena_bytes, max_block_bytes="1MiB", disk_bytes=cfg.disk_bytes,
                 disk_segment_bytes="1MiB", lease_ttl_s=2.0, reservation_ttl_s=2.0, quarantine_s=0.5,
-                sweep_interval_s=0.1, promote_timeout_s=3.0, max_subscribers=2)
+                sweep_interval_s=0.1, promote_timeout_s=3.0, max_subscribers=2, disk_probe_interval_s=0.5)
 
 
 @dataclass
@@ -69,6 +74,8 @@ class Tally:
     faults: Counter = field(default_factory=Counter)
     fill_blocks: int = 0
     fill_bytes: int = 0
+    degraded_seen: int = 0  # disk_enospc faults during which Health said DEGRADED
+    recovered: int = 0      # ... after which it said SERVING again
     stats_files: list[str] = field(default_factory=list)
 
 
@@ -84,12 +91,53 @@ class Soak:
         self._procs: list[Proc] = []
         self._n = 0
         self.etcd = stack.enter_context(EtcdProcess()) if cfg.peer and etcd_binary() else None
-        self.a = self._daemon("a")
+        self.tmpfs = self._mount_tmpfs()  # before the daemon: unmounted after it stops (ExitStack order)
+        self.a = self._daemon("a", disk_dir=os.path.join(self.tmpfs, "disk") if self.tmpfs else "")
         self.b = self._daemon("b") if self.etcd is not None else None
 
     # -- daemons ---------------------------------------------------------------------------------------
-    def _daemon(self, name: str) -> DaemonProcess:
+    def _mount_tmpfs(self) -> str:
+        """A tmpfs a little larger than the disk tier, for the ENOSPC fault; '' when not root or mount fails."""
+        if os.geteuid() != 0:
+            return ""
+        path = os.path.join(self.dir, "tmpfs")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        size = self.cfg.disk_bytes + 4 * MIB
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path],
+                           capture_output=True)
+        if r.returncode != 0:
+            return ""
+        self.stack.callback(subprocess.run, ["umount", "-l", path], capture_output=True)
+        return path
+
+    def _enospc(self) -> None:
+        filler = os.path.join(self.tmpfs, "filler")
+        try:
+            with open(filler, "wb") as fh:
+                chunk = b"\0" * MIB
+                while True:
+                    fh.write(chunk)
+                    fh.flush()
+        except OSError:
+            pass  # ENOSPC: the filesystem is full now
+        try:
+            deadline = time.monotonic() + 2.0
+            seen = False
+            while time.monotonic() < deadline:  # workers keep writing: the tier should report DEGRADED
+                seen = seen or _status(self.a) == "DEGRADED"
+                time.sleep(0.1)
+            self.tally.degraded_seen += seen
+        finally:
+            os.unlink(filler)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _status(self.a) != "SERVING":
+            time.sleep(0.1)
+        self.tally.recovered += _status(self.a) == "SERVING"
+
+    def _daemon(self, name: str, disk_dir: str = "") -> DaemonProcess:
         opts = daemon_options(self.cfg)
+        if disk_dir:
+            opts["disk_dir"] = disk_dir
         if self.etcd is not None:
             opts.update(peer_options(self.etcd, ttl_s=2.0, timeout_s=1.0))
         work = os.path.join(self.dir, name)
@@ -156,6 +204,8 @@ class Soak:
             holder.popen.wait()
         elif kind == "disk_fill":
             self._fill()
+        elif kind == "disk_enospc":
+            self._enospc()
         self.tally.faults[kind] += 1
 
     def _fill(self) -> None:
@@ -219,6 +269,9 @@ class Soak:
         for _ in range(cfg.clients):
             self.spawn("rw")
         fuzzer = self.start_fuzzer()
+        if self.tmpfs:
+            time.sleep(0.5)
+            self.inject("disk_enospc", 0)
         kinds = self.kinds()
         duration = cfg.minutes * 60
         interval = max(1.5, min(8.0, duration / (2 * len(kinds) + 1)))
@@ -259,6 +312,14 @@ def _data_address(d: DaemonProcess) -> tuple[str, int] | None:
         return None
     host, _, port = addr.rpartition(":")
     return (host, int(port)) if port.isdigit() else None
+
+
+def _status(d: DaemonProcess) -> str:
+    try:
+        with Client(d.address, timeout_s=2, token_file="") as c:
+            return c.health().status
+    except KVStoreError:
+        return "UNAVAILABLE"
 
 
 def _holding(path: str) -> bool:
