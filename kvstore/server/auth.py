@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +36,18 @@ def _deny(context: grpc.ServicerContext, why: str) -> None:
 class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, tokens: TokenTable) -> None:
         self._tokens = tokens
+        self._denied = 0            # refused calls since the last log line (a flood logs once per 10 s)
+        self._next_log = 0.0
+        self._log_lock = threading.Lock()
+
+    def _log_denied(self, method: str, why: str) -> None:
+        with self._log_lock:
+            self._denied += 1
+            now = time.monotonic()
+            if now < self._next_log:
+                return
+            n, self._denied, self._next_log = self._denied, 0, now + 10.0
+        log.warning("refused %d unauthenticated call(s), latest to %s: %s", n, method, why)
 
     def _tenant(self, metadata: Any) -> tuple[str | None, str]:
         values = [v for k, v in (metadata or ()) if k == "authorization"]
@@ -53,9 +67,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return handler
         tenant, why = self._tenant(details.invocation_metadata)
-        method = details.method
         if tenant is None:
-            log.info("unauthenticated call to %s: %s", method, why)
+            self._log_denied(details.method, why)
         return _wrap(handler, tenant, why)
 
 
