@@ -93,6 +93,7 @@ def test_etcd_down_nodes_keep_serving_and_rejoin(cluster: Cluster) -> None:
         keys = [b"e%d" % i for i in range(6)]
         values = blocks(6, 32_000, seed=5)
         cluster.clients["a"].put_many(ns, keys, values)
+        cluster.wait_pushes("a")  # c asks each key's owner: the owner must have it before c reads
         assert cluster.clients["c"].get_many(ns, keys) == values
         assert len(cluster.clients["b"].health().peers.members) == 3
     finally:
