@@ -36,6 +36,7 @@ class Cluster:
             d = DaemonProcess(node_id=node_id, **peer_options(self.etcd, plane=plane, ttl_s=ttl_s,
                                                                timeout_s=timeout_s, **opts))
             stack.callback(d.close)
+            stack.callback(_report_if_dead, name, d)  # runs before close: the log is still there
             self.nodes[name] = d.start()
         self.clients = {n: stack.enter_context(d.client()) for n, d in self.nodes.items()}
         self.wait_members(len(names))
@@ -57,6 +58,13 @@ class Cluster:
     def wait_pushes(self, name: str) -> None:
         c = self.clients[name]
         wait_until(lambda: c.stats().peers.pending_pushes == 0, 10, 0.02, f"{name}'s pushes")
+
+
+def _report_if_dead(name: str, d: DaemonProcess) -> None:
+    """A node that died on its own (not killed by the test) leaves its log tail in the test's output."""
+    code = d.proc.poll() if d.proc is not None else None
+    if code is not None and code != -9:
+        print(f"--- node {name} ({d.node_id}) exited with {code}; log tail:\n{d.log()[-6000:]}")
 
 
 def register(clients: dict, ns: str) -> None:

@@ -23,7 +23,8 @@ PLANES = ["tcp", "grpc", pytest.param("ucx", marks=pytest.mark.skipif(not ucx_av
 @pytest.fixture(scope="module", params=PLANES)
 def cluster(request):
     with ExitStack() as stack:
-        yield Cluster(stack, plane=request.param)
+        # a generous per-call bound: on a loaded 2-core CI box a 1 s call can time out and turn a hit into a miss
+        yield Cluster(stack, plane=request.param, timeout_s=5.0)
 
 
 def test_members_and_health(cluster: Cluster) -> None:
