@@ -109,14 +109,22 @@ def _size(src: Source, pools: Pools) -> int:
                        src.int(1, 8192)])
 
 
+def _from_pool(src: Source, pool: list[int]) -> int | None:
+    """A recently issued id, 2 times in 3. The draws never depend on the pool's state (hypothesis replays
+    a prefix of draws and requires the same structure), only the value does."""
+    use, idx = src.int(0, 2), src.int(0, 63)
+    return pool[idx % len(pool)] if use and pool else None
+
+
 def _u64(src: Source, pools: Pools, name: str) -> int:
-    if name == "reservation_id" and pools.reservation_ids and src.int(0, 2):
-        return src.choice(pools.reservation_ids)
-    if name == "lease_ids" and pools.lease_ids and src.int(0, 2):
-        return src.choice(pools.lease_ids)
     if name in ("size", "sizes"):
         return _size(src, pools)
-    return src.choice([0, 1, src.int(0, 2**64 - 1), 2**64 - 1])
+    any_value = src.choice([0, 1, src.int(0, 2**64 - 1), 2**64 - 1])
+    if name in ("reservation_id", "lease_ids"):
+        got = _from_pool(src, pools.reservation_ids if name == "reservation_id" else pools.lease_ids)
+        if got is not None:
+            return got
+    return any_value
 
 
 def _length(src: Source) -> int:
