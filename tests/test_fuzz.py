@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.fuzz import METHODS, FuzzStats, Pools, fuzz_frame, fuzz_raw, fuzz_rpc
+from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
 from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.testing import DaemonProcess, raw_stub, wait_until
 
-EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "800"))
 FRAME_EXAMPLES = max(50, EXAMPLES // 4)
 NAMESPACES = ["fz/a", "fz/b", "fz/c"]
 STATS = FuzzStats()
@@ -82,6 +82,12 @@ def _rpc_property(target, data) -> None:
 
 
 def test_fuzz_every_rpc(target) -> None:
+    d, ch, _, pools = target
+    src = RandomSource(8)
+    for method in METHODS:  # a sweep first, so every RPC is fuzzed whatever hypothesis favours
+        for _ in range(10):
+            fuzz_rpc(ch, method, src, pools, STATS)
+        fuzz_raw(ch, method, src, STATS)
     _rpc_property(target)
     d = target[0]
     assert d.proc.poll() is None, d.log()[-3000:]
