@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvstore import Client, ConfigError, StoreUnavailableError
+from kvstore import Client, ConfigError, StoreUnavailableError, UnauthenticatedError
 from kvstore.security.tls import TlsFiles
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, free_port
@@ -122,3 +122,19 @@ def test_state_dir_owned_by_another_user_is_refused(tmp_path) -> None:
             d.start(timeout_s=20)
     finally:
         d.close()
+
+
+def test_tls_and_tokens_together(pki: Pki, tmp_path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-0123456789abcdef\n")
+    os.chmod(tokens, 0o600)
+    mine = tmp_path / "alice.token"
+    mine.write_text("alice-0123456789abcdef\n")
+    os.chmod(mine, 0o600)
+    with DaemonProcess(tokens_file=str(tokens), **_tls_opts(pki.server, mutual=True)) as d:
+        with Client(d.tcp_address, tls=pki.client, token_file=str(mine), mode="stream", timeout_s=5) as c:
+            c.register_namespace("both/ns")
+            assert c.put("both/ns", b"k", b"v" * 100)
+            assert [n.tenant for n in c.stats().namespaces] == ["alice"]  # the token's tenant owns it
+        with pytest.raises(UnauthenticatedError):  # TLS alone is not enough once tokens are on
+            Client(d.tcp_address, tls=pki.client, token_file="", timeout_s=5)
