@@ -20,6 +20,8 @@ exceptions from kvstore.errors; see each method):
 Eviction: a reserve that finds no slot asks the policy for victims among committed, unleased, unpinned
 entries until the allocation succeeds. After a commit that leaves allocated bytes above the high watermark,
 victims are evicted down to the low watermark. Evicting a block that has a disk copy only drops the RAM copy.
+With tenant quotas (quotas.py, tenancy.py) victims come from over-quota tenants first, then, for an
+allocation, from the requesting tenant's own blocks; no other tenant is evicted below its quota.
 
 Locking: one lock, `self._lock`, around every public method; the policy, allocator and catalog have none.
 Every method does O(batch) Python work under it; the only I/O under it is disk-index reads.
@@ -49,6 +51,7 @@ from kvstore.engine.results import (
 )
 from kvstore.engine.movement import Mover, Promotion
 from kvstore.engine.quotas import TenantQuotas
+from kvstore.engine.tenancy import TenancyMixin
 from kvstore.engine.read_buffer import ReadBuffer
 from kvstore.engine.inspection import InspectionMixin
 from kvstore.engine.tiering import TIER_DISK, TIER_RAM, TieringMixin
@@ -84,7 +87,7 @@ class RemoteHooks(Protocol):
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
 
 
-class Engine(TieringMixin, InspectionMixin):
+class Engine(TieringMixin, InspectionMixin, TenancyMixin):
     def __init__(
         self,
         config: EngineConfig,
@@ -262,43 +265,6 @@ class Engine(TieringMixin, InspectionMixin):
             self._evict(victim)
             off = self._alloc.allocate(size)
         return off
-
-    def _choose_quota_victim(self, eligible: Callable[[int], bool], tenant: str | None,
-                             own_pass: bool = True) -> int | None:
-        """Over-quota tenants' blocks first, then (allocation only) the acting tenant's own; see quotas.py."""
-        assert self._quotas is not None
-        cat = self._cat
-        tenant_of = lambda eid: cat.namespace_of(eid).tenant  # noqa: E731
-        over = self._quotas.over_quota(TenantQuotas.usage(cat.namespaces), tenant_of, lambda eid: int(cat.size[eid]))
-        victim = self._choose_victim(lambda eid: eligible(eid) and over(eid))
-        if victim is None and own_pass and tenant is not None:
-            victim = self._choose_victim(lambda eid: eligible(eid) and tenant_of(eid) == tenant)
-        return victim
-
-    def tenant_usage(self) -> dict[str, int]:
-        """RAM payload bytes per tenant (what quotas compare against)."""
-        with self._lock:
-            return TenantQuotas.usage(self._cat.namespaces)
-
-    # -- ownership (the service's tenant checks) ----------------------------------------------------------
-    def namespace_owner(self, name: str) -> tuple[str, bool] | None:
-        """(tenant, recovered) of a namespace; None when unknown. `recovered`: known only from the disk tier
-        after a restart, not yet registered again (its tenant is not known to the engine)."""
-        with self._lock:
-            ns = self._cat.by_name.get(name)
-            return None if ns is None else (ns.tenant, ns.recovered)
-
-    def reservation_namespace(self, reservation_id: int) -> str | None:
-        with self._lock:
-            payload = self._reservations.get(reservation_id)
-            return None if payload is None else payload[0].name
-
-    def lease_namespace(self, lease_id: int) -> str | None:
-        with self._lock:
-            ids = self._leases.get(lease_id)
-            if ids is None or not len(ids):
-                return None
-            return self._cat.namespace_of(int(ids[0])).name
 
     def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
         self._touches.apply()
