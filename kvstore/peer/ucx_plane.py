@@ -34,6 +34,7 @@ from kvstore.transfers import TransferMeter
 __all__ = ["UcxPlane"]
 
 log = logging.getLogger(__name__)
+_ABANDON_S = 120.0  # how long buffers of a timed-out receive stay referenced
 
 
 def _np(view: memoryview) -> np.ndarray:
@@ -62,6 +63,7 @@ class UcxPlane(DataPlane):
         self._listener = None
         self._eps: dict[str, tuple[object, asyncio.Lock]] = {}
         self._next_id = 1
+        self._abandoned: list[tuple[float, list[np.ndarray]]] = []
         self._bound = ""
 
     @property
@@ -117,6 +119,11 @@ class UcxPlane(DataPlane):
         await ep.recv(buf)
         return buf.tobytes()
 
+    def _abandon(self, buffers: list[np.ndarray]) -> None:
+        """Keep buffers of a cancelled receive alive for _ABANDON_S (the endpoint is closed long before)."""
+        now = time.monotonic()
+        self._abandoned = [(t, b) for t, b in self._abandoned if now - t < _ABANDON_S] + [(now, buffers)]
+
     async def _send_frame(self, ep, h: Header, meta: bytes) -> None:  # type: ignore[no-untyped-def]
         await ep.send(np.frombuffer(h.pack(), dtype=np.uint8))
         if meta:
@@ -131,10 +138,20 @@ class UcxPlane(DataPlane):
         f_keys = [keys[i] for i in found.tolist()]
         f_sizes = sizes[found].tolist()
         inc = await loop.run_in_executor(None, self._local.receive, namespace, f_keys, f_sizes, desc)
+        buffers: list[np.ndarray] = []
         try:
             for j, size in enumerate(f_sizes):
                 view = inc.views[j] if inc is not None else None
-                await ep.recv(_np(view) if view is not None else np.empty(size, dtype=np.uint8))
+                buffers.append(_np(view) if view is not None else np.empty(size, dtype=np.uint8))
+                await ep.recv(buffers[-1])
+        except asyncio.CancelledError:
+            # The call timed out while UCX may still write into these buffers until the endpoint is closed
+            # (the caller drops it). Freeing the slots now could let a late write land in another block, and a
+            # freed scratch array could be heap memory reused by Python. So neither happens: the reservation
+            # is left to expire (the engine quarantines expired reservations before reusing their slots) and
+            # the arrays are kept for a while.
+            self._abandon(buffers)
+            raise
         except BaseException:
             if inc is not None:
                 inc.abort()
