@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
+__all__ = ["Header", "FrameError", "NamespaceDesc", "push_frame_meta", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
            "PUSH_REPLY", "MAX_META_BYTES", "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes",
            "encode_push", "decode_push", "check_header"]
 
@@ -159,6 +159,16 @@ def decode_sizes(meta: bytes, count: int, payload_len: int, max_block_bytes: int
     if int(sizes.sum()) != payload_len:
         raise FrameError(f"block sizes add up to {int(sizes.sum())}, the header says {payload_len}")
     return sizes, checksums
+
+
+def push_frame_meta(desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray,
+                    checksums: np.ndarray) -> tuple[list[bytes], bytes] | None:
+    """The keys a push sends (those present locally: size > 0) and the frame's metadata; None when none is."""
+    found = np.flatnonzero(sizes)
+    if not len(found):
+        return None
+    f_keys = [keys[i] for i in found.tolist()]
+    return f_keys, encode_push(desc, f_keys, sizes[found], checksums[found])
 
 
 def encode_push(desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray, checksums: np.ndarray) -> bytes:

@@ -262,11 +262,10 @@ class UcxPlane(DataPlane):
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:
-            found = np.flatnonzero(out.sizes)
-            if not len(found):
+            got = fr.push_frame_meta(desc, keys, out.sizes, out.checksums)
+            if got is None:
                 return 0
-            f_keys = [keys[i] for i in found.tolist()]
-            meta = fr.encode_push(desc, f_keys, out.sizes[found], out.checksums[found])
+            f_keys, meta = got
 
             async def call(ep, rid: int) -> int:  # type: ignore[no-untyped-def]
                 start = time.perf_counter()
