@@ -59,7 +59,6 @@ class _ReqState:
     lookup_keys: int | None = None  # remembered lookup answer until scheduled
     pending_load: tuple[int, int] | None = None  # (first key, number of keys) to load after alloc
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
-    saves_issued: int = 0
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
 
 
@@ -191,7 +190,6 @@ class SchedulerSide:
         blocks = st.block_ids[st.stored_keys * g: full * g]
         first = st.stored_keys
         st.stored_keys = full
-        st.saves_issued += 1
         self.counters.add(save_keys=full - first)
         t = self.tokens_per_key
         self._stored.append(StoredRecord(list(keys), st.chain.keys[first - 1] if first else None,
@@ -207,7 +205,3 @@ class SchedulerSide:
         """Save records since the last call (vLLM's take_events)."""
         out, self._stored = self._stored, []
         return out
-
-    def forget(self, req_id: str) -> None:
-        self._reqs.pop(req_id, None)
-

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -62,7 +61,6 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._recv_done: set[str] = set()
         self._failed_blocks: set[int] = set()
-        self._pending_saves: dict[str, int] = defaultdict(int)
         self._futures: list[Future[Any]] = []
         self._disabled_reason = ""
 
@@ -177,14 +175,11 @@ class WorkerSide:
         Commit; a failed part costs only its own keys."""
         for job in jobs:
             for part in self._parts(job):
-                with self._lock:
-                    self._pending_saves[part.req_id] += 1
                 try:
                     self._save_one(part)
                 except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
                     log.exception("kvstore save for request %s failed", part.req_id)
                     self.counters.add(save_failures=1)
-                    self._save_done(part.req_id)
 
     def _batch_keys(self) -> int:
         c = self.link.client
@@ -201,7 +196,6 @@ class WorkerSide:
         got = self._arena_client()
         if got is None:
             self.counters.add(save_failures=1)
-            self._save_done(job.req_id)
             return
         c, copier = got
         t0 = time.perf_counter()
@@ -210,17 +204,14 @@ class WorkerSide:
         res = self.link.call(ns, lambda cl: cl.reserve(ns, job.keys, sizes))
         if res is None:
             self.counters.add(save_failures=1)
-            self._save_done(job.req_id)
             return
         idx = [i for i, o in enumerate(res.outcomes) if o == RESERVED]
         self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
         if not idx:
-            self._save_done(job.req_id)  # nothing reserved: the daemon holds no reservation to abort
-            return
+            return  # nothing reserved: the daemon holds no reservation to abort
         got = self._arena_client()  # Reserve remaps the arena of a restarted daemon: gather into that one
         if got is None:
-            self._save_done(job.req_id)
-            return
+            return  # the reservation expires (and is quarantined) in the daemon
         copier = got[1]
         blocks = self._blocks(job.block_ids)[idx]
         slots = c.arena_span[0] + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)  # type: ignore[index]
@@ -246,14 +237,6 @@ class WorkerSide:
         except Exception:  # noqa: BLE001
             log.exception("kvstore commit for request %s failed", job.req_id)
             self.counters.add(save_failures=1)
-        finally:
-            self._save_done(job.req_id)
-
-    def _save_done(self, req_id: str) -> None:
-        with self._lock:
-            self._pending_saves[req_id] -= 1
-            if self._pending_saves[req_id] <= 0:
-                del self._pending_saves[req_id]
 
     # -- completion --------------------------------------------------------------------------------------
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
