@@ -102,6 +102,18 @@ def stats_doc(stats: Stats) -> dict[str, Any]:
     return doc
 
 
+def _tenants_table(s: Stats) -> Table:
+    """Usage against quotas, one row per tenant ('-': no quota)."""
+    t = Table(title="tenants", title_justify="left")
+    for name in ("tenant", "ram", "ram quota", "disk", "disk quota"):
+        t.add_column(name, justify="left" if name == "tenant" else "right")
+    for r in s.tenants:
+        t.add_row(Text(r.tenant or "(none)"), human_bytes(r.ram_bytes),
+                  human_bytes(r.ram_quota_bytes) if r.ram_quota_bytes else "-", human_bytes(r.disk_bytes),
+                  human_bytes(r.disk_quota_bytes) if r.disk_quota_bytes else "-")
+    return t
+
+
 def emit_json(doc: object) -> None:
     """The one JSON document of a --json run (plain print: rich would wrap long lines and break parsing)."""
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -179,13 +191,17 @@ def print_stats(s: Stats) -> None:
         counters.add_row(left[0], str(left[1]), right[0], str(right[1]))
     c.print(counters)
     ns = Table(title="namespaces", title_justify="left")
+    disk = s.disk is not None
     for name, justify in (("namespace", "left"), ("model", "left"), ("blocks", "right"), ("bytes", "right"),
-                          ("hit rate", "right"), ("puts", "right")):
+                          *((("on disk", "right"),) if disk else ()), ("hit rate", "right"), ("puts", "right")):
         ns.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for n in s.namespaces:
         ns.add_row(Text(n.name), Text(n.model or "-"), str(n.blocks), human_bytes(n.bytes),
+                   *((human_bytes(n.disk_bytes),) if disk else ()),
                    _pct(n.hit_rate) if n.lookup_keys else "-", str(n.puts))
     c.print(ns if s.namespaces else Text("namespaces: none registered"))
+    if any(t.ram_quota_bytes or t.disk_quota_bytes for t in s.tenants) or len(s.tenants) > 1:
+        c.print(_tenants_table(s))
     sc = Table(title="size classes", title_justify="left")
     for name in ("slot", "slabs", "used slots", "free slots"):
         sc.add_column(name, justify="right")

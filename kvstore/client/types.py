@@ -78,6 +78,7 @@ class NamespaceInfo:
     puts: int
     tokens_per_block: int = 0   # 0: unknown (registered without it)
     hit_keys_disk: int = 0      # of hit_keys, those the disk tier held
+    disk_bytes: int = 0         # footprint in the disk tier
 
     @property
     def hit_rate(self) -> float:
@@ -143,6 +144,17 @@ class DiskInfo:
 
 
 @dataclass(frozen=True)
+class TenantInfo:
+    """A tenant's usage against its quotas (0 quota: none); with a token, Stats carries your tenant only."""
+
+    tenant: str
+    ram_bytes: int
+    ram_quota_bytes: int
+    disk_bytes: int
+    disk_quota_bytes: int
+
+
+@dataclass(frozen=True)
 class Stats:
     node_id: str
     policy: str
@@ -170,6 +182,7 @@ class Stats:
     size_classes: list[SizeClassInfo] = field(default_factory=list)
     disk: DiskInfo | None = None
     peers: PeerInfo | None = None
+    tenants: list[TenantInfo] = field(default_factory=list)
 
     @staticmethod
     def from_pb(m: pb.StatsResponse) -> Stats:
@@ -179,10 +192,12 @@ class Stats:
             m.fragmentation, m.stranded_bytes, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
             m.low_watermark, m.uptime_s, dict(m.counters),
             [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
-                           n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk) for n in m.namespaces],
+                           n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk, n.disk_bytes)
+             for n in m.namespaces],
             [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
             DiskInfo.from_pb(m.disk) if m.disk.enabled else None,
             PeerInfo.from_pb(m.peers),
+            [TenantInfo(t.tenant, t.ram_bytes, t.ram_quota_bytes, t.disk_bytes, t.disk_quota_bytes) for t in m.tenants],
         )
 
 

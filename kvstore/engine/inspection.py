@@ -71,6 +71,8 @@ class InspectionMixin:
                           len(self._reservations), self.counters.snapshot())
         if self._disk is not None:
             st.disk = self._disk.stats()
+            on_disk = self._disk.namespace_bytes()
+            st.namespaces = [dataclasses.replace(n, disk_bytes=on_disk.get(n.name, 0)) for n in st.namespaces]
         return st
 
     @property

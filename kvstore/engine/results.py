@@ -74,6 +74,7 @@ class NamespaceUsage:
     puts: int
     tokens_per_block: int = 0   # 0: unknown
     hit_keys_disk: int = 0      # of hit_keys, found on the disk tier
+    disk_bytes: int = 0         # footprint in the disk tier (page-rounded stored bytes)
 
     @property
     def hit_keys_ram(self) -> int:

@@ -119,6 +119,9 @@ class ServerConfig:
     tenant_ram_quota: str = field(default="", **_help(
         "guaranteed RAM bytes per tenant, e.g. 'alice=8GiB,bob=2GiB,*=1GiB' ('*': every other tenant); another "
         "tenant's burst never evicts a tenant below its quota; '' = no quotas"))
+    tenant_disk_quota: str = field(default="", **_help(
+        "guaranteed disk-tier bytes per tenant, same form as tenant_ram_quota; kept at segment reclamation (copied "
+        "forward), so the total must fit in disk_bytes - 2 segments; '' = no quotas"))
     log_level: str = field(default="info", **_help("debug, info, warning, error"))
     log_format: str = field(default="text", **_help("text or json (one object a line)"))
 
@@ -188,15 +191,35 @@ class ServerConfig:
     def ram_quotas(self) -> dict[str, int]:
         return parse_quotas(self.tenant_ram_quota, "tenant_ram_quota")
 
+    @property
+    def disk_quotas(self) -> dict[str, int]:
+        return parse_quotas(self.tenant_disk_quota, "tenant_disk_quota")
+
+    def _validate_disk_quotas(self, tenants: set[str]) -> None:
+        """The disk tier can protect at most disk_bytes - 2 segments (tiers/disk/floors.py); '*' counts once per
+        tenant of the tokens file not named, or once without tokens."""
+        quotas = self.disk_quotas
+        if not quotas:
+            return
+        _require(self.disk_bytes > 0, "tenant_disk_quota needs the disk tier: set disk_bytes or drop the quotas")
+        named = {t: n for t, n in quotas.items() if t != "*"}
+        others = len(tenants - named.keys()) if tenants else 1
+        total = sum(named.values()) + quotas.get("*", 0) * others
+        limit = (self.disk_bytes // self.disk_segment_bytes - 2) * self.disk_segment_bytes
+        _require(total <= limit,
+                 f"tenant_disk_quota guarantees {total} bytes in all ('*' counted for {others} tenant(s)), more than "
+                 f"the disk tier can protect: {limit} bytes (disk_bytes less 2 segments of {self.disk_segment_bytes})"
+                 ": lower the quotas or raise disk_bytes")
+
     def _validate_security(self) -> None:
         """TLS files readable (key owner-only), tokens file owner-only and well-formed, and no listener that
         other hosts can reach without TLS unless allow_insecure_remote says so."""
         tls = self.tls
         if tls.enabled:
             tls.check("tls", need_identity=True, need_ca=False)
-        if self.tokens_file:
-            TokenTable.load(self.tokens_file)
+        tenants = TokenTable.load(self.tokens_file).tenants if self.tokens_file else set()
         self.ram_quotas  # parse errors surface now
+        self._validate_disk_quotas(tenants)
         if self.listen and not is_loopback_address(self.listen) and not tls.enabled:
             _require(self.allow_insecure_remote,
                      f"listen={self.listen!r} is reachable from other hosts and TLS is off: set tls_cert and tls_key "

@@ -37,7 +37,8 @@ from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
-from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore
+from kvstore.server.tenant_usage import TenantUsage
+from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
 from kvstore.transfers import TransferMeter
 
 __all__ = ["main", "Daemon"]
@@ -72,12 +73,19 @@ class Daemon:
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
                                  quotas=TenantQuotas(cfg.ram_quotas))
+            owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
+            self.guard = TenantGuard(self.engine, owners)
+            disk_quotas = TenantQuotas(cfg.disk_quotas)
+            if self.disk is not None and disk_quotas.enabled:
+                self.disk.set_floors(TenantFloors(tenant_of=self.guard.owner_of, quota_of=disk_quotas.quota))
+            self.tenants = TenantUsage(self.guard.owner_of, TenantQuotas(cfg.ram_quotas), disk_quotas)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
             self.peers = self._build_peers() if cfg.peer_endpoints else None
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
-                                          self.transfers, self.info.peer_status) if cfg.metrics_listen else None)
+                                          self.transfers, self.info.peer_status, self.tenants)
+                            if cfg.metrics_listen else None)
             self.server = self._build_server()
         except BaseException:
             if getattr(self, "metrics", None) is not None:
@@ -124,9 +132,8 @@ class Daemon:
                                                         thread_name_prefix="kvstore-rpc"), options=opts,
                              interceptors=interceptors)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
-        owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
-                                 transfers=self.transfers, guard=TenantGuard(self.engine, owners))
+                                 transfers=self.transfers, guard=self.guard, tenants=self.tenants)
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)

@@ -33,6 +33,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_io_bytes_total{direction}        read, written
   kvstore_disk_evicted_blocks_total / kvstore_disk_reinserted_total / kvstore_disk_io_errors_total
   kvstore_disk_write_queue_blocks
+  kvstore_disk_quota_kept_blocks_total / kvstore_disk_quota_overcommitted_total   tenant disk quotas at reclamation
+  kvstore_tenant_bytes{tenant,tier} / kvstore_tenant_quota_bytes{tenant,tier}     usage against tenant quotas
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
@@ -63,6 +65,7 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
 from kvstore.peer.cluster import PeerStatus
+from kvstore.server.tenant_usage import TenantUsage
 from kvstore.peer.counters import COUNTER_HELP
 from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
 
@@ -99,8 +102,9 @@ _COUNTERS = {
 class EngineCollector(Collector):
     """Turns one Engine.stats() snapshot into metric families at scrape time."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, tenants: TenantUsage | None = None) -> None:
         self._engine = engine
+        self._tenants = tenants
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._engine.stats()
@@ -123,6 +127,8 @@ class EngineCollector(Collector):
         yield from _tokens(s)
         yield from _arena(s)
         yield from _disk(s, self._engine)
+        if self._tenants is not None:
+            yield from _tenants(s, self._tenants)
 
 
 def _namespaces(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -216,6 +222,27 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield CounterMetricFamily("kvstore_disk_evicted_blocks", "Blocks dropped by disk segment reclamation",
                               value=d.evicted_blocks)
     yield CounterMetricFamily("kvstore_disk_io_errors", "Disk tier I/O errors", value=d.io_errors)
+    yield CounterMetricFamily("kvstore_disk_quota_kept_blocks",
+                              "Records kept at disk reclamation for a tenant's disk quota", value=d.quota_kept_blocks)
+    yield CounterMetricFamily("kvstore_disk_quota_overcommitted",
+                              "Disk reclamations that ignored quotas (protected bytes > capacity - 2 segments)",
+                              value=d.quota_overcommitted)
+
+
+def _tenants(s: EngineStats, usage: TenantUsage) -> Iterator[GaugeMetricFamily]:
+    rows = sorted(usage.rows(s.namespaces), key=lambda r: r.ram_bytes + r.disk_bytes, reverse=True)
+    used = GaugeMetricFamily("kvstore_tenant_bytes", "Bytes held per tenant, by tier (what quotas compare)",
+                             labels=["tenant", "tier"])
+    quota = GaugeMetricFamily("kvstore_tenant_quota_bytes", "Guaranteed bytes per tenant, by tier (0: none)",
+                              labels=["tenant", "tier"])
+    for r in rows[:MAX_NAMESPACE_LABELS]:
+        used.add_metric([r.tenant, "ram"], r.ram_bytes)
+        quota.add_metric([r.tenant, "ram"], r.ram_quota_bytes)
+        if s.disk is not None:
+            used.add_metric([r.tenant, "disk"], r.disk_bytes)
+            quota.add_metric([r.tenant, "disk"], r.disk_quota_bytes)
+    yield used
+    yield quota
 
 
 class TransferCollector(Collector):
@@ -276,10 +303,11 @@ class MetricsServer:
     """/metrics (Prometheus text format) and /healthz on `host:port`, served from one background thread."""
 
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
-                 transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None) -> None:
+                 transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None,
+                 tenants: TenantUsage | None = None) -> None:
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(engine))
+        self.registry.register(EngineCollector(engine, tenants))
         self.transfers = transfers if transfers is not None else TransferMeter()
         self.registry.register(TransferCollector(self.transfers, engine.disk_enabled, peers is not None))
         if peers is not None:

@@ -21,12 +21,14 @@ import xxhash
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
+from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.results import RESERVED, KeyRecord
 from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
 from kvstore.server.tenancy import TenantGuard
+from kvstore.server.tenant_usage import TenantUsage
 from kvstore.transfers import TransferMeter
 from kvstore.validation import (MAX_KEY_BYTES, MAX_RELEASE_IDS, MAX_SUBSCRIBE_NAMESPACES, check_count,
                                 check_namespace_name)
@@ -70,9 +72,12 @@ def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
 class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
-                 transfers: TransferMeter | None = None, guard: TenantGuard | None = None) -> None:
+                 transfers: TransferMeter | None = None, guard: TenantGuard | None = None,
+                 tenants: TenantUsage | None = None) -> None:
         self._engine = engine
         self._guard = guard if guard is not None else TenantGuard(engine)  # tenancy.py: per-RPC ownership checks
+        self._tenants = tenants if tenants is not None else TenantUsage(self._guard.owner_of, TenantQuotas(),
+                                                                        TenantQuotas())
         self._view = arena_view
         self._info = info
         self._observe = observe  # RPC latency sink (the metrics histogram)
@@ -187,8 +192,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
                                           blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
                                           hit_keys=n.hit_keys, puts=n.puts, tokens_per_block=n.tokens_per_block,
-                                          hit_keys_disk=n.hit_keys_disk) for n in s.namespaces
-                        if self._guard.owns(n.name)],
+                                          hit_keys_disk=n.hit_keys_disk, disk_bytes=n.disk_bytes)
+                        for n in s.namespaces if self._guard.owns(n.name)],
+            tenants=[pb.TenantStats(tenant=r.tenant, ram_bytes=r.ram_bytes, ram_quota_bytes=r.ram_quota_bytes,
+                                    disk_bytes=r.disk_bytes, disk_quota_bytes=r.disk_quota_bytes)
+                     for r in self._tenants.rows(s.namespaces, only=self._guard.caller())],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
             disk=self._disk_stats(s.disk), peers=self._info.peer_stats(),

@@ -74,6 +74,10 @@ class TenantGuard:
                 return self._owners.get(name, "")
         return tenant
 
+    def owner_of(self, name: str) -> str:
+        """The tenant a namespace belongs to ('' when none or unknown): quotas and per-tenant stats use it."""
+        return self._owner(name) or ""
+
     def owns(self, name: str) -> bool:
         caller = self.caller()
         return caller is None or self._owner(name) == caller
@@ -103,8 +107,9 @@ class TenantGuard:
         return caller
 
     def registered(self, name: str, tenant: str) -> None:
-        """Remember the owner of a namespace whose blocks may outlive this process (disk tier)."""
-        if not self._path or self.caller() is None:
+        """Remember the owner of a namespace whose blocks may outlive this process (disk tier): isolation and
+        disk quotas apply to it again after a restart, before its tenant registers it anew."""
+        if not self._path or not tenant:
             return
         with self._lock:
             if self._owners.get(name) != tenant:

@@ -22,11 +22,13 @@ One concern per module:
 """
 
 from kvstore.tiers.disk.config import DISK_CODECS, DiskConfig
+from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.io import AlignedBuffer, BlockIO, FaultyIO
 from kvstore.tiers.disk.store import DiskStore
 from kvstore.tiers.disk.types import DiskRecord, DiskStats, DiskStatus, RecoveryReport, WriteItem, WriteResult
 
 __all__ = [
+    "TenantFloors",
     "DiskConfig",
     "DISK_CODECS",
     "DiskStore",

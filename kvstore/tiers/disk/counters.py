@@ -16,6 +16,8 @@ COUNTER_NAMES: tuple[str, ...] = (
     "evicted_blocks",     # records dropped by FIFO reclamation of their segment
     "evicted_bytes",      # their original bytes
     "reinserted_blocks",  # records copied to the log's head at reclamation instead (second chance)
+    "quota_kept_blocks",  # of those, records kept because dropping them would put a tenant below its disk quota
+    "quota_overcommitted",  # reclamations that ignored quotas: protected bytes exceeded capacity - 2 segments
     "dropped_entries",    # entries dropped for pointing outside the files (open) or at unreadable data
 )
 

@@ -5,9 +5,10 @@ keep reading back is dropped as soon as its segment is the oldest, exactly like 
 read. Like CacheLib Navy's hits-based reinsertion, reclamation keeps the records that were read at least
 `reinsert_hits` times since their write (SegmentTable counts verified reads) and drops only the others:
 
-    1. choose   under `mutate`: the hot records of the oldest segment, in offset order, at most half a segment
-                of them (so every reclamation frees at least half a segment: a write never cascades through
-                the log, even when everything is hot).
+    1. choose   under `mutate`: with tenant disk quotas, the records that would put their tenant below its
+                quota (floors.py), all of them; then the hot records of the oldest segment, in offset order,
+                while everything kept stays within half a segment (so without quotas every reclamation frees at
+                least half a segment: a write never cascades through the log, even when everything is hot).
     2. reclaim  ONE durable index txn deletes every other entry of the segment and records its new open_seq.
                 The kept entries stay in the index but are stale now (seq < open_seq): readers miss them, a
                 delete still finds and removes them, recovery drops them.
@@ -26,15 +27,19 @@ kept records of that one reclamation (their entries are stale until step 4), nev
 from __future__ import annotations
 
 import errno
-from collections.abc import Collection
+import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from kvstore.tiers.disk.config import round_up
-from kvstore.tiers.disk.index import IndexEntry
+from kvstore.tiers.disk.floors import protect
+from kvstore.tiers.disk.index import IndexEntry, split_key
 from kvstore.tiers.disk.io import AlignedBuffer
 from kvstore.tiers.disk.state import StoreState
 
 __all__ = ["Reclaimer", "Reclaimed", "Move", "REINSERT_SHARE"]
+
+log = logging.getLogger("kvstore.tiers.disk")
 
 REINSERT_SHARE = 0.5  # most of a reclaimed segment that kept records may fill again
 
@@ -70,16 +75,21 @@ class Reclaimer:
     def __init__(self, state: StoreState) -> None:
         self._st = state
         self._buf = AlignedBuffer()
+        self._warned = False
 
     def close(self) -> None:
         self._buf.close()
 
-    def reclaim_oldest(self, touched: Collection[int], rewritten: Collection[bytes]) -> Reclaimed | None:
+    def reclaim_oldest(self, touched: Collection[int], rewritten: Collection[bytes],
+                       pending: Mapping[int, int] | None = None) -> Reclaimed | None:
         """Steps 1-2 for the oldest sealed segment; None when there is none or this batch wrote into it.
 
-        `rewritten`: index keys the current batch writes anew (their old record is not worth keeping)."""
+        `rewritten`: index keys the current batch writes anew (their old record is not worth keeping).
+        `pending`: namespace id -> bytes that earlier reclamations of this batch kept and have not committed
+        (still the tenant's: tenant quotas count them)."""
         st = self._st
         cfg = st.config
+        tenants = self._tenants()
         with st.mutate:
             with st.lock:
                 seg = st.table.oldest_sealed()
@@ -87,31 +97,77 @@ class Reclaimer:
                     return None
                 seqs = dict(st.table.members[seg])
                 hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten]
+                ns_bytes = dict(st.table.ns_bytes)
                 open_seq = st.alloc_seq()
-            keep = self._choose(seg, seqs, hot, int(cfg.segment_bytes * REINSERT_SHARE))
+            current = self._current(seg, seqs, hot if tenants is None else [k for k in seqs if k not in rewritten])
+            protected = set() if tenants is None else self._protected(current, ns_bytes, pending or {}, tenants)
+            keep = self._choose(current, set(hot), protected, int(cfg.segment_bytes * REINSERT_SHARE))
             kept = {k for k, _ in keep}
             removed = st.index.reclaim(seg, open_seq, [k for k in seqs if k not in kept])  # before any byte is reused
             with st.lock:
                 st.table.reclaim_oldest(seg, open_seq)
                 st.counters.evicted_blocks += len(removed)
                 st.counters.evicted_bytes += sum(e.length for _, e in removed)
+                st.counters.quota_kept_blocks += len(protected)
         return Reclaimed(seg, keep, [k for k, _ in removed])
 
-    def _choose(self, seg: int, seqs: dict[bytes, int], hot: list[bytes],
-                budget: int) -> list[tuple[bytes, IndexEntry]]:
-        """The hot records still current in `seg`, in offset order, as many as fit in `budget` bytes."""
-        if not hot:
+    def _tenants(self) -> dict[int, str] | None:
+        """namespace id -> tenant of every namespace on disk, or None without quotas. Resolved here, before
+        the store's locks are taken: the owner lookup takes the daemon's locks (floors.py)."""
+        st = self._st
+        if st.floors is None:
+            return None
+        with st.lock:
+            ids = list(st.table.ns_bytes)
+        return st.floors.tenants({ns: st.index.ns_name(ns) for ns in ids})
+
+    def _current(self, seg: int, seqs: dict[bytes, int], ikeys: list[bytes]) -> list[tuple[bytes, IndexEntry]]:
+        """The records among `ikeys` still current in `seg`, in offset order (oldest first)."""
+        if not ikeys:
             return []
-        found = [(k, e) for k, e in zip(hot, self._st.index.get_many(hot))
+        found = [(k, e) for k, e in zip(ikeys, self._st.index.get_many(ikeys))
                  if e is not None and e.segment == seg and e.seq == seqs.get(k)]
         found.sort(key=lambda ke: ke[1].offset)
+        return found
+
+    def _protected(self, current: list[tuple[bytes, IndexEntry]], ns_bytes: dict[int, int],
+                   pending: Mapping[int, int], tenants: dict[int, str]) -> set[bytes]:
+        """Records that tenant quotas keep (floors.py), or none when the quotas are overcommitted."""
+        st = self._st
+        floors = st.floors
+        assert floors is not None
+        for ns, n in pending.items():
+            ns_bytes[ns] = ns_bytes.get(ns, 0) + n
+        usage = floors.usage(ns_bytes, tenants)
+        limit = st.config.effective_capacity - 2 * st.config.segment_bytes
+        if floors.protected_total(usage) > limit:
+            with st.lock:
+                st.counters.quota_overcommitted += 1
+            if not self._warned:
+                self._warned = True
+                log.warning("disk tier: tenant disk quotas protect more than capacity - 2 segments (%d bytes); "
+                            "reclaiming in plain FIFO order until usage drops: lower tenant_disk_quota", limit)
+            return set()
+        records = ((k, split_key(k)[0], round_up(e.stored_length)) for k, e in current)
+        return protect(records, usage, tenants, floors.quota_of)
+
+    def _choose(self, current: list[tuple[bytes, IndexEntry]], hot: set[bytes], protected: set[bytes],
+                budget: int) -> list[tuple[bytes, IndexEntry]]:
+        """The protected records, then hot ones while the kept bytes stay within `budget`; offset order."""
         keep, used = [], 0
-        for k, e in found:
-            fp = round_up(e.stored_length)
-            if used + fp > budget:
-                break
-            keep.append((k, e))
-            used += fp
+        for k, e in current:
+            if k in protected:
+                keep.append((k, e))
+                used += round_up(e.stored_length)
+        hot_left = budget - used
+        for k, e in current:
+            if k in hot and k not in protected:
+                fp = round_up(e.stored_length)
+                if fp > hot_left:
+                    break
+                keep.append((k, e))
+                hot_left -= fp
+        keep.sort(key=lambda ke: ke[1].offset)
         return keep
 
     def compact(self, r: Reclaimed) -> tuple[list[Move], list[bytes]]:
@@ -128,7 +184,7 @@ class Reclaimer:
             with st.lock:
                 off = st.table.place(fp)
                 seq = st.alloc_seq()
-            assert off is not None and off <= e.offset, "kept records fit in half a segment, in offset order"
+            assert off is not None and off <= e.offset, "kept records are copied in offset order"
             buf = self._buf.ensure(fp)
             try:
                 got = st.io.pread(fd, buf, fp, e.offset)

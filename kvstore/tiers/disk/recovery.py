@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvstore.tiers.disk.codec import CODEC_NAMES
 from kvstore.tiers.disk.config import PAGE_BYTES, round_up
-from kvstore.tiers.disk.index import IndexEntry
+from kvstore.tiers.disk.index import IndexEntry, split_key
 from kvstore.tiers.disk.state import StoreState
 
 __all__ = ["Recovered", "recover"]
@@ -38,6 +38,7 @@ def recover(state: StoreState, *, writable: bool) -> Recovered:
     seg_seqs = state.index.segment_seqs()
     members: list[dict[bytes, int]] = [{} for _ in range(n)]
     wp, live = [0] * n, [0] * n
+    ns_live: list[dict[int, int]] = [{} for _ in range(n)]
     max_seq = max(seg_seqs.values(), default=0)
     dropped: list[bytes] = []
     for ikey, e in state.index.all_entries():
@@ -48,10 +49,12 @@ def recover(state: StoreState, *, writable: bool) -> Recovered:
         members[e.segment][ikey] = e.seq
         wp[e.segment] = max(wp[e.segment], e.offset + fp)
         live[e.segment] += fp
+        ns_id = split_key(ikey)[0]
+        ns_live[e.segment][ns_id] = ns_live[e.segment].get(ns_id, 0) + fp
         max_seq = max(max_seq, e.seq)
     for seg in range(n):
         open_seq = seg_seqs.get(seg, min(members[seg].values(), default=0))
-        table.restore(seg, open_seq, members[seg], wp[seg], live[seg])
+        table.restore(seg, open_seq, members[seg], wp[seg], live[seg], ns_live[seg])
     table.arrange()
     state.next_seq = max_seq + 1
     if dropped and writable:

@@ -137,6 +137,8 @@ class SegmentTable:
         self.wp = [0] * count                       # next free offset in the segment
         self.live = [0] * count                     # footprint bytes of live records
         self.members: list[dict[bytes, int]] = [{} for _ in range(count)]   # index key -> record seq
+        self.seg_ns: list[dict[int, int]] = [{} for _ in range(count)]      # namespace id -> footprint bytes
+        self.ns_bytes: dict[int, int] = {}                                   # namespace id -> footprint bytes
         self.reads: list[dict[bytes, int]] = [{} for _ in range(count)]     # index key -> reads since written
         self.active: int | None = None
         self.sealed: collections.deque[int] = collections.deque()            # oldest first
@@ -178,6 +180,9 @@ class SegmentTable:
         self.live[seg] = 0
         self.members[seg] = {}
         self.reads[seg] = {}
+        for ns, n in self.seg_ns[seg].items():
+            self._count_ns(ns, -n)
+        self.seg_ns[seg] = {}
 
     def activate(self, seg: int) -> None:
         assert self.active is None
@@ -192,6 +197,7 @@ class SegmentTable:
     def add(self, seg: int, ikey: bytes, seq: int, footprint: int) -> None:
         self.members[seg][ikey] = seq
         self.live[seg] += footprint
+        self._count(seg, ikey, footprint)
 
     def remove(self, seg: int, ikey: bytes, seq: int, footprint: int) -> bool:
         """Forget one record if the segment still holds that version of it (same seq)."""
@@ -200,7 +206,27 @@ class SegmentTable:
         del self.members[seg][ikey]
         self.reads[seg].pop(ikey, None)
         self.live[seg] -= footprint
+        self._count(seg, ikey, -footprint)
         return True
+
+    def _count(self, seg: int, ikey: bytes, delta: int) -> None:
+        """Per-namespace footprint (tenant disk quotas compare against it); index keys start with the
+        big-endian namespace id (index.make_key)."""
+        ns = int.from_bytes(ikey[:4], "big")
+        per = self.seg_ns[seg]
+        left = per.get(ns, 0) + delta
+        if left:
+            per[ns] = left
+        else:
+            per.pop(ns, None)
+        self._count_ns(ns, delta)
+
+    def _count_ns(self, ns: int, delta: int) -> None:
+        left = self.ns_bytes.get(ns, 0) + delta
+        if left:
+            self.ns_bytes[ns] = left
+        else:
+            self.ns_bytes.pop(ns, None)
 
     def note_read(self, seg: int, ikey: bytes, seq: int) -> None:
         """A verified read of the record `seq` of `ikey` (a newer version or a reused segment: ignored)."""
@@ -219,9 +245,15 @@ class SegmentTable:
         return 0 <= seg < self.count and seq >= self.open_seq[seg]
 
     # -- recovery -----------------------------------------------------------------------------------------
-    def restore(self, seg: int, open_seq: int, members: dict[bytes, int], wp: int, live: int) -> None:
+    def restore(self, seg: int, open_seq: int, members: dict[bytes, int], wp: int, live: int,
+                ns_live: dict[int, int]) -> None:
         self.open_seq[seg], self.members[seg], self.wp[seg], self.live[seg] = open_seq, members, wp, live
         self.reads[seg] = {}
+        for ns, n in self.seg_ns[seg].items():
+            self._count_ns(ns, -n)
+        self.seg_ns[seg] = dict(ns_live)
+        for ns, n in ns_live.items():
+            self._count_ns(ns, n)
 
     def arrange(self) -> None:
         """After restore(): segments with live records are sealed by age, the youngest active; others free."""

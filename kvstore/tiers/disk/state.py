@@ -26,6 +26,7 @@ import threading
 
 from kvstore.tiers.disk.config import DiskConfig, round_up
 from kvstore.tiers.disk.counters import DiskCounters
+from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
 from kvstore.tiers.disk.index import DiskIndex, IndexEntry
 from kvstore.tiers.disk.io import BlockIO
@@ -65,6 +66,7 @@ class StoreState:
         self.paused = False      # close() or a probe swapping index/files: new reads wait
         self.closed = False
         self.next_seq = 1
+        self.floors: TenantFloors | None = None   # per-tenant disk quotas (floors.py); set by DiskStore.set_floors
 
     def alloc_seq(self) -> int:
         """Caller holds `lock`."""

@@ -35,6 +35,7 @@ from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk.codec import CODEC_NAMES
 from kvstore.tiers.disk.config import PAGE_BYTES, DiskConfig
 from kvstore.tiers.disk.counters import DiskCounters
+from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
 from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key
 from kvstore.tiers.disk.io import AlignedBuffer, BlockIO
@@ -67,6 +68,7 @@ class DiskStore:
         self._lock_fd = -1
         self._pending_drops: list[bytes] = []   # invalid entries found while read-only, dropped once writable
         self._probe_count = 0
+        self._floors: TenantFloors | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self, *, wipe: bool = False) -> RecoveryReport:
@@ -238,10 +240,25 @@ class DiskStore:
     def _build_state(self, index: DiskIndex, writable: bool) -> StoreState:
         cfg = self.config
         files = SegmentFiles(cfg.directory, cfg.segment_bytes, self._io, sync=cfg.sync == "data", writable=writable)
-        return StoreState(
+        st = StoreState(
             cfg, self._io, files, SegmentTable(cfg.segments, cfg.segment_bytes), index,
             Health(cfg.directory, cfg.probe_interval_s), DiskCounters(), self._writer_lock, self._mutate, self._lock,
         )
+        st.floors = self._floors
+        return st
+
+    def set_floors(self, floors: TenantFloors | None) -> None:
+        """Per-tenant disk quotas (floors.py): enforced from the next segment reclamation on."""
+        self._floors = floors
+        if self._st is not None:
+            self._st.floors = floors
+
+    def namespace_bytes(self) -> dict[str, int]:
+        """Footprint on disk (page-rounded stored bytes of live records) per namespace that holds any."""
+        st = self._state()
+        with st.lock:
+            held = dict(st.table.ns_bytes)
+        return {st.index.ns_name(ns): n for ns, n in held.items()}
 
     def _state(self) -> StoreState:
         st = self._st
@@ -440,6 +457,7 @@ class DiskStore:
                 checksum_failures=c.checksum_failures, io_errors=c.io_errors, evicted_blocks=c.evicted_blocks,
                 evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
                 direct_io=self._io.direct, reinserted_blocks=c.reinserted_blocks,
+                quota_kept_blocks=c.quota_kept_blocks, quota_overcommitted=c.quota_overcommitted,
             )
 
     def segment_path(self, segment: int) -> str:

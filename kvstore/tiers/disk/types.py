@@ -94,6 +94,8 @@ class DiskStats:
     dropped_entries: int     # index entries dropped: invalid at open, or unreadable / bad at read
     direct_io: bool          # False once the filesystem refused O_DIRECT (buffered + fadvise fallback)
     reinserted_blocks: int = 0   # records kept at reclamation (second chance); their copies count in bytes_*
+    quota_kept_blocks: int = 0   # of those, kept for a tenant's disk quota (floors.py)
+    quota_overcommitted: int = 0  # reclamations that ignored quotas (protected bytes > capacity - 2 segments)
 
     @property
     def compression_ratio(self) -> float:

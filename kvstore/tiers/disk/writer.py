@@ -73,6 +73,7 @@ class _Batch:
     dropped: list[bytes] = field(default_factory=list)          # entries reclamation removed
     moves: list[Move] = field(default_factory=list)             # records copied, to commit with the batch
     lost: list[tuple[bytes, int]] = field(default_factory=list)  # kept records that could not be copied (seq)
+    kept_ns: dict[int, int] = field(default_factory=dict)       # namespace id -> bytes kept, not yet committed
 
 
 def check_items(items: Sequence[WriteItem], segment_bytes: int, default_codec: str) -> None:
@@ -198,11 +199,14 @@ class BatchWriter:
                 st.table.reset(seg, st.alloc_seq())
         reclaimed = None
         if seg is None:
-            reclaimed = self._reclaimer.reclaim_oldest(touched, batch.rewritten)
+            reclaimed = self._reclaimer.reclaim_oldest(touched, batch.rewritten, batch.kept_ns)
             if reclaimed is None:
                 return False
             seg = reclaimed.segment
             batch.dropped += reclaimed.dropped
+            for ikey, e in reclaimed.keep:
+                ns = split_key(ikey)[0]
+                batch.kept_ns[ns] = batch.kept_ns.get(ns, 0) + round_up(e.stored_length)
         try:
             st.files.prepare(seg)
         except OSError:
