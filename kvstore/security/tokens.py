@@ -6,7 +6,8 @@ Daemon file (`tokens_file`), one `tenant token` pair a line, `#` comments and bl
     alice      2b7d1f...
     bob        9c04aa...
 
-A tenant may have several tokens (rotation: add the new one, move clients, remove the old one, restart).
+A tenant may have several tokens (rotation: add the new one, move clients, remove the old one; the daemon
+re-reads the file when it changes and on SIGHUP, see kvstore/server/token_reload.py).
 The file must be owner-only (mode 0600 or stricter): it is refused otherwise, like ssh refuses a readable key.
 Tokens are never accepted on a command line or in a flag's value: only file paths are.
 

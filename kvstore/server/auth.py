@@ -35,7 +35,7 @@ def _deny(context: grpc.ServicerContext, why: str) -> None:
 
 class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, tokens: TokenTable) -> None:
-        self._tokens = tokens
+        self.tokens = tokens        # replaced whole by token_reload.py; each call reads it once
         self._denied = 0            # refused calls since the last log line (a flood logs once per 10 s)
         self._next_log = 0.0
         self._log_lock = threading.Lock()
@@ -57,7 +57,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         scheme, _, token = str(values[0]).partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None, "malformed authorization metadata: expected `Bearer <token>`"
-        tenant = self._tokens.tenant_of(token.strip())
+        tenant = self.tokens.tenant_of(token.strip())
         if tenant is None:
             return None, "invalid bearer token (not in the daemon's tokens_file)"
         return tenant, ""

@@ -38,6 +38,7 @@ from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
 from kvstore.server.tenant_usage import TenantUsage
+from kvstore.server.token_reload import TokenWatcher
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
 from kvstore.transfers import TransferMeter
 
@@ -54,6 +55,7 @@ class Daemon:
         self.cfg = cfg
         _check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
         self.tokens = TokenTable.load(cfg.tokens_file) if cfg.tokens_file else None
+        self.token_watcher: TokenWatcher | None = None  # set with the auth interceptor (_build_server)
         data_bytes = (cfg.arena_bytes // cfg.max_block_bytes) * cfg.max_block_bytes
         layout = ArenaLayout.for_capacity(cfg.shm_name, data_bytes)
         self.arena = SharedArena(layout, lock=cfg.arena_lock)
@@ -127,7 +129,11 @@ class Daemon:
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
-        interceptors = [AuthInterceptor(self.tokens)] if self.tokens is not None else []
+        interceptors: list[grpc.ServerInterceptor] = []
+        if self.tokens is not None:
+            auth = AuthInterceptor(self.tokens)
+            self.token_watcher = TokenWatcher(cfg.tokens_file, auth)
+            interceptors.append(auth)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
                                                         thread_name_prefix="kvstore-rpc"), options=opts,
                              interceptors=interceptors)
@@ -189,8 +195,15 @@ class Daemon:
         while not self._stop.wait(self.cfg.sweep_interval_s):
             try:
                 self.engine.sweep()
+                if self.token_watcher is not None:
+                    self.token_watcher.poll()
             except Exception:  # the sweeper must outlive a bug in one pass; the log says what happened
                 log.exception("sweep failed")
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: re-read tokens_file at the next sweep (token_reload.py); without tokens, nothing to do."""
+        if self.token_watcher is not None:
+            self.token_watcher.request()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -262,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.request_stop())
+    signal.signal(signal.SIGHUP, lambda *_: daemon.reload_tokens())
     daemon.start()
     daemon.wait()
     daemon.shutdown()
