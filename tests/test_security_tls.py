@@ -138,3 +138,21 @@ def test_tls_and_tokens_together(pki: Pki, tmp_path) -> None:
             assert [n.tenant for n in c.stats().namespaces] == ["alice"]  # the token's tenant owns it
         with pytest.raises(UnauthenticatedError):  # TLS alone is not enough once tokens are on
             Client(d.tcp_address, tls=pki.client, token_file="", timeout_s=5)
+
+
+def test_tokens_with_a_peer_tier_need_mutual_tls_on_the_peer_plane(pki: Pki, tmp_path) -> None:
+    """Peer frames carry no tenant token (peers authenticate as nodes), so with tokens a plaintext peer port
+    would let any local process read every tenant's blocks: refused unless TLS or the explicit override."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-0123456789abcdef\n")
+    os.chmod(tokens, 0o600)
+    base = ["--etcd-endpoints", "http://127.0.0.1:2379", "--tokens-file", str(tokens)]
+    with pytest.raises(ConfigError, match="tokens_file with a peer tier needs mutual TLS on the peer data plane"):
+        load_config(base, env={})
+    with pytest.raises(ConfigError, match="tokens_file with a peer tier needs mutual TLS"):
+        load_config(base + ["--peer-data-plane", "ucx"], env={})
+    cfg = load_config(base + ["--tls-cert", pki.server.cert, "--tls-key", pki.server.key, "--tls-ca", pki.server.ca],
+                      env={})
+    assert cfg.tls.enabled and cfg.peer_data_plane == "tcp"
+    assert load_config(base + ["--allow-insecure-remote"], env={}).allow_insecure_remote
+    load_config(["--etcd-endpoints", "http://127.0.0.1:2379"], env={})   # no tokens: loopback plaintext is fine

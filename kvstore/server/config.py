@@ -236,6 +236,12 @@ class ServerConfig:
                          "tls_cert, tls_key and tls_ca (the peer plane is mutual TLS), or allow_insecure_remote = true")
             _require(not (self.tokens_file and self.peer_data_plane == "grpc"),
                      "peer_data_plane = 'grpc' calls peers' gRPC port without a token: with tokens_file use tcp")
+            # The data plane carries no tenant token: peers authenticate as nodes, by certificate. Without TLS any
+            # local process could fetch another tenant's blocks from the peer port, so tokens need mutual TLS there.
+            _require(not self.tokens_file or tls.enabled or self.allow_insecure_remote,
+                     "tokens_file with a peer tier needs mutual TLS on the peer data plane (its frames carry no token; "
+                     "nodes authenticate by certificate): set tls_cert, tls_key and tls_ca, or "
+                     "allow_insecure_remote = true on a host where every local user may read every tenant's blocks")
 
     @property
     def peer_endpoints(self) -> list[str]:
