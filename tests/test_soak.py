@@ -28,3 +28,5 @@ def test_short_soak() -> None:
     assert out["rpcs_fuzzed"] > 100 and out["fuzz_internal_errors"] == 0
     assert out["bytes_verified"] > 0 and out["disk_dropped_entries"] == 0 and out["disk_read_failures"] == 0
     assert out["disk_blocks_verified_offline"] > 0 and out["blocks_verified_after_kill"] > 0
+    quota = out["tenant_disk_quota"]
+    assert quota == 4 << 20 and out["tenant_disk_after_burst"] >= min(out["tenant_disk_before_burst"], quota), out

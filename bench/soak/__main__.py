@@ -5,8 +5,9 @@ verified) while the driver SIGKILLs and restarts the daemon, SIGKILLs clients ho
 mid-operation, fills the disk tier, restarts a peer (with etcd installed) and fuzzes every RPC and the data
 port. Then: zero wrong bytes, leases and reservations drained, every listed block verified (also after one
 more kill -9 and restart), the stopped disk tier opened offline with no index entry dropped and every record
-verified, every arena slot back after clearing. The last line is one JSON object; exit 1 when an invariant
-fails.
+verified, every arena slot back after clearing, and the clients' tenant keeps its disk quota
+(tenant_disk_quota) through a last burst of the quota-less fill tenant. The last line is one JSON object;
+exit 1 when an invariant fails.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import time
 from contextlib import ExitStack
 
 from bench._common import emit_json
-from bench.soak.checks import Verified, drain, leaked_slots, offline_disk, verify_live
+from bench.soak.checks import Verified, drain, leaked_slots, offline_disk, tenant_disk, verify_live
 from bench.soak.driver import Soak, SoakConfig
+from bench.soak.values import SOAK_TENANT
 
 MIB = 1 << 20
 
@@ -53,6 +55,9 @@ def run(cfg: SoakConfig) -> dict:
         live = Verified()
         for d in daemons:
             live.add(verify_live(d))
+        floor_before, quota = tenant_disk(soak.a, SOAK_TENANT)
+        soak._fill()   # a last burst of the quota-less tenant, 1.5x the disk: the soak tenant keeps its floor
+        floor_after, _ = tenant_disk(soak.a, SOAK_TENANT)
         soak.restart(soak.a)  # one more kill -9: what the disk tier recovered must verify too
         after_kill = verify_live(soak.a)
         a_disk = soak.a.args[soak.a.args.index("--disk-dir") + 1]
@@ -78,13 +83,15 @@ def run(cfg: SoakConfig) -> dict:
         "disk_blocks_verified_offline": disk["blocks"], "disk_dropped_entries": disk["dropped_entries"],
         "disk_read_failures": disk["read_failures"], "fill_blocks": soak.tally.fill_blocks,
         "wrong_bytes": wrong, "leaked_slots": leaks,
+        "tenant_disk_quota": quota, "tenant_disk_before_burst": floor_before,
+        "tenant_disk_after_burst": floor_after,
         "arena_allocated_after_clear": sum(s.allocated_bytes for s in final),
         "leases_after_drain": sum(s.leases_active for s in stats),
         "reservations_after_drain": sum(s.reservations_active for s in stats),
         "tmpfs": bool(soak.tmpfs), "disk_degraded_seen": soak.tally.degraded_seen,
         "disk_recovered": soak.tally.recovered, "seconds": round(time.monotonic() - t0, 1),
     }
-    out["ok"] = (wrong == 0 and leaks == 0 and out["arena_allocated_after_clear"] == 0
+    out["ok"] = (wrong == 0 and leaks == 0 and floor_after >= min(floor_before, quota) and quota > 0 and out["arena_allocated_after_clear"] == 0
                  and disk["dropped_entries"] == 0 and disk["read_failures"] == 0 and not soak.fuzz.internal
                  and out["leases_after_drain"] == 0 and out["reservations_after_drain"] == 0)
     return out

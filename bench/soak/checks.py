@@ -2,6 +2,8 @@
 
     drain(d)          leases and reservations of killed clients expire (TTL) -> 0 active, 0 reserved/leased bytes
     verify_live(d)    every block the daemon lists in the soak namespaces reads back as exactly expected(key)
+    tenant_disk(d, t) (disk bytes, disk quota) of tenant t once the write-behind is idle; the soak compares it
+                      before and after a last burst of the quota-less fill tenant (the floor must hold)
     offline_disk(...) the stopped daemon's disk tier opened offline: recovery drops no index entry (index and
                       segment files agree) and every record reads back, checksum-verified, as expected(key)
     leaked_slots(d)   clear every namespace; every arena slot must come back (used slots of every size class = 0)
@@ -21,7 +23,7 @@ from kvstore.testing import DaemonProcess
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore
 from kvstore.tiers.disk.types import DiskStatus
 
-__all__ = ["Verified", "drain", "verify_live", "offline_disk", "leaked_slots"]
+__all__ = ["Verified", "drain", "verify_live", "offline_disk", "leaked_slots", "tenant_disk"]
 
 PAGE = 4096
 
@@ -76,6 +78,18 @@ def verify_live(d: DaemonProcess) -> Verified:
                     out.bytes += len(v)
                     out.wrong_bytes += wrong_bytes(k, v)
     return out
+
+
+def tenant_disk(d: DaemonProcess, tenant: str, timeout_s: float = 30.0) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout_s
+    with _client(d) as c:
+        while True:
+            s = c.stats()
+            if s.disk is None or s.disk.write_queue_blocks == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        row = next((t for t in s.tenants if t.tenant == tenant), None)
+    return (row.disk_bytes, row.disk_quota_bytes) if row is not None else (0, 0)
 
 
 def offline_disk(directory: str, capacity_bytes: int, segment_bytes: int) -> dict[str, int]:

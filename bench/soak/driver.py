@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench.soak.values import FILL_NS, FUZZ_NAMESPACES, expected, fill_key
+from bench.soak.values import FILL_NS, FILL_TENANT, FUZZ_NAMESPACES, SOAK_TENANT, expected, fill_key
 from kvstore import Client, KVStoreError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
@@ -53,13 +53,15 @@ class SoakConfig:
     workdir: str = ""
     arena_bytes: int = 32 * MIB
     disk_bytes: int = 8 * MIB
+    disk_quota_bytes: int = 4 * MIB   # tenant "soak" (the clients) is guaranteed this much disk; "fill" has none
     verbose: bool = True
 
 
 def daemon_options(cfg: SoakConfig) -> dict[str, object]:
     return dict(arena_bytes=cfg.arena_bytes, max_block_bytes="1MiB", disk_bytes=cfg.disk_bytes,
                 disk_segment_bytes="1MiB", lease_ttl_s=2.0, reservation_ttl_s=2.0, quarantine_s=0.5,
-                sweep_interval_s=0.1, promote_timeout_s=3.0, max_subscribers=2, disk_probe_interval_s=0.5)
+                sweep_interval_s=0.1, promote_timeout_s=3.0, max_subscribers=2, disk_probe_interval_s=0.5,
+                tenant_disk_quota=f"{SOAK_TENANT}={cfg.disk_quota_bytes}")
 
 
 @dataclass
@@ -214,7 +216,7 @@ class Soak:
         sent = 0
         try:
             with Client(self.a.address, timeout_s=5, token_file="") as c:
-                c.register_namespace(FILL_NS)
+                c.register_namespace(FILL_NS, tenant=FILL_TENANT)
                 while sent < target:
                     keys = [fill_key(self.tally.fill_blocks + i) for i in range(8)]
                     vals = [expected(k) for k in keys]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-__all__ = ["NS", "FILL_NS", "FUZZ_NAMESPACES", "soak_key", "fill_key", "expected", "wrong_bytes", "is_soak_key"]
+__all__ = ["NS", "FILL_NS", "SOAK_TENANT", "FILL_TENANT", "FUZZ_NAMESPACES", "soak_key", "fill_key", "expected", "wrong_bytes", "is_soak_key"]
 
 NS = "soak/kv"             # the workers' namespace
 FILL_NS = "soak/fill"      # the disk-fill bursts
+SOAK_TENANT = "soak"       # owns NS; has a disk quota (tenant_disk_quota), so fill bursts cannot evict it below
+FILL_TENANT = "fill"       # owns FILL_NS; no quota
 FUZZ_NAMESPACES = ["soak/fuzz-a", "soak/fuzz-b"]  # the fuzzer's playground: never verified, never shared
 MIN_BYTES, MAX_BYTES = 1024, 64 * 1024
 

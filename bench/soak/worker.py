@@ -18,7 +18,7 @@ import random
 import time
 from collections import Counter
 
-from bench.soak.values import NS, expected, soak_key, wrong_bytes
+from bench.soak.values import NS, SOAK_TENANT, expected, soak_key, wrong_bytes
 from kvstore import Client, KVStoreError, StoreUnavailableError, UnknownNamespaceError
 
 __all__ = ["main"]
@@ -61,7 +61,7 @@ def _verify(c: Counts, keys: list[bytes], got: list) -> None:
 
 def _client(address: str) -> Client:
     cl = Client(address, timeout_s=3.0, token_file="")
-    cl.register_namespace(NS)
+    cl.register_namespace(NS, tenant=SOAK_TENANT)
     return cl
 
 
