@@ -278,15 +278,16 @@ def make_frame(src: Source, pools: Pools) -> bytes:
     if kind == 0:
         return src.bytes(200)
     if kind == 1:  # a header with arbitrary fields
-        return fr.HEADER.pack(src.choice([fr.MAGIC, b"JUNK"]), src.choice([1, 1, 2, 255]), src.int(0, 6),
+        return fr.HEADER.pack(src.choice([fr.MAGIC, b"JUNK"]), src.choice([1, 1, 2, 255]), src.int(0, 7),
                               src.int(0, 65535), src.int(0, 2**64 - 1), src.int(0, 2**32 - 1),
                               src.int(0, 2**32 - 1), src.int(0, 2**64 - 1)) + src.bytes(64)
-    if kind in (2, 3):  # a fetch, whole or cut anywhere
+    if kind in (2, 3):  # a fetch or a probe (same metadata), whole or cut anywhere
         try:
             meta = fr.encode_fetch(ns, [k[:255] for k in keys])
         except struct.error:
             meta = b""
-        frame = fr.Header(fr.FETCH, src.int(1, 1000), len(keys), len(meta), 0).pack() + meta
+        op = src.choice([fr.FETCH, fr.PROBE])
+        frame = fr.Header(op, src.int(1, 1000), len(keys), len(meta), src.choice([0, 0, 0, 7])).pack() + meta
         return frame if kind == 2 else frame[:src.int(0, len(frame))]
     # a push: sizes honest or lying, payload complete, short or long, checksums right or wrong
     sizes = np.array([src.choice([1, 100, 4096, pools.max_block_bytes + 1, src.int(1, 9000)]) for _ in keys],

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from kvstore.testing import wait_until
 from tests.peer_helpers import Cluster, blocks, needs_etcd, register, ucx_available
 
 pytestmark = [needs_etcd]
@@ -73,6 +74,7 @@ def test_owner_pushes_land_on_the_owner_and_c_reads_a_block_put_on_a(cluster: Cl
 
 
 def test_prefix_lookup_across_nodes_one_call_per_peer(cluster: Cluster) -> None:
+    """A Lookup without lease (a scheduler's) probes each peer once, answers, and fetches in the background."""
     a, b, c = (cluster.clients[n] for n in "abc")
     ns = f"prefix-{time.monotonic_ns()}"
     register(cluster.clients, ns)
@@ -81,12 +83,38 @@ def test_prefix_lookup_across_nodes_one_call_per_peer(cluster: Cluster) -> None:
     b.put_many(ns, chain[:30], values[:30])  # the first 30 of the chain exist (on b and their owners)
     cluster.wait_pushes("b")
     before = cluster.counters("a")
+    remote = [k for k in chain[:30] if cluster.owner(ns, k) != "a"]
+    owners = {cluster.owner(ns, k) for k in chain} - {"a"}
     assert a.lookup_prefix(ns, chain) == 30
     after = cluster.counters("a")
-    owners = {cluster.owner(ns, k) for k in chain} - {"a"}
-    assert after["fetch_calls"] - before["fetch_calls"] == len(owners)  # one batched call per peer, not per key
-    assert after["fetch_keys"] - before["fetch_keys"] == sum(cluster.owner(ns, k) != "a" for k in chain)
-    assert a.get_many(ns, chain[:30]) == values[:30]
+    assert after["probe_calls"] - before["probe_calls"] == len(owners)  # one batched probe per peer, not per key
+    assert after["prefetch_keys"] - before["prefetch_keys"] == len(remote)
+    wait_until(lambda: cluster.counters("a")["fetched_blocks"] - before["fetched_blocks"] == len(remote),
+               timeout_s=10, what="the prefetch to land")
+    fetched = cluster.counters("a")
+    assert fetched["fetch_calls"] - before["fetch_calls"] == len({cluster.owner(ns, k) for k in remote})
+    assert a.get_many(ns, chain[:30]) == values[:30]    # local hits now: nobody is asked again
+    assert cluster.counters("a")["fetch_calls"] == fetched["fetch_calls"]
+
+
+def test_lookup_without_lease_reports_peer_tier_and_a_load_joins_the_prefetch(cluster: Cluster) -> None:
+    a, b = cluster.clients["a"], cluster.clients["b"]
+    ns = f"tiers-{time.monotonic_ns()}"
+    register(cluster.clients, ns)
+    keys = [k for k in (b"t-%03d" % i for i in range(200)) if cluster.owner(ns, k) == "c"][:8]
+    values = blocks(len(keys), 256 << 10, seed=4)
+    b.put_many(ns, keys, values)
+    cluster.wait_pushes("b")
+    b.delete(ns, keys)                       # only c (the owner) holds them now
+    before = cluster.counters("a")
+    probe = a.lookup(ns, keys + [b"absent"], lease=False)
+    assert probe.present == [True] * len(keys) + [False]
+    assert probe.tiers == [3] * len(keys) + [0]        # TIER_PEER: being fetched into a's arena
+    got = a.get_many(ns, keys)                         # the load waits for the prefetch instead of fetching again
+    assert got == values
+    after = cluster.counters("a")
+    assert after["fetch_calls"] - before["fetch_calls"] == 1 and after["fetched_blocks"] - before["fetched_blocks"] == 8
+    assert a.lookup(ns, keys, lease=False).tiers == [1] * len(keys)   # RAM hits now
 
 
 def test_remote_put_through_stream_reaches_the_owner(cluster: Cluster) -> None:

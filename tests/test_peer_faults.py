@@ -38,6 +38,30 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
+def test_a_raw_probe_gets_exactly_the_presence_of_each_key(cluster: Cluster) -> None:
+    ns = f"probe-{time.monotonic_ns()}"
+    register(cluster.clients, ns)
+    cluster.clients["b"].put_many(ns, [b"here"], [b"x" * 5000])
+    meta = fr.encode_fetch(ns, [b"absent", b"here", b"here"])
+    with socket.create_connection(_data_port(cluster, "b")) as s:
+        s.sendall(fr.Header(fr.PROBE, 42, 3, len(meta), 0).pack() + meta)
+        h = fr.check_header(_recv(s, fr.HEADER.size), max_keys=16, max_block_bytes=1 << 20)
+        assert (h.op, h.request_id, h.count, h.meta_len, h.payload_len) == (fr.PROBE_REPLY, 42, 3, 3, 0)
+        assert fr.decode_presence(_recv(s, 3), 3) == [False, True, True]
+        unknown = fr.encode_fetch("never-registered", [b"k"])   # an unknown namespace: not here, no error
+        s.sendall(fr.Header(fr.PROBE, 43, 1, len(unknown), 0).pack() + unknown)
+        assert _recv(s, fr.HEADER.size + 1)[-1:] == b"\x00"
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, "connection closed"
+        out += chunk
+    return out
+
+
 def test_malformed_and_truncated_frames_close_the_connection_only(cluster: Cluster) -> None:
     addr = _data_port(cluster, "b")
     before = cluster.counters("b")["frame_errors"]
@@ -46,7 +70,10 @@ def test_malformed_and_truncated_frames_close_the_connection_only(cluster: Clust
     oversized_meta = fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.FETCH, 0, 1, 1, fr.MAX_META_BYTES + 1, 0)
     reply_op = fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.FETCH_REPLY, 0, 1, 1, 0, 0)
     bad_version = fr.HEADER.pack(fr.MAGIC, 99, fr.FETCH, 0, 1, 1, 0, 0)
-    for garbage in (bad_magic, too_many, oversized_meta, reply_op, bad_version):
+    probe_reply_op = fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.PROBE_REPLY, 0, 1, 1, 1, 0) + b"\x01"
+    probe_meta = fr.encode_fetch("ns", [b"k"])
+    probe_with_payload = fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.PROBE, 0, 1, 1, len(probe_meta), 5) + probe_meta
+    for garbage in (bad_magic, too_many, oversized_meta, reply_op, bad_version, probe_reply_op, probe_with_payload):
         with socket.create_connection(addr) as s:
             s.sendall(garbage)
             assert _closed_by_peer(s)
@@ -57,6 +84,7 @@ def test_malformed_and_truncated_frames_close_the_connection_only(cluster: Clust
     truncated = [
         fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.FETCH, 0, 1, 1, len(meta), 0)[:10],
         fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.FETCH, 0, 1, 1, len(meta), 0) + meta[:3],
+        fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.PROBE, 0, 1, 1, len(meta), 0) + meta[:2],
         fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.PUSH, 0, 1, 1, len(push_meta), 4096) + push_meta + b"x" * 100,
     ]
     for frame in truncated:
@@ -70,7 +98,7 @@ def test_malformed_and_truncated_frames_close_the_connection_only(cluster: Clust
     with socket.create_connection(addr) as s:
         s.sendall(fr.HEADER.pack(fr.MAGIC, fr.VERSION, fr.PUSH, 0, 1, 1, len(lying), 11) + lying)
         assert _closed_by_peer(s)
-    wait_until(lambda: cluster.counters("b")["frame_errors"] - before == 9, 5, what="9 frame errors on b")
+    wait_until(lambda: cluster.counters("b")["frame_errors"] - before == 12, 5, what="12 frame errors on b")
     # b is alive and still serves peers: a block put on b reads on a
     ns = f"after-garbage-{time.monotonic_ns()}"
     register(cluster.clients, ns)

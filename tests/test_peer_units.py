@@ -23,6 +23,11 @@ def test_frames_round_trip() -> None:
     assert (d, k, s.tolist(), c.tolist()) == (desc, keys, [5, 0, 7], [1, 0, 2**64 - 1])
     h = fr.Header(fr.FETCH, 7, 3, 10, 0)
     assert fr.check_header(h.pack(), max_keys=4, max_block_bytes=4096) == h
+    assert fr.decode_presence(fr.encode_presence([True, False, True]), 3) == [True, False, True]
+    with pytest.raises(fr.FrameError, match="presence table of 2 bytes for 3 keys"):
+        fr.decode_presence(b"\x01\x00", 3)
+    with pytest.raises(fr.FrameError, match="other than 0 or 1"):
+        fr.decode_presence(b"\x01\x02", 2)
 
 
 @pytest.mark.parametrize("raw, why", [

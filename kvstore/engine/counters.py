@@ -26,6 +26,7 @@ COUNTER_NAMES: tuple[str, ...] = (
     "checksum_failures",
     "hit_keys_ram",
     "hit_keys_disk",
+    "hit_keys_peer",      # Lookups without lease that found keys on peers (being prefetched)
     "promotions",
     "promotion_failures",
     "disk_writes",

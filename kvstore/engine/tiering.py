@@ -37,9 +37,9 @@ from kvstore.tiers.disk import DiskStatus, WriteItem
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
 
-__all__ = ["TieringMixin", "TIER_NONE", "TIER_RAM", "TIER_DISK"]
+__all__ = ["TieringMixin", "TIER_NONE", "TIER_RAM", "TIER_DISK", "TIER_PEER"]
 
-TIER_NONE, TIER_RAM, TIER_DISK = 0, 1, 2
+TIER_NONE, TIER_RAM, TIER_DISK, TIER_PEER = 0, 1, 2, 3  # TIER_PEER: only in a Lookup without lease (prefetch)
 _COMMITTED = int(EntryState.COMMITTED)
 _PROMOTING = int(EntryState.PROMOTING)
 _DOOMED = int(EntryState.DOOMED)
@@ -50,11 +50,17 @@ class TieringMixin:
     def lookup(self: Engine, ns_name: str, keys: Sequence[bytes], prefix: bool = False,
                lease: bool = True, local_only: bool = False) -> LookupResult:
         self._check_keys(keys)
-        if self._remote is not None and not local_only:  # peer tier: fetch local misses first (no lock held)
-            self._remote.fill(ns_name, keys)
+        at_peers = None
+        if self._remote is not None and not local_only:  # peer tier first (no lock held)
+            if lease:
+                self._remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
+            else:
+                at_peers = self._remote.prefetch(ns_name, keys)   # probe; fetch in the background
         with self._lock:
             ns = self._namespace(ns_name)
             eids, tiers = self._locate(ns, keys)
+            if at_peers is not None:
+                tiers[(tiers == TIER_NONE) & np.array(at_peers, dtype=bool)] = TIER_PEER
             limit = _prefix_len(tiers) if prefix else len(keys)
             ram = np.flatnonzero(tiers[:limit] == TIER_RAM)
             ram_ids = eids[ram]
@@ -67,7 +73,7 @@ class TieringMixin:
             self.counters.lookup_keys += len(keys)
             ns.lookup_keys += len(keys)
             if not lease:
-                found = tiers[:limit] == TIER_RAM
+                found = (tiers[:limit] == TIER_RAM) | (tiers[:limit] == TIER_PEER)
                 found[list(promos)] = True
                 return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=False, found=found)
             if not promos and (not prefix or len(ram) == limit):  # the common case: all in RAM, already held
@@ -178,11 +184,13 @@ class TieringMixin:
         shown = mask[:looked]
         hits_all = int(shown.sum())
         hits_disk = int((shown & (tiers[:looked] == TIER_DISK)).sum())
+        hits_peer = int((shown & (tiers[:looked] == TIER_PEER)).sum())
         ns.hit_keys += n if prefix else hits_all
         ns.hit_keys_disk += hits_disk  # with prefix, hits_all == n, so ns RAM hits = hit_keys - hit_keys_disk
         self.counters.hit_keys += hits_all
-        self.counters.hit_keys_ram += hits_all - hits_disk
+        self.counters.hit_keys_ram += hits_all - hits_disk - hits_peer
         self.counters.hit_keys_disk += hits_disk
+        self.counters.hit_keys_peer += hits_peer
         tier_list = tiers[:looked].tolist()
         if not len(ids):
             return LookupResult(n, present, [], [], [], [], 0, 0, tier_list)

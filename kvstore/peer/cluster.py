@@ -3,7 +3,8 @@
     PeerCluster(PeerConfig, engine, arena view, transfer meter)
       start()     data-plane listener, then join etcd (a down etcd is retried; the node serves alone meanwhile),
                   then the pusher; the engine gets this object as its `remote` hooks
-      fill()      engine hook on Lookup: fetch local misses from their owners (remote_tier.RemoteTier)
+      fill()      engine hook on a leased Lookup: fetch local misses from their owners (remote_tier.RemoteTier)
+      prefetch()  engine hook on a Lookup without lease: probe owners, fetch in the background
       committed() engine hook on Commit: queue pushes to owners (replicator.Replicator)
       stats()     members, etcd state, counters (Stats, Health, metrics)
       stop()      leave etcd (revoke the lease), stop pushing, close the listener
@@ -136,6 +137,9 @@ class PeerCluster:
     # -- engine hooks ---------------------------------------------------------------------------------------
     def fill(self, namespace: str, keys: Sequence[bytes]) -> int:
         return self.remote.fill(namespace, list(keys))
+
+    def prefetch(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        return self.remote.prefetch(namespace, list(keys))
 
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
         self.replicator.committed(reservation_id, namespace, keys)

@@ -3,7 +3,7 @@
     header (32 bytes, little endian)
       magic     4s   b"KVSP"
       version   u8   1
-      op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY
+      op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY | PROBE | PROBE_REPLY
       flags     u16  0 (reserved)
       request   u64  request id; a reply carries its request's id
       count     u32  keys in the batch (<= max_batch_keys)
@@ -14,6 +14,8 @@
     FETCH_REPLY  meta: per key (size u64, xxh3 u64); 0 = miss payload: the found blocks, in key order
     PUSH         meta: namespace description, keys, per key (size u64, xxh3 u64)   payload: the blocks
     PUSH_REPLY   meta: none; count = blocks the receiver stored
+    PROBE        meta: namespace, keys                       payload: none
+    PROBE_REPLY  meta: one byte per key, 1 = held here (RAM or disk), 0 = not       payload: none
 
 Strings are u16-length-prefixed UTF-8, keys u8-length-prefixed. Every field is checked against the limits
 before anything is allocated or read: a frame that breaks one raises FrameError, and the receiver closes that
@@ -30,13 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Header", "FrameError", "NamespaceDesc", "push_frame_meta", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
-           "PUSH_REPLY", "MAX_META_BYTES", "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes",
+           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "MAX_META_BYTES", "encode_presence", "decode_presence", "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes",
            "encode_push", "decode_push", "check_header"]
 
 MAGIC = b"KVSP"
 VERSION = 1
-FETCH, FETCH_REPLY, PUSH, PUSH_REPLY = 1, 2, 3, 4
-_OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY)
+FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY = 1, 2, 3, 4, 5, 6
+_OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY)
 HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META_BYTES = 1 << 20
 
@@ -140,6 +142,18 @@ def decode_fetch(meta: bytes, count: int) -> tuple[str, list[bytes]]:
     ns, keys = r.string(), r.keys(count)
     r.done()
     return ns, keys
+
+
+def encode_presence(present: list[bool]) -> bytes:
+    return bytes(1 if p else 0 for p in present)
+
+
+def decode_presence(meta: bytes, count: int) -> list[bool]:
+    if len(meta) != count:
+        raise FrameError(f"presence table of {len(meta)} bytes for {count} keys")
+    if any(b > 1 for b in meta):
+        raise FrameError("a presence byte other than 0 or 1")
+    return [b == 1 for b in meta]
 
 
 def encode_sizes(sizes: np.ndarray, checksums: np.ndarray) -> bytes:

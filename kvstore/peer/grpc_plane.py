@@ -104,6 +104,19 @@ class GrpcPlane(DataPlane):
         self._meter.observe("grpc", "peer", "in", received, time.perf_counter() - start)
         return stored
 
+    def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
+        """Exists on the peer's control port (it answers from its own tiers; an unknown namespace: none)."""
+        try:
+            r = self._stub(member).Exists(pb.KeysRequest(namespace=namespace, keys=keys), timeout=self._timeout,
+                                          metadata=PEER_METADATA)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return [False] * len(keys)
+            raise self._translate(member, exc) from exc
+        if len(r.present) != len(keys):
+            raise PeerError(f"{member.node_id} (grpc): {len(r.present)} answers for {len(keys)} keys")
+        return list(r.present)
+
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
         stub = self._stub(member)
         try:

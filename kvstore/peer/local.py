@@ -102,6 +102,13 @@ class LocalStore:
         lease = r.lease_id
         return Outgoing(sizes, sums, views, (lambda: self._engine.release([lease])) if lease else None)
 
+    def present(self, namespace: str, keys: list[bytes]) -> list[bool]:
+        """Which keys this node holds (RAM, promoting or disk): a probe's answer; no lease, no promotion."""
+        try:
+            return self._engine.exists(namespace, keys)
+        except KVStoreError:   # unknown namespace, keys the engine refuses: nothing here
+            return [False] * len(keys)
+
     def describe(self, namespace: str) -> NamespaceDesc:
         """The namespace's description, for pushes (cached: descriptions never change once registered)."""
         d = self._descs.get(namespace)

@@ -6,6 +6,8 @@
       fetch(member, ns, keys)    one batched call: blocks the member has land in local arena slots;
                                  returns how many were stored here (the rest are misses)
       push(member, desc, keys)   one batched call: send these local blocks; returns how many it stored
+      probe(member, ns, keys)    one batched call, metadata only: which keys the member holds (a scheduler's
+                                 Lookup asks this, then fetches in the background: remote_tier.py)
 
 Both calls are bounded by `timeout_s` and raise PeerTimeout or PeerError (both PeerCallError); the caller
 counts them and treats the keys as misses / the pushes as dropped. Implementations: tcp_plane.TcpPlane
@@ -53,3 +55,6 @@ class DataPlane(ABC):
 
     @abstractmethod
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int: ...
+
+    @abstractmethod
+    def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]: ...

@@ -1,10 +1,20 @@
 """Reads from peers: on a local RAM + disk miss, ask each missing block's owner, one batched call per peer.
 
-`fill(namespace, keys)` runs at the start of an engine Lookup (no engine lock held): it finds the keys this
-node does not hold, routes each to its owner by rendezvous hashing (or, under `owner+1`, to the replica when
-this node is the owner), and fetches every peer's batch in parallel. The data plane lands the bytes in local
-arena slots and commits them, so the Lookup that follows finds them in RAM: a remote hit becomes a local hit,
-and a prefix Lookup consults every peer with one call, never one RPC per key.
+Both entry points run at the start of an engine Lookup (no engine lock held), find the keys this node does not
+hold and route each to its owner by rendezvous hashing (or, under `owner+1`, to the replica when this node is
+the owner); every peer's batch goes out in parallel, so a prefix Lookup consults every peer with one call,
+never one RPC per key.
+
+    prefetch(ns, keys)  a Lookup WITHOUT lease (a scheduler asking how much of a prompt is cached): one
+                        metadata-only probe per peer says which keys it holds; their fetch starts in the
+                        background and the Lookup answers at once, counting them as present (tier "peer"), like
+                        the disk tier's promotions. The scheduler never waits for remote bytes.
+    fill(ns, keys)      a Lookup WITH lease (a load): waits for the prefetches of these keys still in flight,
+                        then fetches whatever is still missing. The data plane lands the bytes in local arena
+                        slots and commits them, so the Lookup that follows finds them in RAM.
+
+In-flight prefetches are bounded (`max_inflight_keys`); beyond it a probe is skipped and its keys count as
+misses (`prefetch_skipped`), so a burst of scheduler lookups cannot queue unbounded transfers.
 
 Faults are misses: a call that fails or runs past `timeout_s` counts (errors / timeouts) and its keys stay
 missing; the peer is then skipped for `backoff_s`, so a dead node costs one timeout, not one per Lookup, until
@@ -17,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from kvstore.errors import KVStoreError
@@ -49,9 +59,13 @@ class RemoteTier:
         self._down_until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvstore-peer-fetch")
+        self._probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvstore-peer-probe")  # never queued
+        self._inflight: dict[tuple[str, bytes], Future[int]] = {}   # prefetches not finished, by (ns, key)
+        self.max_inflight_keys = 8 * max_keys
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)
 
     def route(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[str, list[bytes]]:
         """Peer node id -> the keys to ask it for (each key once; keys this node owns alone are skipped)."""
@@ -67,37 +81,107 @@ class RemoteTier:
             routes.setdefault(target, []).append(key)
         return routes
 
-    def fill(self, namespace: str, keys: list[bytes]) -> int:
-        """Fetch the keys missing here from their owners into the local arena; returns blocks stored."""
-        members = self._members()
-        if len(members) < 2 or not keys:
-            return 0
+    def _missing(self, namespace: str, keys: list[bytes]) -> list[bytes] | None:
+        """Keys not held here, each once; None when the engine refuses the request (the Lookup reports it)."""
         try:
             present = self._engine.exists(namespace, keys)
         except KVStoreError:
-            return 0  # unknown namespace, bad keys: the Lookup itself reports it
-        missing = list(dict.fromkeys(k for k, p in zip(keys, present) if not p))
-        if not missing:
-            return 0
+            return None
+        return list(dict.fromkeys(k for k, p in zip(keys, present) if not p))
+
+    def _calls(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> list[tuple[Member, list[bytes]]]:
+        """Per-peer batches of at most max_keys; keys of peers in backoff are misses (counted)."""
         calls: list[tuple[Member, list[bytes]]] = []
         now = time.monotonic()
-        for node, ks in self.route(namespace, missing, members).items():
+        for node, ks in self.route(namespace, keys, members).items():
             if self._down_until.get(node, 0.0) > now:
                 self._counters.add("fetch_misses", len(ks))
                 continue
             for i in range(0, len(ks), self._max_keys):
                 calls.append((members[node], ks[i: i + self._max_keys]))
-        if not calls:
-            return 0
+        return calls
+
+    def _run_all(self, fn: Callable[[Member, list[bytes]], object], calls: list[tuple[Member, list[bytes]]],
+                 pool: ThreadPoolExecutor) -> list[tuple[Member, list[bytes], object]]:
+        """fn over every call, in parallel; calls still running past the bound are left out (they may land)."""
         if len(calls) == 1:
-            return self._fetch_one(calls[0][0], namespace, calls[0][1])
-        futures = {self._pool.submit(self._fetch_one, m, namespace, ks): (m, ks) for m, ks in calls}
+            m, ks = calls[0]
+            return [(m, ks, fn(m, ks))]
+        futures = {pool.submit(fn, m, ks): (m, ks) for m, ks in calls}
         done, late = wait(futures, timeout=self._timeout + 0.5)
-        for f in late:  # still running past the bound: this Lookup does not wait for it (it may still land)
+        for f in late:
             m, ks = futures[f]
             self._counters.add("timeouts")
-            log.warning("fetch of %d keys from %s ran past %.2fs", len(ks), m.node_id, self._timeout)
-        return sum(f.result() for f in done)
+            log.warning("call for %d keys to %s ran past %.2fs", len(ks), m.node_id, self._timeout)
+        return [(*futures[f], f.result()) for f in done]
+
+    def prefetch(self, namespace: str, keys: list[bytes]) -> list[bool]:
+        """Per key: a peer holds it and it is being fetched here (see the module docstring)."""
+        members = self._members()
+        if len(members) < 2 or not keys:
+            return [False] * len(keys)
+        missing = self._missing(namespace, keys) or []
+        with self._lock:
+            held = {k for k in missing if (namespace, k) in self._inflight}
+            room = self.max_inflight_keys - len(self._inflight)
+        ask = [k for k in missing if k not in held]
+        if len(ask) > room:
+            self._counters.add("prefetch_skipped", len(ask))
+            ask = []
+        calls = self._calls(namespace, ask, members) if ask else []
+        for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
+                                            self._probes):
+            found = [k for k, p in zip(ks, mask) if p]  # type: ignore[call-overload]
+            if found:
+                self._counters.add("prefetch_keys", len(found))
+                self._track(namespace, found, self._pool.submit(self._fetch_one, member, namespace, found))
+                held.update(found)
+        return [k in held for k in keys]
+
+    def _track(self, namespace: str, keys: list[bytes], fut: Future[int]) -> None:
+        with self._lock:
+            for k in keys:
+                self._inflight[(namespace, k)] = fut
+
+        def untrack(f: Future[int]) -> None:
+            with self._lock:
+                for k in keys:
+                    if self._inflight.get((namespace, k)) is f:
+                        del self._inflight[(namespace, k)]
+        fut.add_done_callback(untrack)
+
+    def fill(self, namespace: str, keys: list[bytes]) -> int:
+        """Wait for this Lookup's prefetches in flight, then fetch the keys still missing here; returns blocks
+        stored by this call."""
+        members = self._members()
+        if len(members) < 2 or not keys:
+            return 0
+        with self._lock:
+            pending = {f for f in (self._inflight.get((namespace, k)) for k in keys) if f is not None}
+        if pending:
+            wait(pending, timeout=self._timeout + 0.5)
+        missing = self._missing(namespace, keys)
+        if not missing:
+            return 0
+        calls = self._calls(namespace, missing, members)
+        return sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
+                                                              self._pool))
+
+    def _probe_one(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
+        """One metadata-only call; a failure is 'none of them' (counted) and puts the peer in backoff."""
+        self._counters.add("probe_calls")
+        try:
+            return self._plane.probe(member, namespace, keys)
+        except PeerCallError as exc:
+            self._counters.add("timeouts" if isinstance(exc, PeerTimeout) else "errors")
+            with self._lock:
+                self._down_until[member.node_id] = time.monotonic() + self._backoff
+            log.warning("peer probe of %d keys failed, counted as misses: %s", len(keys), exc)
+        except Exception:
+            log.exception("peer probe of %s failed", member.node_id)
+            self._counters.add("errors")
+        self._counters.add("fetch_misses", len(keys))
+        return [False] * len(keys)
 
     def _fetch_one(self, member: Member, namespace: str, keys: list[bytes]) -> int:
         """One batched call; failures become misses (counted) and put the peer in a short backoff."""

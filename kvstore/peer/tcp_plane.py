@@ -233,10 +233,12 @@ class TcpPlane(DataPlane):
                 conn.settimeout(self._timeout)  # a frame that started must finish within the timeout
                 raw = first + (recv_exact(conn, fr.HEADER.size - len(first)) if len(first) < fr.HEADER.size else b"")
                 h = fr.check_header(raw, max_keys=self._max_keys, max_block_bytes=self._max_block,
-                                    expect=(fr.FETCH, fr.PUSH))
+                                    expect=(fr.FETCH, fr.PUSH, fr.PROBE))
                 meta = recv_exact(conn, h.meta_len)
                 if h.op == fr.FETCH:
                     self._serve_fetch(conn, h, meta)
+                elif h.op == fr.PROBE:
+                    self._serve_probe(conn, h, meta)
                 else:
                     self._serve_push(conn, h, meta)
         except (FrameError, _Closed, socket.timeout) as exc:
@@ -267,6 +269,12 @@ class TcpPlane(DataPlane):
             out.close()
         self._counters.add("served_blocks", len(out.views))
         self._meter.observe("tcp", "peer", "out", out.payload_bytes, time.perf_counter() - start)
+
+    def _serve_probe(self, conn: socket.socket, h: Header, meta: bytes) -> None:
+        if h.payload_len:
+            raise FrameError("a probe carries no payload")
+        table = fr.encode_presence(self._local.present(*fr.decode_fetch(meta, h.count)))
+        conn.sendall(Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0).pack() + table)
 
     def _serve_push(self, conn: socket.socket, h: Header, meta: bytes) -> None:
         desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
@@ -347,6 +355,19 @@ class TcpPlane(DataPlane):
             stored = receive_blocks(sock, self._local, namespace, keys, sizes, sums)
             self._meter.observe("tcp", "peer", "in", h.payload_len, time.perf_counter() - start)
             return stored
+
+        return self._call(member, call)
+
+    def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
+        rid = next(self._ids)
+        meta = fr.encode_fetch(namespace, keys)
+
+        def call(sock: socket.socket) -> list[bool]:
+            sock.sendall(Header(fr.PROBE, rid, len(keys), len(meta), 0).pack() + meta)
+            h = self._reply_header(sock, rid, fr.PROBE_REPLY, len(keys))
+            if h.payload_len:
+                raise FrameError("a probe reply carries no payload")
+            return fr.decode_presence(recv_exact(sock, h.meta_len), h.count)
 
         return self._call(member, call)
 

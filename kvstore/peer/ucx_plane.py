@@ -165,10 +165,16 @@ class UcxPlane(DataPlane):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                h = await self._recv_header(ep, (fr.FETCH, fr.PUSH))
+                h = await self._recv_header(ep, (fr.FETCH, fr.PUSH, fr.PROBE))
                 meta = await self._recv_meta(ep, h.meta_len)
                 start = time.perf_counter()
-                if h.op == fr.FETCH:
+                if h.op == fr.PROBE:
+                    if h.payload_len:
+                        raise FrameError("a probe carries no payload")
+                    ns, keys = fr.decode_fetch(meta, h.count)
+                    table = fr.encode_presence(await loop.run_in_executor(None, self._local.present, ns, keys))
+                    await self._send_frame(ep, Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0), table)
+                elif h.op == fr.FETCH:
                     if h.payload_len:
                         raise FrameError("a fetch carries no payload")
                     ns, keys = fr.decode_fetch(meta, h.count)
@@ -256,6 +262,18 @@ class UcxPlane(DataPlane):
             stored = await self._receive_blocks(ep, namespace, keys, sizes, sums, None)
             self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
             return stored
+
+        return self._call(member, call)
+
+    def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
+        meta = fr.encode_fetch(namespace, keys)
+
+        async def call(ep, rid: int) -> list[bool]:  # type: ignore[no-untyped-def]
+            await self._send_frame(ep, Header(fr.PROBE, rid, len(keys), len(meta), 0), meta)
+            h = await self._recv_header(ep, (fr.PROBE_REPLY,))
+            if h.request_id != rid or h.count != len(keys) or h.payload_len:
+                raise FrameError(f"probe reply for request {h.request_id} with {h.count} keys, expected {rid}")
+            return fr.decode_presence(await self._recv_meta(ep, h.meta_len), h.count)
 
         return self._call(member, call)
 

@@ -9,7 +9,7 @@ are capped at `MAX_NAMESPACE_LABELS` (the largest by bytes; the rest are summed 
 
 Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_lookup_keys_total                     keys asked for in lookups
-  kvstore_hit_keys_total{tier}                  keys found, by the tier that held them (ram, disk)
+  kvstore_hit_keys_total{tier}                  keys found, by the tier that held them (ram, disk, peer)
   kvstore_hit_bytes_total{tier}                 bytes handed to readers, by tier
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
   kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
@@ -114,6 +114,7 @@ class EngineCollector(Collector):
         hits = CounterMetricFamily("kvstore_hit_keys", "Keys found by lookups, by tier", labels=["tier"])
         hits.add_metric(["ram"], c["hit_keys_ram"])
         hits.add_metric(["disk"], c["hit_keys_disk"])
+        hits.add_metric(["peer"], c["hit_keys_peer"])   # Lookups without lease only: bytes then come via RAM
         yield hits
         hit_bytes = CounterMetricFamily("kvstore_hit_bytes", "Bytes handed to readers, by tier", labels=["tier"])
         hit_bytes.add_metric(["ram"], c["hit_bytes_ram"])
