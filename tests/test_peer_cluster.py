@@ -107,7 +107,9 @@ def test_lookup_without_lease_reports_peer_tier_and_a_load_joins_the_prefetch(cl
     cluster.wait_pushes("b")
     b.delete(ns, keys)                       # only c (the owner) holds them now
     before = cluster.counters("a")
+    hits_before = a.stats().counters["hit_keys_peer"]
     probe = a.lookup(ns, keys + [b"absent"], lease=False)
+    assert a.stats().counters["hit_keys_peer"] - hits_before == len(keys)
     assert probe.present == [True] * len(keys) + [False]
     assert probe.tiers == [3] * len(keys) + [0]        # TIER_PEER: being fetched into a's arena
     got = a.get_many(ns, keys)                         # the load waits for the prefetch instead of fetching again

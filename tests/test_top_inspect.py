@@ -144,8 +144,8 @@ def test_top_json_reports_the_workload(busy: DaemonProcess, capsys: pytest.Captu
     capsys.readouterr()
     assert main(["--address", busy.address, "--json", "top", "--interval", "0.05", "--iterations", "2"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["total"] == {"lookups": 12, "ram": 3, "disk": 1,
-                            "hit_rate": {"ram": 0.25, "disk": 1 / 12, "all": 4 / 12}}
+    assert doc["total"] == {"lookups": 12, "ram": 3, "disk": 1, "peer": 0,
+                            "hit_rate": {"ram": 0.25, "disk": 1 / 12, "peer": 0.0, "all": 4 / 12}}
     assert doc["recent"]["lookups"] == 0 and doc["recent"]["hit_rate"]["all"] is None
     assert [n["name"] for n in doc["namespaces"]] == ["top/b", "top/a"]
     assert (doc["blocks"], doc["disk_blocks"], doc["evictions"], doc["promotions"]) == (16, 20, 5, 1)

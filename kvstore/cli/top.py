@@ -48,6 +48,11 @@ class Hits:
     lookups: int
     ram: int
     disk: int
+    peer: int = 0     # Lookups without lease that found keys on peers (fetched in the background)
+
+    @property
+    def all(self) -> int:
+        return self.ram + self.disk + self.peer
 
     def rate(self, found: int) -> float | None:
         return found / self.lookups if self.lookups else None
@@ -96,14 +101,16 @@ class TopView:
 
 
 def _hits(c: dict[str, int]) -> Hits:
-    return Hits(c.get("lookup_keys", 0), c.get("hit_keys_ram", 0), c.get("hit_keys_disk", 0))
+    return Hits(c.get("lookup_keys", 0), c.get("hit_keys_ram", 0), c.get("hit_keys_disk", 0),
+                c.get("hit_keys_peer", 0))
 
 
 def _tokens(namespaces: list[NamespaceInfo]) -> Hits:
     known = [n for n in namespaces if n.tokens_per_block]
     return Hits(sum(n.lookup_keys * n.tokens_per_block for n in known),
                 sum(n.hit_keys_ram * n.tokens_per_block for n in known),
-                sum(n.hit_keys_disk * n.tokens_per_block for n in known))
+                sum(n.hit_keys_disk * n.tokens_per_block for n in known),
+                sum(n.hit_keys_peer * n.tokens_per_block for n in known))
 
 
 def _disk_state(s: Stats) -> str:
@@ -138,7 +145,8 @@ def build_view(prev: Stats, cur: Stats, elapsed_s: float) -> TopView:
     with_tokens = any(n.tokens_per_block for n in cur.namespaces)
     return TopView(
         node_id=cur.node_id, uptime_s=cur.uptime_s, interval_s=elapsed_s,
-        total=_hits(c), recent=Hits(delta("lookup_keys"), delta("hit_keys_ram"), delta("hit_keys_disk")),
+        total=_hits(c), recent=Hits(delta("lookup_keys"), delta("hit_keys_ram"), delta("hit_keys_disk"),
+                                          delta("hit_keys_peer")),
         committed_bytes_per_s=delta("committed_bytes") / dt,
         read_bytes_per_s=(delta("hit_bytes_ram") + delta("hit_bytes_disk")) / dt,
         disk_write_bytes_per_s=disk_w / dt, disk_read_bytes_per_s=disk_r / dt,
@@ -151,7 +159,8 @@ def build_view(prev: Stats, cur: Stats, elapsed_s: float) -> TopView:
         leases_active=cur.leases_active, reservations_active=cur.reservations_active,
         disk_state=_disk_state(cur), namespaces=rows[:TOP_NAMESPACES],
         tokens_total=tokens if with_tokens else None,
-        tokens_recent=Hits(tokens.lookups - before.lookups, tokens.ram - before.ram, tokens.disk - before.disk)
+        tokens_recent=Hits(tokens.lookups - before.lookups, tokens.ram - before.ram, tokens.disk - before.disk,
+                           tokens.peer - before.peer)
         if with_tokens else None,
     )
 
@@ -164,7 +173,7 @@ def view_doc(v: TopView) -> dict[str, Any]:
         if hits is None:
             continue
         doc[span]["hit_rate"] = {"ram": hits.rate(hits.ram), "disk": hits.rate(hits.disk),
-                                 "all": hits.rate(hits.ram + hits.disk)}
+                                 "peer": hits.rate(hits.peer), "all": hits.rate(hits.all)}
     return doc
 
 
@@ -203,7 +212,8 @@ def render_view(v: TopView, refresh: int, iterations: int | None) -> RenderableT
                            f", {last}  (q quits)")
     t, r = v.total, v.recent
     rows = [(name, _share(a, t.lookups), _share(b, r.lookups)) for name, a, b in (
-        ("ram", t.ram, r.ram), ("disk", t.disk, r.disk), ("all tiers", t.ram + t.disk, r.ram + r.disk))]
+        ("ram", t.ram, r.ram), ("disk", t.disk, r.disk), ("peer", t.peer, r.peer),
+        ("all tiers", t.all, r.all))]
     if v.tokens_total is not None and v.tokens_recent is not None:  # the same in tokens, where they are known
         tt, tr = v.tokens_total, v.tokens_recent
         rows.append(("tokens", _share(tt.ram + tt.disk, tt.lookups), _share(tr.ram + tr.disk, tr.lookups)))

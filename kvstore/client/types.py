@@ -79,6 +79,7 @@ class NamespaceInfo:
     tokens_per_block: int = 0   # 0: unknown (registered without it)
     hit_keys_disk: int = 0      # of hit_keys, those the disk tier held
     disk_bytes: int = 0         # footprint in the disk tier
+    hit_keys_peer: int = 0      # of hit_keys, those peers held (Lookups without lease)
 
     @property
     def hit_rate(self) -> float:
@@ -86,7 +87,7 @@ class NamespaceInfo:
 
     @property
     def hit_keys_ram(self) -> int:
-        return self.hit_keys - self.hit_keys_disk
+        return self.hit_keys - self.hit_keys_disk - self.hit_keys_peer
 
     @property
     def lookup_tokens(self) -> int | None:
@@ -192,7 +193,8 @@ class Stats:
             m.fragmentation, m.stranded_bytes, m.blocks, m.leases_active, m.reservations_active, m.high_watermark,
             m.low_watermark, m.uptime_s, dict(m.counters),
             [NamespaceInfo(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
-                           n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk, n.disk_bytes)
+                           n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk, n.disk_bytes,
+                           n.hit_keys_peer)
              for n in m.namespaces],
             [SizeClassInfo(c.slot_bytes, c.slabs, c.used_slots, c.free_slots) for c in m.size_classes],
             DiskInfo.from_pb(m.disk) if m.disk.enabled else None,

@@ -63,6 +63,7 @@ class Namespace:
     puts: int = 0
     tokens_per_block: int = 0  # 0: unknown; else lookups and hits are also reported in tokens
     hit_keys_disk: int = 0     # of hit_keys, those found on the disk tier (for per-tier token metrics)
+    hit_keys_peer: int = 0     # of hit_keys, those found on peers (Lookups without lease: being prefetched)
 
 
 _COLUMNS: tuple[tuple[str, type], ...] = (

@@ -75,10 +75,11 @@ class NamespaceUsage:
     tokens_per_block: int = 0   # 0: unknown
     hit_keys_disk: int = 0      # of hit_keys, found on the disk tier
     disk_bytes: int = 0         # footprint in the disk tier (page-rounded stored bytes)
+    hit_keys_peer: int = 0      # of hit_keys, found on peers (Lookups without lease)
 
     @property
     def hit_keys_ram(self) -> int:
-        return self.hit_keys - self.hit_keys_disk
+        return self.hit_keys - self.hit_keys_disk - self.hit_keys_peer
 
 
 @dataclass

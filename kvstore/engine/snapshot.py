@@ -54,6 +54,7 @@ def snapshot(cat: Catalog, alloc: SlabAllocator, policy: str, config: EngineConf
         low_watermark=config.low_watermark,
         counters=counters,
         namespaces=[NamespaceUsage(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
-                                   n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk) for n in cat.namespaces],
+                                   n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk,
+                                   hit_keys_peer=n.hit_keys_peer) for n in cat.namespaces],
         size_classes=alloc.usage(),
     )

@@ -186,7 +186,8 @@ class TieringMixin:
         hits_disk = int((shown & (tiers[:looked] == TIER_DISK)).sum())
         hits_peer = int((shown & (tiers[:looked] == TIER_PEER)).sum())
         ns.hit_keys += n if prefix else hits_all
-        ns.hit_keys_disk += hits_disk  # with prefix, hits_all == n, so ns RAM hits = hit_keys - hit_keys_disk
+        ns.hit_keys_disk += hits_disk  # with prefix, hits_all == n, so ns RAM hits = hit_keys - disk - peer
+        ns.hit_keys_peer += hits_peer
         self.counters.hit_keys += hits_all
         self.counters.hit_keys_ram += hits_all - hits_disk - hits_peer
         self.counters.hit_keys_disk += hits_disk

@@ -162,26 +162,30 @@ def _tokens(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]
     hits = CounterMetricFamily("kvstore_hit_tokens", "Tokens found by lookups, by tier", labels=["tier"])
     hits.add_metric(["ram"], sum(n.hit_keys_ram * n.tokens_per_block for n in known))
     hits.add_metric(["disk"], sum(n.hit_keys_disk * n.tokens_per_block for n in known))
+    hits.add_metric(["peer"], sum(n.hit_keys_peer * n.tokens_per_block for n in known))
     yield total
     yield hits
     ranked = sorted(known, key=lambda n: n.bytes, reverse=True)
     shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
     rows = [(n.name, n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
-             n.hit_keys_disk * n.tokens_per_block, n.tokens_per_block) for n in shown]
+             n.hit_keys_disk * n.tokens_per_block, n.hit_keys_peer * n.tokens_per_block, n.tokens_per_block)
+            for n in shown]
     if rest:
         rows.append(("_other", sum(n.lookup_keys * n.tokens_per_block for n in rest),
                      sum(n.hit_keys_ram * n.tokens_per_block for n in rest),
-                     sum(n.hit_keys_disk * n.tokens_per_block for n in rest), None))
+                     sum(n.hit_keys_disk * n.tokens_per_block for n in rest),
+                     sum(n.hit_keys_peer * n.tokens_per_block for n in rest), None))
     looked = CounterMetricFamily("kvstore_namespace_lookup_tokens", "Tokens looked up, by namespace",
                                  labels=["namespace"])
     found = CounterMetricFamily("kvstore_namespace_hit_tokens", "Tokens found, by namespace and tier",
                                 labels=["namespace", "tier"])
     size = GaugeMetricFamily("kvstore_namespace_tokens_per_block", "Tokens in one block, by namespace",
                              labels=["namespace"])
-    for name, lookup, ram, disk, tpb in rows:
+    for name, lookup, ram, disk, peer, tpb in rows:
         looked.add_metric([name], lookup)
         found.add_metric([name, "ram"], ram)
         found.add_metric([name, "disk"], disk)
+        found.add_metric([name, "peer"], peer)
         if tpb is not None:
             size.add_metric([name], tpb)
     yield looked

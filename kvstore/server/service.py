@@ -192,7 +192,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
                                           blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
                                           hit_keys=n.hit_keys, puts=n.puts, tokens_per_block=n.tokens_per_block,
-                                          hit_keys_disk=n.hit_keys_disk, disk_bytes=n.disk_bytes)
+                                          hit_keys_disk=n.hit_keys_disk, disk_bytes=n.disk_bytes,
+                                          hit_keys_peer=n.hit_keys_peer)
                         for n in s.namespaces if self._guard.owns(n.name)],
             tenants=[pb.TenantStats(tenant=r.tenant, ram_bytes=r.ram_bytes, ram_quota_bytes=r.ram_quota_bytes,
                                     disk_bytes=r.disk_bytes, disk_quota_bytes=r.disk_quota_bytes)
