@@ -4,6 +4,7 @@ attribute names of vLLM's Request). The same classes under the real vLLM schedul
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ from kvstore._native import copy_addrs
 from kvstore.client import Client
 from kvstore.errors import ConfigError
 from kvstore.testing import free_port
+from tests.peer_helpers import Cluster, needs_etcd
 
 BS, LAYERS, HEADS, HD, NBLOCKS = 4, 3, 2, 8, 64
 SPEC = KVLayoutSpec(model="org/tiny", dtype="float16", block_size=BS, num_layers=LAYERS, num_kv_heads=HEADS,
@@ -312,3 +314,35 @@ def test_requests_longer_than_max_batch_keys_save_and_load_in_parts(make_daemon)
     assert b.worker.counters.totals["loaded_blocks"] == 12
     assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
     a.close(), b.close()
+
+
+@needs_etcd
+def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> None:
+    """Two daemons joined through etcd: vLLM on node a saves a prompt (its blocks are pushed to their owners);
+    a second vLLM on node b finds it with one probe per peer (the scheduler does not wait for bytes), and its
+    load joins the background fetch and scatters exactly the bytes a saved."""
+    with ExitStack() as stack:
+        cluster = Cluster(stack, names=("a", "b"), timeout_s=5.0)
+        a = Side(cluster.nodes["a"].address, _caches(40))
+        req = Req("c1", _prompt(100, start=3))
+        a.prefill(req, list(range(25)))                      # 12 full keys saved on a
+        cluster.wait_pushes("a")
+        ns = namespace_for(SPEC)
+        keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+        on_a_only = sum(cluster.owner(ns, k) == "a" for k in keys)   # b's owned keys were pushed to b
+        before = cluster.counters("b")
+        b = Side(cluster.nodes["b"].address, _caches(41))
+        again = Req("c2", list(req.prompt_token_ids))
+        assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
+        after = cluster.counters("b")
+        assert after["probe_calls"] - before["probe_calls"] == (1 if on_a_only else 0)
+        assert after["prefetch_keys"] - before["prefetch_keys"] == on_a_only
+        target = list(range(30, 55))
+        b.sched.after_alloc(again, target, 96)
+        b.prefill(again, target)
+        assert b.worker.finished(set())[1] == {"c2"} and b.worker.load_errors() == set()
+        assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
+        final = cluster.counters("b")
+        assert final["fetched_blocks"] - before["fetched_blocks"] == on_a_only   # fetched once, by the prefetch
+        assert final["fetch_calls"] - before["fetch_calls"] == (1 if on_a_only else 0)
+        a.close(), b.close()

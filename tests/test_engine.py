@@ -620,7 +620,8 @@ def test_stats_exact_fields() -> None:
         "committed_bytes": 64 * KiB + 20000 + 4 * KiB, "aborted_blocks": 0, "lookup_calls": 2,
         "lookup_keys": 3, "hit_keys": 2, "evictions": 0, "evicted_bytes": 0, "deleted_blocks": 0,
         "lease_expirations": 0, "reservation_expirations": 0, "quarantine_freed": 0, "store_full": 0,
-        "checksum_failures": 0, "hit_keys_ram": 2, "hit_keys_disk": 0, "promotions": 0, "promotion_failures": 0,
+        "checksum_failures": 0, "hit_keys_ram": 2, "hit_keys_disk": 0, "hit_keys_peer": 0, "promotions": 0,
+        "promotion_failures": 0,
         "disk_writes": 0, "disk_write_failures": 0, "demote_dropped": 0, "demote_queue_full": 0,
         "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0, "disk_reinserted": 0,
     }
