@@ -19,27 +19,17 @@ from kvstore import Client, ConfigError, PermissionDeniedError, UnauthenticatedE
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, raw_stub
+from tests.tenant_helpers import A_NS, ALICE_TOKEN, B_NS, BOB_TOKEN, secret
 
 C = grpc.StatusCode
-ALICE_TOKEN = "alice-0123456789abcdef"
-BOB_TOKEN = "bob-fedcba9876543210xx"
-A_NS = "model@abc/alice"
-B_NS = "model@abc/bob"
-
-
-def _secret(path: str, text: str) -> str:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    return path
 
 
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("tokens")
-    tokens = _secret(str(d / "tokens"), f"# tenant token\nalice {ALICE_TOKEN}\nbob   {BOB_TOKEN}  # bob's\n")
-    alice = _secret(str(d / "alice.token"), ALICE_TOKEN + "\n")
-    bob = _secret(str(d / "bob.token"), f"bob {BOB_TOKEN}\n")  # a line of the daemon's file works too
+    tokens = secret(str(d / "tokens"), f"# tenant token\nalice {ALICE_TOKEN}\nbob   {BOB_TOKEN}  # bob's\n")
+    alice = secret(str(d / "alice.token"), ALICE_TOKEN + "\n")
+    bob = secret(str(d / "bob.token"), f"bob {BOB_TOKEN}\n")  # a line of the daemon's file works too
     with DaemonProcess(tokens_file=tokens, disk_bytes="8MiB", disk_segment_bytes="4MiB") as daemon:
         yield daemon, alice, bob
 
@@ -230,9 +220,9 @@ def test_register_for_someone_else_via_client(tenants) -> None:
 def test_namespace_owners_survive_a_restart_with_the_disk_tier(tmp_path) -> None:
     """After a restart the disk tier brings namespaces back before anyone registers them: only their old
     tenant may claim them (owners are kept in <disk_dir>.owners.json), and nobody else reads their blocks."""
-    tokens = _secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
-    alice_file = _secret(str(tmp_path / "alice.token"), ALICE_TOKEN)
-    bob_file = _secret(str(tmp_path / "bob.token"), BOB_TOKEN)
+    tokens = secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
+    alice_file = secret(str(tmp_path / "alice.token"), ALICE_TOKEN)
+    bob_file = secret(str(tmp_path / "bob.token"), BOB_TOKEN)
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
     d = DaemonProcess(workdir=str(work), tokens_file=tokens, disk_bytes="8MiB", disk_segment_bytes="4MiB")

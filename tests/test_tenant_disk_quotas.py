@@ -9,7 +9,6 @@ the write-behind, so the log's order is the put order and the counts below are e
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import urllib.request
 
@@ -20,19 +19,9 @@ from kvstore import Client, ConfigError
 from kvstore.client.types import TenantInfo
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, wait_until
+from tests.tenant_helpers import A_NS, ALICE_TOKEN, B_NS, BOB_TOKEN, secret
 
 MIB = 1 << 20
-ALICE_TOKEN = "alice-0123456789abcdef"
-BOB_TOKEN = "bob-fedcba9876543210xx"
-A_NS = "model@abc/alice"
-B_NS = "model@abc/bob"
-
-
-def _secret(path: str, text: str) -> str:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    return path
 
 
 def _value(ns: str, i: int) -> bytes:
@@ -58,11 +47,11 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 @pytest.fixture
 def files(tmp_path):
-    tokens = _secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
+    tokens = secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
-    return (tokens, _secret(str(tmp_path / "alice.token"), ALICE_TOKEN),
-            _secret(str(tmp_path / "bob.token"), BOB_TOKEN), str(work))
+    return (tokens, secret(str(tmp_path / "alice.token"), ALICE_TOKEN),
+            secret(str(tmp_path / "bob.token"), BOB_TOKEN), str(work))
 
 
 def _daemon(tokens: str, work: str) -> DaemonProcess:
@@ -110,7 +99,7 @@ def test_a_burst_through_the_disk_tier_keeps_the_other_tenants_quota(files) -> N
 
 
 def test_disk_quotas_are_validated(tmp_path) -> None:
-    tokens = _secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\ncarol carol-0123456789abcd\n")
+    tokens = secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\ncarol carol-0123456789abcd\n")
     base = ["--disk-bytes", "8MiB", "--disk-segment-bytes", "1MiB", "--max-block-bytes", "1MiB", "--tokens-file", tokens]
     load_config(base + ["--tenant-disk-quota", "alice=4MiB,*=1MiB"])   # 4 + 2 x 1 = 6 MiB = 8 - 2 segments
     with pytest.raises(ConfigError, match=r"guarantees 7340032 bytes .*for 2 tenant.*can protect: 6291456 bytes"):

@@ -24,7 +24,6 @@ stats may run from any threads concurrently with it.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -35,6 +34,7 @@ from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk.codec import CODEC_NAMES
 from kvstore.tiers.disk.config import PAGE_BYTES, DiskConfig
 from kvstore.tiers.disk.counters import DiskCounters
+from kvstore.tiers.disk.directory import PROBE_FILE, StoreDirectory
 from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
 from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key
@@ -50,9 +50,6 @@ __all__ = ["DiskStore"]
 
 log = logging.getLogger("kvstore.tiers.disk")
 
-LOCK_FILE = "LOCK"
-PROBE_FILE = "probe.blk"
-_OUR_FILES = ("data.mdb", "lock.mdb", PROBE_FILE)
 
 
 class DiskStore:
@@ -65,7 +62,7 @@ class DiskStore:
         self._st: StoreState | None = None
         self._writer: BatchWriter | None = None
         self._reader: BlockReader | None = None
-        self._lock_fd = -1
+        self._dir = StoreDirectory(config.directory)
         self._pending_drops: list[bytes] = []   # invalid entries found while read-only, dropped once writable
         self._probe_count = 0
         self._floors: TenantFloors | None = None
@@ -76,7 +73,7 @@ class DiskStore:
             if self._st is not None:
                 raise RuntimeError(f"disk store at {self.config.directory} is already open")
             t0 = time.monotonic()
-            writable = self._prepare_directory()
+            writable = self._dir.prepare()
             index = DiskIndex(self.config.directory, map_size=self.config.index_map_size,
                               sync=self.config.sync == "data")
             try:
@@ -85,14 +82,14 @@ class DiskStore:
                 found = recover(st, writable=writable)
             except OSError as exc:
                 index.close()
-                self._release_lock_file()
+                self._dir.release()
                 raise ConfigError(
                     f"cannot open the disk store in {self.config.directory}: {exc.strerror or exc}; fix the directory "
                     "or open it with wipe=True (the daemon's disk wipe option) to start afresh"
                 ) from exc
             except BaseException:
                 index.close()
-                self._release_lock_file()
+                self._dir.release()
                 raise
             self._pending_drops = [] if writable else found.dropped
             st.counters.dropped_entries += len(found.dropped)
@@ -112,7 +109,7 @@ class DiskStore:
         if wipe:
             if not writable:
                 raise ConfigError(f"cannot wipe disk directory {cfg.directory}: its filesystem is read-only")
-            self._wipe()
+            self._dir.wipe()
         created = not index.exists()
         if created and not writable:
             raise ConfigError(
@@ -158,65 +155,13 @@ class DiskStore:
             assert self._writer is not None and self._reader is not None
             self._writer.close()
             self._reader.close()
-            self._release_lock_file()
+            self._dir.release()
 
     def __enter__(self) -> DiskStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _prepare_directory(self) -> bool:
-        """Create the directory (0700), take its lock file; returns whether the filesystem accepts writes."""
-        d = self.config.directory
-        try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create disk directory {d}: {exc.strerror}; create it or choose another") from exc
-        writable = self._take_lock_file(create=True)
-        return writable and os.access(d, os.W_OK)
-
-    def _take_lock_file(self, *, create: bool) -> bool:
-        """flock DIR/LOCK so two daemons never share a directory; False when only a read-only open was possible."""
-        path = os.path.join(self.config.directory, LOCK_FILE)
-        writable = True
-        try:
-            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise ConfigError(f"cannot open {path}: {exc.strerror}") from exc
-            writable = False
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return False   # a read-only directory without a lock file: nobody can write here anyway
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"disk directory {self.config.directory} is in use by another process (lock {path} is held): stop "
-                "it or choose another directory"
-            ) from None
-        self._release_lock_file()
-        self._lock_fd = fd
-        return writable
-
-    def _release_lock_file(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-
-    def _wipe(self) -> None:
-        d = self.config.directory
-        names = set(_OUR_FILES)
-        names.update(e.name for e in os.scandir(d) if e.name.startswith("segment-") and e.name.endswith(".kvd"))
-        for name in names:
-            try:
-                os.unlink(os.path.join(d, name))
-            except FileNotFoundError:
-                pass
-        log.warning("disk tier at %s wiped: every cached block was erased", d)
 
     def _check_format(self, index: DiskIndex) -> None:
         cfg = self.config
@@ -422,8 +367,8 @@ class DiskStore:
         if drops:
             with st.mutate:
                 st.index.delete(drops)
-        if self._lock_fd < 0:
-            self._take_lock_file(create=True)
+        if not self._dir.locked:
+            self._dir.take_lock(create=True)
 
     def _ready_segment(self, st: StoreState) -> None:
         """When no segment is active, prepare a free one now, so a full filesystem keeps the store degraded."""
