@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, pressure, print_table, progress, timed
+from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, pressure, print_table, progress
+from bench.connector_phases import profile
 from connector.config import ConnectorConfig
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for, registration
@@ -287,54 +288,12 @@ class Bench:
                 "memcpy_native2": Case(lambda _: copy_addrs(*addr, threads=2), lambda: tick("memcpy native x2"))}
 
 
-def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
-    """Time the worker's calls by shadowing bound methods on the instances it uses; returns the undo."""
-    got = w._arena_client()      # the copier is made on first use: make it now, to wrap it
-    check(got is not None, "the worker side has no arena client")
-    c, copier = got  # type: ignore[misc]
-    layout = w.layout
-    assert layout is not None
-    names = [(c, "reserve", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
-             (c, "release", "Release (queued)"), (c, "lease_valid", "generation check"),
-             (copier, "copy", "copy (native)"), (layout, "plan", "copy plan (numpy)")]
-    for obj, attr, phase in names:
-        acc.setdefault(phase, 0.0)
-        setattr(obj, attr, timed(acc, phase, getattr(obj, attr)))
-
-    def undo() -> None:
-        for obj, attr, _ in names:
-            delattr(obj, attr)
-    return undo
-
-
 def _then(first: Callable[[Any], object] | None, after: Callable[[], object]) -> Callable[[Any], None]:
     def both(arg: Any) -> None:
         if first is not None:
             first(arg)
         after()
     return both
-
-
-def profile(b: Bench, t: int, chunk: int, tick: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    """One instrumented save and load (outside the medians): ms per phase, and the wall ms of the pass."""
-    w = b.workers[t]
-    out: dict[str, dict[str, float]] = {}
-    for name, case in (("save", b.save_case(t, chunk, tick)), ("load", b.load_case(t, tick))):
-        acc: dict[str, float] = {}
-        arg = case.setup() if case.setup is not None else None
-        undo = instrument(w, acc)
-        try:
-            t0 = time.perf_counter()
-            case.fn(arg)
-            wall = time.perf_counter() - t0
-        finally:
-            undo()
-        if case.teardown is not None:
-            case.teardown(arg)
-        out[name] = {k: round(v * 1e3, 1) for k, v in acc.items() if v > 0}
-        out[name]["wall"] = round(wall * 1e3, 1)
-        out[name]["GB/s"] = round(gbs(b.nbytes, wall), 2)
-    return out
 
 
 def run(tokens: int, *, rounds: int, warmup: int, threads: Sequence[int] = (1, 2),

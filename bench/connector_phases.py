@@ -1,0 +1,63 @@
+"""Where the connector benchmark's time goes: one instrumented save and load, outside the medians.
+
+`instrument` shadows the worker's calls (RPCs, the native copy, the copy plan) with timers on the instances it
+uses, so nothing in connector/ knows it is being measured; `profile` runs one save and one load of a
+bench.connector Bench that way and reports ms per phase next to the wall time of the pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bench._common import gbs, timed
+from connector.worker import WorkerSide
+
+if TYPE_CHECKING:
+    from bench.connector import Bench
+
+__all__ = ["instrument", "profile"]
+
+
+def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
+    """Time the worker's calls by shadowing bound methods on the instances it uses; returns the undo."""
+    got = w._arena_client()      # the copier is made on first use: make it now, to wrap it
+    if got is None:
+        raise RuntimeError("the worker side has no arena client")
+    c, copier = got  # type: ignore[misc]
+    layout = w.layout
+    assert layout is not None
+    names = [(c, "reserve", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
+             (c, "release", "Release (queued)"), (c, "lease_valid", "generation check"),
+             (copier, "copy", "copy (native)"), (layout, "plan", "copy plan (numpy)")]
+    for obj, attr, phase in names:
+        acc.setdefault(phase, 0.0)
+        setattr(obj, attr, timed(acc, phase, getattr(obj, attr)))
+
+    def undo() -> None:
+        for obj, attr, _ in names:
+            delattr(obj, attr)
+    return undo
+
+
+def profile(b: Bench, t: int, chunk: int, tick: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """One instrumented save and load (outside the medians): ms per phase, and the wall ms of the pass."""
+    w = b.workers[t]
+    out: dict[str, dict[str, float]] = {}
+    for name, case in (("save", b.save_case(t, chunk, tick)), ("load", b.load_case(t, tick))):
+        acc: dict[str, float] = {}
+        arg = case.setup() if case.setup is not None else None
+        undo = instrument(w, acc)
+        try:
+            t0 = time.perf_counter()
+            case.fn(arg)
+            wall = time.perf_counter() - t0
+        finally:
+            undo()
+        if case.teardown is not None:
+            case.teardown(arg)
+        out[name] = {k: round(v * 1e3, 1) for k, v in acc.items() if v > 0}
+        out[name]["wall"] = round(wall * 1e3, 1)
+        out[name]["GB/s"] = round(gbs(b.nbytes, wall), 2)
+    return out
