@@ -14,20 +14,17 @@ import shutil
 import statistics
 import tempfile
 import time
-import types
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from bench._common import TimedLock, emit_json, fmt_bytes, fs_type, gbs, pressure, print_table, progress, timed
+from bench._common import emit_json, fmt_bytes, fs_type, gbs, pressure, print_table, progress
+from bench.disk_phases import PHASES, profile
 from kvstore.testing import DaemonProcess
 from kvstore.tiers.disk import AlignedBuffer, BlockIO, DiskConfig, DiskStatus, DiskStore, WriteItem
-from kvstore.tiers.disk import reader as disk_reader
-from kvstore.tiers.disk import writer as disk_writer
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = (256 * KIB, 2 * MIB)
@@ -254,57 +251,6 @@ def run_rounds(p: Passes, store: DiskStore, plan: Plan, pg: Any) -> dict[tuple[s
     return out
 
 
-IO_PHASES = {"pwrite": "pwrite/pread", "pread": "pwrite/pread", "fdatasync": "fdatasync", "open": "segment prep",
-             "fallocate": "segment prep", "sync_directory": "segment prep"}
-PHASES = ("pwrite/pread", "fdatasync", "segment prep", "lmdb", "xxh3", "lock wait")
-
-
-def profile(root: str, p: Passes, plan: Plan, pg: Any) -> dict[str, dict[str, float]]:
-    """One instrumented write and read pass per size on a fresh store: milliseconds per phase.
-
-    Instance attributes shadow the BlockIO and index methods, the store's locks are timed ones, and the disk
-    modules' `xxhash` name is a timed proxy until the end: a benchmark must see the real call path. The lmdb
-    phase includes lmdb's own fdatasync of data.mdb (every commit with sync="data")."""
-    acc: dict[str, float] = defaultdict(float)
-    io = BlockIO()
-    for op, phase in IO_PHASES.items():
-        setattr(io, op, timed(acc, phase, getattr(io, op)))
-    store = DiskStore(store_config(os.path.join(root, "store-profile"), len(SIZES) * plan.pass_bytes), io=io)
-    locks = TimedLock(acc), TimedLock(acc), TimedLock(acc)
-    store._writer_lock, store._mutate, store._lock = locks  # type: ignore[assignment]
-    store.open()
-    index = store._st.index  # type: ignore[union-attr]
-    for op in ("commit", "get", "reclaim", "ensure_namespace", "ns_id"):
-        setattr(index, op, timed(acc, "lmdb", getattr(index, op)))
-    class _TimedXXH3:  # the reader's pipelined path hashes chunk by chunk through a streaming object
-        def __init__(self) -> None:
-            self._h = xxhash.xxh3_64()
-            self.update = timed(acc, "xxh3", self._h.update)
-
-        def intdigest(self) -> int:
-            return self._h.intdigest()
-
-    proxy = types.SimpleNamespace(xxh3_64_intdigest=timed(acc, "xxh3", xxhash.xxh3_64_intdigest), xxh3_64=_TimedXXH3)
-    out: dict[str, dict[str, float]] = {}
-    try:
-        disk_writer.xxhash = disk_reader.xxhash = proxy  # type: ignore[assignment]
-        for size in SIZES:
-            pg.step(f"phases of DiskStore, {fmt_bytes(size)} blocks")
-            for op, fn in (("write_many", lambda: p.tier_write(store, size, plan.pass_bytes)),
-                           ("read_into", lambda: p.tier_read(store, size))):
-                acc.clear()
-                total = fn()
-                row = {k: round(acc.get(k, 0.0) * 1e3, 1) for k in PHASES}
-                row["other (Python)"] = round((total - sum(acc.get(k, 0.0) for k in PHASES)) * 1e3, 1)
-                row.update({"total": round(total * 1e3, 1), "GB/s": round(gbs(plan.pass_bytes, total), 3)})
-                out[f"{op} {fmt_bytes(size)}"] = row
-            pg.advance()
-    finally:
-        disk_writer.xxhash = disk_reader.xxhash = xxhash
-        store.close()
-    return out
-
-
 def bench_daemon(root: str, mem: Memory, plan: Plan, pg: Any) -> dict[str, Any]:
     """Informational end-to-end numbers through a real daemon: write-behind drain rate and promotion rate.
 
@@ -434,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 store.close()
                 for fd in [f.fd for f in raw.values()] + p.segs.fds:
                     os.close(fd)
-            phases = profile(root, p, plan, pg)
+            phases = profile(root, p, plan, pg, SIZES, store_config)
             out.update(bench_daemon(root, mem, plan, pg))
     finally:
         if not args.keep:
