@@ -84,7 +84,7 @@ class RemoteHooks(Protocol):
     """What the engine asks of the peer tier (kvstore.peer.PeerCluster); both are called with keys only."""
 
     def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a leased Lookup, no lock held
-    def prefetch(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...  # before one without lease
+    def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
 
 

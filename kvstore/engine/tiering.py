@@ -55,7 +55,7 @@ class TieringMixin:
             if lease:
                 self._remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
             else:
-                at_peers = self._remote.prefetch(ns_name, keys)   # probe; fetch in the background
+                at_peers = self._remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
         with self._lock:
             ns = self._namespace(ns_name)
             eids, tiers = self._locate(ns, keys)

@@ -138,8 +138,8 @@ class PeerCluster:
     def fill(self, namespace: str, keys: Sequence[bytes]) -> int:
         return self.remote.fill(namespace, list(keys))
 
-    def prefetch(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
-        return self.remote.prefetch(namespace, list(keys))
+    def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool = False) -> list[bool]:
+        return self.remote.prefetch(namespace, list(keys), prefix)
 
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
         self.replicator.committed(reservation_id, namespace, keys)

@@ -115,12 +115,17 @@ class RemoteTier:
             log.warning("call for %d keys to %s ran past %.2fs", len(ks), m.node_id, self._timeout)
         return [(*futures[f], f.result()) for f in done]
 
-    def prefetch(self, namespace: str, keys: list[bytes]) -> list[bool]:
-        """Per key: a peer holds it and it is being fetched here (see the module docstring)."""
+    def prefetch(self, namespace: str, keys: list[bytes], prefix: bool = False) -> list[bool]:
+        """Per key: a peer holds it and it is being fetched here (see the module docstring). With `prefix`,
+        only keys before the first one that no node holds are fetched: a prefix Lookup cannot use the rest."""
         members = self._members()
         if len(members) < 2 or not keys:
             return [False] * len(keys)
-        missing = self._missing(namespace, keys) or []
+        try:
+            local = self._engine.exists(namespace, keys)
+        except KVStoreError:
+            return [False] * len(keys)  # unknown namespace, bad keys: the Lookup itself reports it
+        missing = list(dict.fromkeys(k for k, p in zip(keys, local) if not p))
         with self._lock:
             held = {k for k in missing if (namespace, k) in self._inflight}
             room = self.max_inflight_keys - len(self._inflight)
@@ -129,13 +134,17 @@ class RemoteTier:
             self._counters.add("prefetch_skipped", len(ask))
             ask = []
         calls = self._calls(namespace, ask, members) if ask else []
+        found: list[tuple[Member, list[bytes]]] = []
         for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
                                             self._probes):
-            found = [k for k, p in zip(ks, mask) if p]  # type: ignore[call-overload]
-            if found:
-                self._counters.add("prefetch_keys", len(found))
-                self._track(namespace, found, self._pool.submit(self._fetch_one, member, namespace, found))
-                held.update(found)
+            found.append((member, [k for k, p in zip(ks, mask) if p]))  # type: ignore[call-overload]
+        usable = _usable(keys, local, held | {k for _, ks in found for k in ks}, prefix)
+        for member, ks in found:
+            ks = [k for k in ks if k in usable]
+            if ks:
+                self._counters.add("prefetch_keys", len(ks))
+                self._track(namespace, ks, self._pool.submit(self._fetch_one, member, namespace, ks))
+                held.update(ks)
         return [k in held for k in keys]
 
     def _track(self, namespace: str, keys: list[bytes], fut: Future[int]) -> None:
@@ -206,3 +215,16 @@ class RemoteTier:
         self._counters.add("fetched_blocks", stored)
         self._counters.add("fetch_misses", len(keys) - stored)
         return stored
+
+
+def _usable(keys: list[bytes], local: list[bool], remote: set[bytes], prefix: bool) -> set[bytes]:
+    """The keys worth fetching: all that peers hold, or with `prefix` those before the first key nobody holds."""
+    if not prefix:
+        return remote
+    out: set[bytes] = set()
+    for k, here in zip(keys, local):
+        if not here and k not in remote:
+            break
+        if not here:
+            out.add(k)
+    return out
