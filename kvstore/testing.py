@@ -8,6 +8,7 @@ SIGTERM (or leaves a SIGKILLed one for the caller to inspect).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,8 +28,33 @@ from kvstore.errors import StoreUnavailableError, UnauthenticatedError
 __all__ = ["DaemonProcess", "free_port", "wait_until", "raw_stub"]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            lo, hi = (int(x) for x in fh.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback TCP port that is free now, picked at random BELOW the kernel's ephemeral range.
+
+    Why not bind(0): that hands out an ephemeral port, and between our close and the daemon's bind any
+    outgoing connection on the box (a gRPC channel, etcd's own clients) may be given the same port, which
+    fails the daemon with "address in use". Ports under the ephemeral range are only taken by explicit binds."""
+    lo, _ = _ephemeral_range()
+    top = max(lo - 1, 10_000)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(max(1024, top - 10_000), top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # a crowded box: fall back to the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
