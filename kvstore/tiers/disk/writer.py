@@ -1,6 +1,8 @@
 """The write path: one write_many batch = encode -> reserve -> pwrite -> fdatasync -> ONE index commit.
 
     encode    checksum (xxh3_64 of the original bytes) and, for zstd codecs, compress. CPU only, no lock.
+              Uncompressed blocks are hashed by a helper thread WHILE the batch's pwrites run (the checksum
+              is needed only at commit, and pwrite releases the GIL), so the hash costs no wall time.
     reserve   place each record at the active segment's write pointer (under `lock`); a full segment is sealed
               and the next one taken: a free one, else the OLDEST sealed one, whose index entries are deleted
               in one committed transaction BEFORE it is reused (under `mutate`), except those of its records
@@ -28,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import xxhash
@@ -102,8 +105,10 @@ class BatchWriter:
         self._st = state
         self._bounce = AlignedBuffer()
         self._reclaimer = Reclaimer(state)
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-disk-hash")
 
     def close(self) -> None:
+        self._hasher.shutdown(wait=True)
         self._bounce.close()
         self._reclaimer.close()
 
@@ -112,14 +117,19 @@ class BatchWriter:
         st = self._st
         statuses = [OK] * len(items)
         batch = _Batch(set())
+        hashing: Future[None] | None = None
         try:
             pending = self._encode(items)
+            raw = [p for p in pending if p.payload is None]
+            hashing = self._hasher.submit(_hash_in_place, raw) if raw else None
             batch.rewritten = {p.ikey for p in pending}
             placed = self._reserve(pending, statuses, batch)
             if placed or batch.moves or batch.lost:
                 started = time.perf_counter()
                 self._write(placed, batch.moves)
                 write_s = time.perf_counter() - started
+                if hashing is not None:
+                    hashing.result()   # the checksums the commit records
                 reinserted = self._commit(placed, batch)
                 st.io.note_write_batch(sum(p.footprint for p in placed), write_s)  # metrics: one batch
                 written = {p.ikey for p in placed}   # a key whose old record went is still there if rewritten
@@ -129,6 +139,9 @@ class BatchWriter:
                 status = st.health.fault("writing blocks", exc)
                 st.counters.io_errors += 1
             return WriteResult([status] * len(items), self._names(batch.dropped + self._abandon(batch)))
+        finally:
+            if hashing is not None:   # never return while the helper still reads the caller's memory
+                hashing.exception()   # (waits; instant once done)
         return WriteResult(statuses, self._names(batch.dropped))
 
     def _names(self, ikeys: list[bytes]) -> list[tuple[str, bytes]]:
@@ -156,9 +169,10 @@ class BatchWriter:
         out = []
         for pos, it in enumerate(items):
             view = memory_view(it.address, it.length)
-            checksum = xxhash.xxh3_64_intdigest(view)
             codec = it.codec or st.config.compression
-            payload = encode(codec, view)
+            payload = encode(codec, view) if codec != "none" else None
+            # compressed: hash now (the payload is ready anyway); raw: hashed during the pwrites (_hash_in_place)
+            checksum = xxhash.xxh3_64_intdigest(view) if payload is not None else 0
             if payload is None:
                 codec = "none"
             ns_id = st.index.ns_id(it.namespace)
@@ -283,3 +297,9 @@ class BatchWriter:
                     c.stored_bytes_out += p.stored
         batch.dropped += [k for k, _ in batch.lost]
         return reinserted
+
+
+def _hash_in_place(pending: list[_Pending]) -> None:
+    """xxh3_64 of the uncompressed blocks' memory, on the helper thread (see the module docstring)."""
+    for p in pending:
+        p.checksum = xxhash.xxh3_64_intdigest(memory_view(p.item.address, p.item.length))
