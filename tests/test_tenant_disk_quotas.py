@@ -9,7 +9,11 @@ the write-behind, so the log's order is the put order and the counts below are e
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -36,6 +40,13 @@ def _put_through(c: Client, ns: str, first: int, n: int) -> None:
         assert c.put_many(ns, keys, [_value(ns, int(k[1:])) for k in keys]).stored == len(keys)
         wait_until(lambda: all(r is not None and "disk" in r.tier for r in c.describe(ns, keys)), timeout_s=30,
                    what="the blocks on disk")
+
+
+def _cli(d: DaemonProcess, token_file: str, *args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli.main", "--address", d.address, "--token-file", token_file,
+                        *args], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -81,6 +92,11 @@ def test_a_burst_through_the_disk_tier_keeps_the_other_tenants_quota(files) -> N
             assert m[("kvstore_tenant_bytes", (("tenant", "alice"), ("tier", "disk")))] == 2 * MIB
             assert m[("kvstore_tenant_quota_bytes", (("tenant", "alice"), ("tier", "disk")))] == 2 * MIB
             assert m[("kvstore_tenant_bytes", (("tenant", "bob"), ("tier", "disk")))] == 6 * MIB
+            doc = json.loads(_cli(d, alice_file, "--json", "stats"))
+            assert doc["tenants"] == [{"tenant": "alice", "ram_bytes": 0, "ram_quota_bytes": 0,
+                                       "disk_bytes": 2 * MIB, "disk_quota_bytes": 2 * MIB}]
+            rows = [[c.strip() for c in line.split("│")[1:-1]] for line in _cli(d, alice_file, "stats").splitlines()]
+            assert ["alice", "0 B", "-", "2.0 MiB", "2.0 MiB"] in rows   # the tenants table
             assert alice.get_many(A_NS, [b"k0", b"k1"]) == [_value(A_NS, 0), _value(A_NS, 1)]  # from disk
             assert bob.exists(B_NS, [b"k%d" % i for i in range(20)]) == [False] * 14 + [True] * 6
         d.stop()
