@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from bench._common import Case, emit_json, gbs, interleave, print_table
-from kvstore.client import Client
 from kvstore.peer.placement import rank
 from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.testing import DaemonProcess, wait_until
