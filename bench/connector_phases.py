@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from bench._common import gbs, timed
 from connector.worker import WorkerSide
+from kvstore.client import arena_path
 
 if TYPE_CHECKING:
     from bench.connector import Bench
@@ -22,22 +23,30 @@ __all__ = ["instrument", "profile"]
 
 def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
     """Time the worker's calls by shadowing bound methods on the instances it uses; returns the undo."""
-    got = w._arena_client()      # the copier is made on first use: make it now, to wrap it
-    if got is None:
+    c = w._client()
+    if c is None:
         raise RuntimeError("the worker side has no arena client")
-    c, copier = got  # type: ignore[misc]
+    m = c.acquire_arena()
+    if m is None:
+        raise RuntimeError("the worker's client has no arena mapping")
+    with m:
+        copier = w._copier_for(m)  # the copier is made on first use: make it now, to wrap it
     layout = w.layout
     assert layout is not None
     names = [(c, "reserve", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
-             (c, "release", "Release (queued)"), (c, "lease_valid", "generation check"),
+             (c, "release", "Release (queued)"), (arena_path, "validated", "generation check"),
              (copier, "copy", "copy (native)"), (layout, "plan", "copy plan (numpy)")]
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in names]
     for obj, attr, phase in names:
         acc.setdefault(phase, 0.0)
         setattr(obj, attr, timed(acc, phase, getattr(obj, attr)))
 
     def undo() -> None:
-        for obj, attr, _ in names:
-            delattr(obj, attr)
+        for obj, attr, original in saved:
+            if obj is arena_path:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
     return undo
 
 

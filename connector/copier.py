@@ -12,13 +12,15 @@ from typing import Any, Protocol
 
 from connector.layout import CopyPlan
 from kvstore._native import copy_addrs
+from kvstore.client.arena_map import ArenaMap
 
 __all__ = ["Copier", "CpuCopier", "make_copier"]
 
 
 class Copier(Protocol):
-    def copy(self, plan: CopyPlan) -> Any:
-        """Start the copy; returns a handle for `wait` (None when the copy is already done)."""
+    def copy(self, plan: CopyPlan, after: Any = None) -> Any:
+        """Start the copy (after the event `after`, if given); returns a handle for `wait` (None when the copy
+        is already done)."""
 
     def wait(self, handle: Any) -> None:
         """Block until the copy behind ``handle`` is complete."""
@@ -30,7 +32,7 @@ class CpuCopier:
     def __init__(self, threads: int = 2) -> None:
         self.threads = threads
 
-    def copy(self, plan: CopyPlan) -> None:
+    def copy(self, plan: CopyPlan, after: Any = None) -> None:
         if len(plan.lengths):
             copy_addrs(plan.dst, plan.src, plan.lengths, threads=self.threads)
 
@@ -41,10 +43,14 @@ class CpuCopier:
         return None
 
 
-def make_copier(device: str, arena_span: tuple[int, int], threads: int) -> Copier:
-    """The copier for KV caches on ``device`` ("cpu", "cuda:0", ...)."""
+def make_copier(device: str, arena: ArenaMap, threads: int) -> Copier:
+    """The copier for KV caches on ``device`` ("cpu", "cuda:0", ...) through the mapping ``arena``; it is
+    closed by the mapping's close hook, after the last copy that holds a reference to it."""
     if device.startswith("cuda"):
         from connector.cuda_copy import CudaCopier  # imports torch.cuda / cupy only on GPU nodes
 
-        return CudaCopier(arena_span, device)
-    return CpuCopier(threads)
+        copier: Copier = CudaCopier(arena, device)
+    else:
+        copier = CpuCopier(threads)
+    arena.on_close(copier.close)
+    return copier

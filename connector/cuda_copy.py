@@ -1,5 +1,8 @@
 """GPU <-> arena copies: the arena as pinned, device-mapped host memory and one gather/scatter kernel.
 
+Registration: per arena mapping, through connector/pinning.py (whole for a shared arena, per slab and
+re-checked against the slab's epoch for a tenant's sparse file).
+
 Why a kernel and not cudaMemcpyAsync: one stored block is made of one piece per layer and K/V (64 pieces of
 32 KiB for a Llama-8B block of 16 tokens), at arbitrary slot addresses. Issuing one memcpy per piece from
 Python costs microseconds each (~130k calls for a 32K-token prompt). Instead the arena is registered once
@@ -7,9 +10,11 @@ with cudaHostRegister(Mapped|Portable), so under unified virtual addressing the 
 its host address, and a single kernel launch per batch moves every (dst, src, length) triple of a `CopyPlan`,
 16 bytes per thread per iteration when aligned. The copy runs on a dedicated stream; callers get a CUDA event.
 
-Ordering with vLLM's compute: a save is launched after the current stream's work (the forward that wrote the
-KV) via stream.wait_stream, and `fence()` makes the compute stream wait for the last save before the next
-step's kernels can overwrite a block that was freed (by preemption) and reused.
+Ordering with vLLM's compute: a save is launched from vLLM's thread after its current stream's work (the
+forward that wrote the KV) via stream.wait_stream, and `fence()` makes the compute stream wait for the last
+save before the next step's kernels can overwrite a block that was freed (by preemption) and reused. A load is
+launched from the connector's loader thread, whose current stream is not vLLM's: it waits instead for an
+event that start_load_kv recorded on vLLM's stream (`compute_marker`).
 
 Only imported when the KV cache is on CUDA; bench/gpu_check.py exercises it on a GPU machine.
 """
@@ -22,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from connector.layout import CopyPlan
+from connector.pinning import PinnedRanges
+from kvstore.client.arena_map import ArenaMap
 
-__all__ = ["CudaCopier"]
+__all__ = ["CudaCopier", "compute_marker"]
 
 _KERNEL = r"""
 extern "C" __global__ void kv_copy_segments(const unsigned long long* __restrict__ dst,
@@ -49,55 +56,61 @@ _HOST_REGISTER_MAPPED = 2
 
 
 class CudaCopier:
-    def __init__(self, arena_span: tuple[int, int], device: str) -> None:
+    """Copies for one arena mapping (an ArenaMap): built when the worker first copies through a mapping and
+    closed by that mapping's close hook, after the last copy that used it (kvstore/client/arena_map.py)."""
+
+    def __init__(self, arena: ArenaMap, device: str) -> None:
         import cupy  # noqa: PLC0415 - GPU nodes only (cupy-cuda12x)
         import torch  # noqa: PLC0415
 
         self._cupy = cupy
         self._torch = torch
         self.device = torch.device(device)
-        base, size = arena_span
-        with cupy.cuda.Device(self.device.index or 0):
-            cupy.cuda.runtime.hostRegister(base, size, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
-            dev_ptr = cupy.cuda.runtime.hostGetDevicePointer(base, 0)
-        # With UVA the device pointer equals the host address; keep the offset in case it does not.
-        self._shift = int(dev_ptr) - base
-        self._base, self._size = base, size
+        self._dev_index = self.device.index or 0
+        self.pins = PinnedRanges(arena, self._host_register, self._host_unregister)
         self._kernel = cupy.RawKernel(_KERNEL, "kv_copy_segments")
         self.stream = torch.cuda.Stream(device=self.device)
         self._last: Any = None
         self._lock = threading.Lock()  # saves launch from vLLM's thread, loads from the connector's loader
         self._inflight: list[tuple[Any, Any]] = []
 
-    def _translate(self, plan: CopyPlan) -> tuple[np.ndarray, np.ndarray]:
-        """Host arena addresses -> device-visible addresses (identity under UVA)."""
-        if self._shift == 0:
-            return plan.dst, plan.src
-        lo, hi = self._base, self._base + self._size
+    def _host_register(self, address: int, nbytes: int) -> None:
+        cupy = self._cupy
+        with cupy.cuda.Device(self._dev_index):
+            cupy.cuda.runtime.hostRegister(address, nbytes, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+            dev_ptr = int(cupy.cuda.runtime.hostGetDevicePointer(address, 0))
+        if dev_ptr != address:  # every CUDA GPU of this decade has unified virtual addressing
+            cupy.cuda.runtime.hostUnregister(address)
+            raise RuntimeError("the GPU maps pinned host memory at another address (no unified virtual "
+                               "addressing): the kvstore connector's copy kernel needs UVA")
 
-        def shift(a: np.ndarray) -> np.ndarray:
-            inside = (a >= lo) & (a < hi)
-            return np.where(inside, a + np.uint64(self._shift), a).astype(np.uint64)
+    def _host_unregister(self, address: int) -> None:
+        with self._cupy.cuda.Device(self._dev_index):
+            self._cupy.cuda.runtime.hostUnregister(address)
 
-        return shift(plan.dst), shift(plan.src)
-
-    def copy(self, plan: CopyPlan) -> Any:
-        """Launch the copy after the current stream's work; returns a torch.cuda.Event."""
+    def copy(self, plan: CopyPlan, after: Any = None) -> Any:
+        """Launch the copy; returns a torch.cuda.Event. It runs after `after` (an event from `compute_marker`,
+        recorded on vLLM's compute stream: loads launched from the loader thread) or, by default, after the
+        calling thread's current stream (saves, launched from vLLM's own thread)."""
         with self._lock:
-            return self._copy_locked(plan)
+            return self._copy_locked(plan, after)
 
-    def _copy_locked(self, plan: CopyPlan) -> Any:
+    def _copy_locked(self, plan: CopyPlan, after: Any) -> Any:
         torch, cupy = self._torch, self._cupy
         n = len(plan.lengths)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if n:  # the caller holds slots in these slabs: they cannot move until the copy is done
+            self.pins.ensure(np.concatenate([plan.dst, plan.src]))
+        if after is not None:
+            self.stream.wait_event(after)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         ev = torch.cuda.Event()
         with torch.cuda.stream(self.stream):
             if n:
-                dst, src = self._translate(plan)
-                with cupy.cuda.Device(self.device.index or 0), \
-                        cupy.cuda.ExternalStream(self.stream.cuda_stream, self.device.index or 0):
+                with cupy.cuda.Device(self._dev_index), \
+                        cupy.cuda.ExternalStream(self.stream.cuda_stream, self._dev_index):
                     # the index arrays travel on the same stream, so the kernel sees them complete
-                    d, s, ln = (cupy.asarray(a) for a in (dst, src, plan.lengths))
+                    d, s, ln = (cupy.asarray(a) for a in (plan.dst, plan.src, plan.lengths))
                     self._kernel((min(n, 65535),), (256,), (d, s, ln, np.int64(n)))
             ev.record(self.stream)
             if n:
@@ -118,8 +131,22 @@ class CudaCopier:
             self._torch.cuda.current_stream(self.device).wait_event(last)
 
     def close(self) -> None:
-        self.stream.synchronize()
+        """The mapping's last copy is done: wait for the stream, then drop every registration."""
         try:
-            self._cupy.cuda.runtime.hostUnregister(self._base)
-        except Exception:  # noqa: BLE001 - already unregistered / context gone at interpreter exit
-            pass
+            self.stream.synchronize()
+        finally:
+            try:
+                self.pins.close()
+            except Exception:  # noqa: BLE001 - context gone at interpreter exit
+                pass
+
+
+def compute_marker(device: str) -> Any:
+    """An event on the calling thread's current stream (vLLM's compute stream when called from start_load_kv):
+    a load launched later from the loader thread waits for it, so it cannot overwrite blocks the GPU may
+    still be using from earlier steps."""
+    import torch  # noqa: PLC0415
+
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(torch.device(device)))
+    return ev

@@ -38,7 +38,8 @@ from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for
 from connector.plan import LoadJob, SaveJob
 from connector.stats import ConnectorCounters
-from kvstore.client import Client
+from kvstore.client import Client, arena_path
+from kvstore.client.arena_map import ArenaMap
 
 __all__ = ["WorkerSide"]
 
@@ -55,7 +56,8 @@ class WorkerSide:
         self.counters = counters or ConnectorCounters()
         self.layout: KVLayout | None = None
         self._copier: Copier | None = None
-        self._copier_arena: tuple[tuple[int, int], int | None] | None = None
+        self._copier_map: ArenaMap | None = None  # the mapping _copier is bound to
+        self._copier_lock = threading.Lock()
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit")
         self._lock = threading.Lock()
@@ -79,38 +81,50 @@ class WorkerSide:
         assert self.layout is not None
         return self.layout.block_bytes * self.spec.blocks_per_key
 
-    def _arena_client(self) -> tuple[Client, Copier] | None:
-        """The client and a copier bound to its current arena (re-made after a daemon restart)."""
+    def _client(self) -> Client | None:
+        """The connected client when it can move bytes through the arena; None otherwise (store down, or the
+        daemon's arena cannot be mapped from here)."""
         c = self.link.client
         if c is None or self.layout is None:
             return None
-        span = c.arena_span
-        if span is None:
+        if c.mode != "arena":
             if not self._disabled_reason:
                 self._disabled_reason = "the daemon's arena cannot be mapped (daemon on another host?)"
                 log.error("kvstore connector: %s; it needs kvstore-server on the same node", self._disabled_reason)
             return None
-        ident = (span, c.arena_incarnation)  # a restarted daemon's arena may map at the same address
-        if self._copier is None or self._copier_arena != ident:
-            if self._copier is not None:
-                self._copier.close()
-            self._copier = make_copier(self.layout.device, span, self.config.copy_threads)
-            self._copier_arena = ident
-        return c, self._copier
+        return c
+
+    def _copier_for(self, m: ArenaMap) -> Copier:
+        """The copier bound to mapping `m` (made on first use; the mapping's close hook closes it)."""
+        assert self.layout is not None
+        with self._copier_lock:
+            if self._copier is None or self._copier_map is not m:
+                self._copier = make_copier(self.layout.device, m, self.config.copy_threads)
+                self._copier_map = m
+            return self._copier
 
     def _blocks(self, block_ids: list[int]) -> np.ndarray:
         return np.asarray(block_ids, dtype=np.int64).reshape(-1, self.spec.blocks_per_key)
 
     # -- loads -------------------------------------------------------------------------------------------
     def start_loads(self, jobs: list[LoadJob]) -> None:
-        for job in jobs:
-            self._futures.append(self._loader.submit(self._load, job))
+        """Called on vLLM's thread: on CUDA, mark its compute stream now so the loads (launched later from
+        the loader thread, whose current stream is another one) run after everything vLLM queued so far."""
+        if not jobs:
+            return
+        after = None
+        if self.layout is not None and self.layout.device.startswith("cuda"):
+            from connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
 
-    def _load(self, job: LoadJob) -> None:
+            after = compute_marker(self.layout.device)
+        for job in jobs:
+            self._futures.append(self._loader.submit(self._load, job, after))
+
+    def _load(self, job: LoadJob, after: Any = None) -> None:
         t0 = time.perf_counter()
         ok = False
         try:
-            ok = self._load_inner(job)
+            ok = self._load_inner(job, after)
         except Exception:  # noqa: BLE001 - a load must fail toward recompute, never crash the worker
             log.exception("kvstore load for request %s failed", job.req_id)
         with self._lock:
@@ -121,27 +135,31 @@ class WorkerSide:
         if not ok:
             self.counters.add(load_failed_blocks=sum(1 for b in job.block_ids if b >= 0))
 
-    def _load_inner(self, job: LoadJob) -> bool:
+    def _load_inner(self, job: LoadJob, after: Any = None) -> bool:
         """All of the job's keys, in parts of at most max_batch_keys (one Lookup lease each); any part that
         fails fails the whole job (vLLM recomputes from its first failed block anyway)."""
-        got = self._arena_client()
-        if got is None:
+        c = self._client()
+        if c is None:
             return False
-        c, copier = got
         ns = namespace_for(self.spec, job.cache_salt)
         n, g = max(1, c.max_batch_keys), self.spec.blocks_per_key
         nbytes = 0
         for i in range(0, len(job.keys), n):
-            got_bytes = self._load_part(c, copier, ns, job.req_id, job.keys[i:i + n], job.block_ids[i * g:(i + n) * g])
+            got_bytes = self._load_part(c, ns, job.req_id, job.keys[i:i + n], job.block_ids[i * g:(i + n) * g],
+                                        after)
             if got_bytes is None:
                 return False
             nbytes += got_bytes
         self.counters.add(loaded_blocks=len(job.keys), loaded_bytes=nbytes)
         return True
 
-    def _load_part(self, c: Client, copier: Copier, ns: str, req_id: str, keys: list[bytes],
-                   block_ids: list[int]) -> int | None:
-        """Bytes copied into ``block_ids``, or None when this part cannot be loaded."""
+    def _load_part(self, c: Client, ns: str, req_id: str, keys: list[bytes], block_ids: list[int],
+                   after: Any = None) -> int | None:
+        """Bytes copied into ``block_ids``, or None when this part cannot be loaded.
+
+        The copy, the wait for it and the generation check all run under one reference to the mapping the
+        lease belongs to (kvstore/client/arena_map.py): a reconnect or close() in another thread can replace
+        the mapping but never unmap it under this copy."""
         lease = self.link.call(ns, lambda cl: cl.lookup(ns, keys, lease=True))
         if lease is None:
             return None
@@ -150,19 +168,20 @@ class WorkerSide:
                 log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", req_id,
                             lease.hits, len(keys), sorted(set(lease.sizes)), self.key_bytes)
                 return None
-            got = self._arena_client()  # the Lookup remaps the arena of a restarted daemon: copy into that one
-            if got is None:
+            m = c.acquire_arena(lease.incarnation)
+            if m is None:
+                log.warning("kvstore load for %s: the daemon restarted during the lookup", req_id)
                 return None
-            copier = got[1]
-            base = c.arena_span[0]  # type: ignore[index]
-            slots = base + np.asarray(lease.offsets, dtype=np.uint64)
-            assert self.layout is not None
-            plan = self.layout.plan(slots, self._blocks(block_ids), to_store=False)
-            copier.wait(copier.copy(plan))
-            if not all(c.lease_valid(lease)):
-                log.warning("kvstore load for %s: a lease expired during the copy", req_id)
-                return None
-            return plan.nbytes
+            with m:
+                copier = self._copier_for(m)
+                slots = np.uint64(m.address) + np.asarray(lease.offsets, dtype=np.uint64)
+                assert self.layout is not None
+                plan = self.layout.plan(slots, self._blocks(block_ids), to_store=False)
+                copier.wait(copier.copy(plan, after))
+                if any(v is None for v in arena_path.validated(m, lease, [1] * lease.hits)):
+                    log.warning("kvstore load for %s: a lease expired during the copy", req_id)
+                    return None
+                return plan.nbytes
         finally:
             c.release([lease])
 
@@ -193,11 +212,10 @@ class WorkerSide:
                 for i in range(0, len(job.keys), n)]
 
     def _save_one(self, job: SaveJob) -> None:
-        got = self._arena_client()
-        if got is None:
+        c = self._client()
+        if c is None:
             self.counters.add(save_failures=1)
             return
-        c, copier = got
         t0 = time.perf_counter()
         sizes = [self.key_bytes] * len(job.keys)
         ns = namespace_for(self.spec, job.cache_salt)
@@ -209,26 +227,33 @@ class WorkerSide:
         self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
         if not idx:
             return  # nothing reserved: the daemon holds no reservation to abort
-        got = self._arena_client()  # Reserve remaps the arena of a restarted daemon: gather into that one
-        if got is None:
-            return  # the reservation expires (and is quarantined) in the daemon
-        copier = got[1]
-        blocks = self._blocks(job.block_ids)[idx]
-        slots = c.arena_span[0] + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)  # type: ignore[index]
-        assert self.layout is not None
-        plan = self.layout.plan(slots, blocks, to_store=True)
-        handle = copier.copy(plan)
-        fence = getattr(copier, "fence", None)  # CUDA: every later kernel on the compute stream (the next
-        if fence is not None:                   # forward, block zeroing) waits for this gather, on the GPU
-            fence()
-        nbytes = plan.nbytes
-        self._futures.append(self._committer.submit(self._commit, job, ns, res, copier, handle, len(idx), nbytes,
-                                                    t0))
+        m = c.acquire_arena(res.incarnation)  # held until the commit thread has waited for the gather
+        if m is None:
+            self.counters.add(save_failures=1)
+            self.link.call(ns, lambda cl: cl.abort(res))  # a restarted daemon may not know it: then a no-op
+            return
+        try:
+            copier = self._copier_for(m)
+            blocks = self._blocks(job.block_ids)[idx]
+            slots = np.uint64(m.address) + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)
+            assert self.layout is not None
+            plan = self.layout.plan(slots, blocks, to_store=True)
+            handle = copier.copy(plan)
+            fence = getattr(copier, "fence", None)  # CUDA: every later kernel on the compute stream (the next
+            if fence is not None:                   # forward, block zeroing) waits for this gather, on the GPU
+                fence()
+            self._futures.append(self._committer.submit(self._commit, job, ns, res, m, copier, handle, len(idx),
+                                                        plan.nbytes, t0))
+        except BaseException:
+            m.release()
+            raise
 
-    def _commit(self, job: SaveJob, ns: str, res: Any, copier: Copier, handle: Any, n: int, nbytes: int,
-                t0: float) -> None:
+    def _commit(self, job: SaveJob, ns: str, res: Any, m: ArenaMap, copier: Copier, handle: Any, n: int,
+                nbytes: int, t0: float) -> None:
         try:
             copier.wait(handle)
+            m.release()  # the gather is done: the mapping may go (the commit touches no arena memory)
+            m = None  # type: ignore[assignment]
             done = self.link.call(ns, lambda cl: cl.commit(res))
             if done is None:
                 self.counters.add(save_failures=1)
@@ -237,6 +262,9 @@ class WorkerSide:
         except Exception:  # noqa: BLE001
             log.exception("kvstore commit for request %s failed", job.req_id)
             self.counters.add(save_failures=1)
+        finally:
+            if m is not None:
+                m.release()
 
     # -- completion --------------------------------------------------------------------------------------
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
@@ -264,5 +292,4 @@ class WorkerSide:
         finally:
             self._loader.shutdown(wait=True)
             self._committer.shutdown(wait=True)
-            if self._copier is not None:
-                self._copier.close()
+            # the copier closes with its mapping (when the link's client is closed and the last copy is done)

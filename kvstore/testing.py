@@ -160,9 +160,6 @@ class DaemonProcess:
         self.stop()
         if self._log is not None and not self._log.closed:
             self._log.close()
-        shm = "/dev/shm" + self.arena_name
-        if os.path.exists(shm):  # a SIGKILLed daemon leaves its arena behind
-            os.unlink(shm)
         if self._tmp is not None:
             self._tmp.cleanup()
 

@@ -39,7 +39,7 @@ def test_a_save_that_stores_nothing_fails_the_run(monkeypatch: pytest.MonkeyPatc
 
 
 def test_copies_that_move_no_bytes_fail_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CpuCopier, "copy", lambda self, plan: None)   # counters still say "saved", "loaded"
+    monkeypatch.setattr(CpuCopier, "copy", lambda self, plan, after=None: None)   # counters still say "saved", "loaded"
     with pytest.raises(bench.BenchError, match="differ from the bytes saved"):
         bench.run(TOKENS, rounds=1, warmup=0, threads=(2,), extra_chunks=())
 

@@ -18,38 +18,58 @@ from kvstore.testing import DaemonProcess
 NS = "life/ns"
 
 
-def test_sigterm_removes_arena_and_socket(make_daemon) -> None:
+def _arena_files_of(pid: int) -> list[str]:
+    """What the daemon's descriptors point at that is arena memory: memfds, or anything under /dev/shm."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:kvstore") or target.startswith("/dev/shm"):
+            out.append(target)
+    return sorted(out)
+
+
+def test_sigterm_removes_sockets_and_the_arena_has_no_name(make_daemon) -> None:
     d = make_daemon()
-    shm = "/dev/shm" + d.arena_name
-    st = os.stat(shm)
-    assert stat.S_IMODE(st.st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o600
+    arena_socket = d.socket_path + ".arena"
+    for path in (d.socket_path, arena_socket):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    # the arena is an anonymous memory file: nothing in /dev/shm that another process could open by name
+    assert not [n for n in os.listdir("/dev/shm") if d.node_id in n]
+    assert _arena_files_of(d.proc.pid) == [f"/memfd:kvstore-{d.node_id} (deleted)"]
     assert d.stop(signal.SIGTERM) == 0
-    assert not os.path.exists(shm)
     assert not os.path.exists(d.socket_path)
+    assert not os.path.exists(arena_socket)
     assert "msg=stopped" in d.log()
 
 
-def test_second_daemon_on_the_same_arena_is_refused(make_daemon) -> None:
+def test_second_daemon_on_the_same_socket_is_refused(make_daemon) -> None:
     first = make_daemon()
-    second = DaemonProcess(arena_name=first.arena_name)
-    with pytest.raises(RuntimeError, match="belongs to a running kvstore-server"):
-        second.start()
-    assert second.proc is not None and second.proc.returncode == 2
-    second._tmp.cleanup()  # noqa: SLF001 - its arena is first's: close() would unlink it
+    second = DaemonProcess(unix_socket=first.socket_path, arena_name=first.arena_name)
+    try:
+        with pytest.raises(RuntimeError, match="is in use by a running process"):
+            second.start()
+        assert second.proc is not None and second.proc.returncode == 2
+    finally:
+        second.close()
     with first.client() as c:
         assert c.health().status == "SERVING"
+        c.register_namespace(NS)
+        assert c.put(NS, b"k", b"v" * 100) is True and c.get(NS, b"k") == b"v" * 100
 
 
-def test_stale_arena_of_a_killed_daemon_is_replaced_and_clients_remap(make_daemon, tmp_path) -> None:
+def test_killed_daemon_leaves_no_arena_behind_and_clients_remap(make_daemon, tmp_path) -> None:
     d = make_daemon(workdir=str(tmp_path))
     client = d.client()
     client.register_namespace(NS)
     client.put(NS, b"before", b"x" * 1000)
     d.stop(signal.SIGKILL)
-    assert os.path.exists("/dev/shm" + d.arena_name)  # left behind by SIGKILL
-    d.start()  # same arena name, same socket
-    assert "removing stale arena" in d.log()
+    assert not [n for n in os.listdir("/dev/shm") if d.node_id in n]  # nothing to clean up after a kill -9
+    assert os.path.exists(d.socket_path + ".arena")  # a stale socket file: the next start replaces it
+    d.start()  # same sockets
+    assert d.proc is not None and d.proc.poll() is None
     # the old client notices the new incarnation and maps the new arena; the RAM tier started empty
     client.register_namespace(NS)
     assert client.get(NS, b"before") is None

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvstore.arena.allocator import ClassUsage, SlabAllocator
-from kvstore.arena.shm import ArenaLayout
+from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import ALREADY_PRESENT, IN_FLIGHT, RESERVED, EngineConfig, NamespaceUsage
 from kvstore.errors import (
@@ -50,14 +50,14 @@ class Rig:
     layout: ArenaLayout
 
     def gen_at(self, offset: int) -> int:
-        return int(self.gens[(offset - self.layout.data_offset) // self.layout.page_bytes])
+        return int(self.gens[self.layout.generation_index(offset)])
 
 
 def make_rig(
     data_bytes: int = 4 * MiB, max_block: int = 1 * MiB, policy: str = "lru", **cfg: float | int
 ) -> Rig:
-    layout = ArenaLayout.for_capacity("/x", data_bytes)
-    gens = np.zeros(layout.data_bytes // layout.page_bytes, dtype=np.uint64)
+    layout = ArenaLayout.for_capacity("x", data_bytes, max_block)
+    gens = np.zeros(layout.gen_table_bytes // 8, dtype=np.uint64)
     alloc = SlabAllocator(layout.data_offset, layout.data_bytes, max_block)
     engine = Engine(EngineConfig(max_block_bytes=max_block, **cfg), layout, gens, alloc, make_policy(policy))
     assert engine.register_namespace(NS) is True

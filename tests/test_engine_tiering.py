@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvstore.arena.allocator import SlabAllocator
-from kvstore.arena.shm import ArenaLayout
+from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import ALREADY_PRESENT, RESERVED, EngineConfig, LookupResult
 from kvstore.errors import ConflictError
@@ -119,12 +119,12 @@ def make_rig(tmp_path) -> Iterator[Callable[..., Rig]]:
         disk = DiskStore(DiskConfig(directory=str(tmp_path / "disk"), capacity_bytes=disk_bytes, segment_bytes=MiB,
                                     sync="none", reinsert_hits=reinsert_hits), io=io)
         disk.open()
-        layout = ArenaLayout.for_capacity("/x", 4 * BLOCK)
+        layout = ArenaLayout.for_capacity("x", 4 * BLOCK, BLOCK)
         mm = mmap.mmap(-1, layout.size_bytes)  # anonymous: page-aligned, zeroed
         anchor = (ctypes.c_char * 1).from_buffer(mm)
         address = ctypes.addressof(anchor)
         del anchor
-        gens = np.frombuffer(mm, dtype=np.uint64, count=layout.data_bytes // layout.page_bytes)
+        gens = np.frombuffer(mm, dtype=np.uint64, count=layout.gen_table_bytes // 8)
         engine = Engine(EngineConfig(max_block_bytes=BLOCK, high_watermark=1.0, low_watermark=1.0), layout, gens,
                         SlabAllocator(layout.data_offset, layout.data_bytes, BLOCK), make_policy("lru"),
                         disk=disk, admission=make_admission(admission), arena_address=address)

@@ -54,7 +54,7 @@ def test_lru_eviction_order_respects_leases_and_pins(full_daemon: DaemonProcess)
         assert c.stats().counters["evictions"] == 3
         # the leased blocks are intact and their generation unchanged
         out = [np.zeros(BLOCK, np.uint8) for _ in range(2)]
-        assert c._arena.read_into(held, out) == [BLOCK, BLOCK]  # noqa: SLF001 - the low-level read path
+        assert c._read(held, out) == [BLOCK, BLOCK]  # noqa: SLF001 - the low-level read path
         assert [o.tobytes() for o in out] == [values[b"k00"], values[b"k01"]]
         c.release([held], wait=True)
         assert c.stats().leases_active == 0
@@ -135,8 +135,8 @@ def test_copy_that_outlives_its_lease_is_a_miss_not_wrong_bytes(make_daemon) -> 
         fresh = c.reserve(NS, [b"new"], [BLOCK])
         assert fresh.offsets[0] == stale.offsets[0]
         new_value = _val(2)
-        c._arena.write(fresh, [new_value])  # noqa: SLF001
+        c._write(fresh, [new_value])  # noqa: SLF001
         c.commit(fresh)
         out = np.zeros(BLOCK, np.uint8)
-        assert c._arena.read_into(stale, [out]) == [None]  # noqa: SLF001 - generation moved: a miss
+        assert c._read(stale, [out]) == [None]  # noqa: SLF001 - generation moved: a miss
         assert c.get(NS, b"new") == new_value

@@ -13,19 +13,28 @@ whose last slot is freed returns to the free pool, so a class that stops being u
 (no slab calcification). Slots of a fresh slab are handed out by a bump index, so only freed slots cost an
 entry in the slab's free set (a dict, so that a double free is caught in O(1)).
 
+Domains (backing.py): every slab is bound to one domain's memory file, and a slot is only ever handed to
+an allocation of its slab's domain. Partly used slabs are kept per (domain, class). An empty slab stays bound
+to its domain and is reused by that domain first; when a domain has no empty slab of its own it takes one
+from the shared pool ("") or, failing that, from the domain with the most empty slabs, and `bind` (the
+backing's) moves the slab's memory over. Without tokens there is only the "" domain and nothing ever moves.
+
 Not thread-safe: the engine calls it under its lock.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstore.errors import ConfigError
+from kvstore.errors import ConfigError, KVStoreError
 
 __all__ = ["SlabAllocator", "size_classes", "ClassUsage"]
 
 PAGE = 4096
+log = logging.getLogger(__name__)
 
 
 def size_classes(max_bytes: int) -> list[int]:
@@ -52,9 +61,10 @@ class ClassUsage:
 
 
 class _Slab:
-    __slots__ = ("cls", "used", "bump", "free")
+    __slots__ = ("cls", "used", "bump", "free", "domain")
 
     def __init__(self) -> None:
+        self.domain = ""
         self.cls = -1
         self.used = 0
         self.bump = 0
@@ -64,7 +74,10 @@ class _Slab:
 class SlabAllocator:
     """Hands out page-aligned slots at absolute offsets inside [base, base + capacity)."""
 
-    def __init__(self, base: int, capacity: int, slab_bytes: int) -> None:
+    def __init__(self, base: int, capacity: int, slab_bytes: int,
+                 bind: Callable[[int, str, str], None] | None = None) -> None:
+        """`bind(slab, old_domain, new_domain)` moves an empty slab's memory (ArenaBacking.bind); None when
+        there is nothing to move (one domain, or tests)."""
         if slab_bytes % PAGE or slab_bytes <= 0:
             raise ConfigError(f"slab_bytes={slab_bytes} must be a positive multiple of {PAGE}")
         if base % PAGE:
@@ -80,8 +93,11 @@ class SlabAllocator:
         self.classes = size_classes(slab_bytes)
         self._slots_per_slab = [slab_bytes // c for c in self.classes]
         self._slabs = [_Slab() for _ in range(n_slabs)]
-        self._free_slabs = list(range(n_slabs - 1, -1, -1))  # pop() yields low offsets first
-        self._partial: list[dict[int, None]] = [{} for _ in self.classes]
+        self._free: dict[str, list[int]] = {"": list(range(n_slabs - 1, -1, -1))}  # pop(): low offsets first
+        self._partial: dict[tuple[str, int], dict[int, None]] = {}
+        self._bind = bind
+        self.binds = 0          # empty slabs moved to another domain
+        self.bind_failures = 0
         self._class_slabs = [0] * len(self.classes)
         self._class_used = [0] * len(self.classes)
         self.allocated_bytes = 0
@@ -96,7 +112,17 @@ class SlabAllocator:
 
     @property
     def free_slabs(self) -> int:
-        return len(self._free_slabs)
+        return sum(len(v) for v in self._free.values())
+
+    def slab_domain(self, idx: int) -> str:
+        return self._slabs[idx].domain
+
+    def domain_slabs(self) -> dict[str, int]:
+        """Slabs bound to each domain (used or empty)."""
+        out: dict[str, int] = {}
+        for slab in self._slabs:
+            out[slab.domain] = out.get(slab.domain, 0) + 1
+        return out
 
     def class_of(self, size: int) -> int:
         """Index of the smallest class that fits `size` bytes (caller has checked size <= slab_bytes)."""
@@ -105,19 +131,22 @@ class SlabAllocator:
     def slot_bytes(self, size: int) -> int:
         return self.classes[self.class_of(size)]
 
-    def allocate(self, size: int) -> int | None:
-        """Offset of a free slot for `size` bytes, or None when neither a slot nor a free slab is left."""
+    def allocate(self, size: int, domain: str = "") -> int | None:
+        """Offset of a free slot for `size` bytes in a slab of `domain`, or None when neither a slot nor an
+        empty slab is left (or the empty slab's memory could not be moved to `domain`)."""
         cls = self.class_of(size)
-        partial = self._partial[cls]
+        partial = self._partial.get((domain, cls))
         if partial:
             idx = partial.popitem()[0]  # put back below unless this slot fills the slab
-        elif self._free_slabs:
-            idx = self._free_slabs.pop()
+        else:
+            got = self._claim(domain)
+            if got is None:
+                return None
+            idx = got
             slab = self._slabs[idx]
             slab.cls, slab.used, slab.bump = cls, 0, 0
             self._class_slabs[cls] += 1
-        else:
-            return None
+            partial = self._partial.setdefault((domain, cls), {})
         slab = self._slabs[idx]
         if slab.free:
             slot = slab.free.popitem()[0]
@@ -130,6 +159,29 @@ class SlabAllocator:
         self._class_used[cls] += 1
         self.allocated_bytes += self.classes[cls]
         return self.base + idx * self.slab_bytes + slot * self.classes[cls]
+
+    def _claim(self, domain: str) -> int | None:
+        """An empty slab for `domain`: one of its own, else one moved from the pool or the richest domain."""
+        own = self._free.get(domain)
+        if own:
+            return own.pop()
+        pool = self._free.get("")
+        donor = "" if pool else max((d for d, v in self._free.items() if v), key=lambda d: len(self._free[d]),
+                                    default=None)
+        if donor is None:
+            return None
+        idx = self._free[donor].pop()
+        if self._bind is not None:
+            try:
+                self._bind(idx, donor, domain)
+            except (OSError, KVStoreError) as exc:
+                self._free[donor].append(idx)
+                self.bind_failures += 1
+                log.warning("cannot move arena slab %d to domain %r: %s", idx, domain, exc)
+                return None
+        self._slabs[idx].domain = domain
+        self.binds += 1
+        return idx
 
     def free(self, offset: int) -> None:
         idx, within = divmod(offset - self.base, self.slab_bytes)
@@ -146,18 +198,18 @@ class SlabAllocator:
         self._class_used[cls] -= 1
         self.allocated_bytes -= slot_size
         if slab.used == 0:
-            self._partial[cls].pop(idx, None)
+            self._partial.get((slab.domain, cls), {}).pop(idx, None)
             slab.cls, slab.bump, slab.free = -1, 0, {}
             self._class_slabs[cls] -= 1
-            self._free_slabs.append(idx)
+            self._free.setdefault(slab.domain, []).append(idx)
             return
         slab.free[within // slot_size] = None
         if was_full:
-            self._partial[cls][idx] = None
+            self._partial.setdefault((slab.domain, cls), {})[idx] = None
 
     def assigned_bytes(self) -> int:
         """Bytes of slabs that belong to some class (the denominator of fragmentation)."""
-        return (len(self._slabs) - len(self._free_slabs)) * self.slab_bytes
+        return (len(self._slabs) - self.free_slabs) * self.slab_bytes
 
     def usage(self) -> list[ClassUsage]:
         """Per-class slabs and slots, only for classes that hold at least one slab."""

@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.arena.shm import ArenaLayout
-from kvstore.client import stream_path
-from kvstore.client.arena_path import ArenaPath
+from kvstore.arena.handoff import request_arena
+from kvstore.arena.layout import ArenaLayout
+from kvstore.client import arena_path, stream_path
+from kvstore.client.arena_map import ArenaMap
 from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc, translate
 from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Reservation, Stats
-from kvstore.errors import ConfigError, InvalidRequestError, StoreUnavailableError
+from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
 from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
@@ -61,7 +63,9 @@ class Client:
         self._rpc = Rpc(self.address, timeout_s, tls=tls, token_file=token_file)
         self._copy_threads = copy_threads
         self._requested_mode = mode
-        self._arena: ArenaPath | None = None
+        self._arena: ArenaMap | None = None   # replaced (never unmapped under a copy) when the daemon restarts
+        self._arena_lock = threading.Lock()   # guards the swap of _arena
+        self._connect_lock = threading.Lock()  # one reconnect at a time
         self._releaser = Releaser(self._rpc)
         try:
             self._connect()
@@ -71,36 +75,72 @@ class Client:
 
     # -- connection -------------------------------------------------------------------------------------
     def _connect(self) -> None:
-        h = self._rpc.call("Health", pb.HealthRequest())
-        self._health = h
-        self.max_batch_keys = h.max_batch_keys or 4096
-        self.max_block_bytes = h.max_block_bytes
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
-        if self._requested_mode == "stream":
-            return
-        same_host = h.hostname == socket.gethostname() and h.boot_id == boot_id()
+        with self._connect_lock:
+            h = self._rpc.call("Health", pb.HealthRequest())
+            self._health = h
+            self.max_batch_keys = h.max_batch_keys or 4096
+            self.max_block_bytes = h.max_block_bytes
+            new: ArenaMap | None = None
+            why = ""
+            if self._requested_mode != "stream":
+                new, why = self._map_arena(h)
+                if new is None and self._requested_mode == "arena":
+                    self._swap(None)
+                    raise StoreUnavailableError(f"mode='arena' but {why}; use mode='auto' or 'stream'")
+                if new is None:
+                    log.info("kvstore client using streaming gRPC: %s", why)
+            self._swap(new)
+
+    def _map_arena(self, h: pb.HealthResponse) -> tuple[ArenaMap | None, str]:
+        """Ask the daemon for this tenant's arena file (after the token check) and map it."""
         a = h.arena
-        if same_host:
-            layout = ArenaLayout(a.shm_name, a.size_bytes, a.data_offset, a.size_bytes - a.data_offset,
-                                 a.page_bytes, a.gen_table_offset)
-            try:
-                self._arena = ArenaPath(layout, a.incarnation, self._copy_threads)
-                return
-            except OSError as exc:
-                why = f"cannot map arena {a.shm_name}: {exc.strerror or exc}"
-        else:
-            why = f"daemon runs on {h.hostname}, not on this host"
-        if self._requested_mode == "arena":
-            raise StoreUnavailableError(f"mode='arena' but {why}; use mode='auto' or 'stream'")
-        log.info("kvstore client using streaming gRPC: %s", why)
+        if not (h.hostname == socket.gethostname() and h.boot_id == boot_id()):
+            return None, f"daemon runs on {h.hostname}, not on this host"
+        if not a.socket:
+            return None, "the daemon has no unix socket to hand out its arena (unix_socket is off)"
+        try:
+            layout = ArenaLayout(a.shm_name, a.n_slabs, a.slab_bytes, a.page_bytes)
+        except KVStoreError as exc:
+            return None, f"the daemon announced an arena this client cannot read ({exc})"
+        if (layout.size_bytes, layout.data_offset) != (a.size_bytes, a.data_offset):
+            return None, "the daemon's arena layout differs from this client's (mixed kvstore versions?)"
+        try:
+            fd, incarnation = request_arena(a.socket, self._rpc.token, self._rpc.timeout_s)
+        except StoreUnavailableError as exc:
+            return None, str(exc)
+        try:
+            return ArenaMap(fd, layout, incarnation, isolated=a.isolated), ""
+        except OSError as exc:
+            return None, f"cannot map the arena: {exc.strerror or exc}"
+
+    def _swap(self, new: ArenaMap | None) -> None:
+        with self._arena_lock:
+            old, self._arena = self._arena, new
+        if old is not None:
+            old.retire()  # unmapped once the copies still using it are done
 
     def _check_incarnation(self, incarnation: int) -> None:
         """The daemon restarted since we mapped its arena: map the new one before using any offset."""
-        if self._arena is not None and incarnation != self._arena.incarnation:
+        current = self._arena
+        if current is not None and incarnation != current.incarnation:
+            with self._connect_lock:
+                if self._arena is not current:  # another thread already remapped
+                    return
             log.warning("kvstore daemon at %s restarted; remapping its arena", self.address)
             self._connect()
+
+    def acquire_arena(self, incarnation: int | None = None) -> ArenaMap | None:
+        """The current arena mapping with a reference taken, or None (stream mode; or the mapping belongs to
+        another daemon incarnation than `incarnation`, the one a reservation or lease came from).
+
+        For callers that copy with their own engine (the vLLM connector's gather/scatter, GPU DMA): every copy
+        through `m.address + offset` must finish before `m.release()` (or use `with m:`), so a concurrent
+        reconnect or close() can never unmap memory under it (arena_map.py)."""
+        with self._arena_lock:
+            m = self._arena
+            if m is None or (incarnation is not None and m.incarnation != incarnation) or not m.acquire():
+                return None
+            return m
 
     @property
     def mode(self) -> str:
@@ -109,36 +149,33 @@ class Client:
 
     @property
     def arena_span(self) -> tuple[int, int] | None:
-        """(base address, bytes) of the arena mapped in this process; None in stream mode.
-
-        For callers that copy with their own engine (the vLLM connector's batched gather/scatter, GPU DMA
-        after registering this range as pinned memory). Offsets from reserve()/lookup() are relative to it.
-        """
-        if self._arena is None:
-            return None
-        return self._arena.arena.address, self._arena.layout.size_bytes
+        """(base address, bytes) of the current mapping; None in stream mode. Informational: to copy through
+        it, hold a reference (acquire_arena), since a reconnect may replace the mapping at any time."""
+        m = self._arena
+        return (m.address, m.size) if m is not None else None
 
     @property
     def arena_incarnation(self) -> int | None:
-        """The mapped arena's incarnation (changes when the daemon restarts, even if the new mapping happens to
-        land at the same address): a registration of the old range (GPU pinning) must be redone."""
-        return self._arena.incarnation if self._arena is not None else None
+        m = self._arena
+        return m.incarnation if m is not None else None
 
     def lease_valid(self, lease: Lease) -> list[bool]:
         """Per hit of `lease`: True when its slot still holds the leased block, checked after a copy made
-        outside the client (a False means the lease expired mid-copy: treat that block as a miss)."""
+        outside the client (False: the lease expired mid-copy, or the daemon restarted: treat as a miss)."""
         if self._arena is None:
             raise InvalidRequestError("lease_valid needs the arena data path (mode='arena')")
-        return [v is not None for v in self._arena._validated(lease, [1] * lease.hits)]
+        m = self.acquire_arena(lease.incarnation)
+        if m is None:
+            return [False] * lease.hits
+        with m:
+            return [v is not None for v in arena_path.validated(m, lease, [1] * lease.hits)]
 
     def health(self) -> Health:
         return Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
 
     def close(self) -> None:
         self._releaser.close(self._rpc.timeout_s)
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
+        self._swap(None)  # copies still running in other threads keep the old mapping until they finish
         self._rpc.close()
 
     def __enter__(self) -> Client:
@@ -211,15 +248,38 @@ class Client:
                 continue
             sizes = [memoryview(v).nbytes for v in vs]
             res = self.reserve(namespace, ks, sizes)
-            try:
-                written = self._arena.write(res, vs)  # type: ignore[union-attr]
-            except BaseException:
-                self.abort(res)
-                raise
+            written = self._write(res, vs)
             stored += self.commit(res) if written else 0
             present += res.outcomes.count(1)
             busy += res.outcomes.count(2)
         return PutResult(stored, present, busy)
+
+    def _write(self, res: Reservation, values: Sequence[object]) -> list[int]:
+        """Copy into the reserved slots; aborts (and raises) when the copy fails or the arena went away."""
+        if not res.reserved_indices:
+            return []
+        m = self.acquire_arena(res.incarnation)
+        try:
+            if m is None:
+                raise StoreUnavailableError("the daemon restarted during the put (its arena changed): retry the put")
+            with m:
+                return arena_path.write(m, res, values, self._copy_threads)
+        except BaseException:
+            try:
+                self.abort(res)
+            except KVStoreError:
+                pass  # a restarted daemon does not know the reservation: nothing to abort
+            raise
+
+    def _read(self, lease: Lease, buffers: Sequence[object] | None) -> list[Any]:
+        """Copy a lease's hits out (into `buffers`, or as bytes); a hit of another incarnation is a miss."""
+        m = self.acquire_arena(lease.incarnation)
+        if m is None:
+            return [None] * lease.hits
+        with m:
+            if buffers is None:
+                return arena_path.read_bytes(m, lease)
+            return arena_path.read_into(m, lease, buffers, self._copy_threads)
 
     # -- gets -------------------------------------------------------------------------------------------
     def get(self, namespace: str, key: bytes) -> bytes | None:
@@ -234,7 +294,7 @@ class Client:
                 continue
             lease = self.lookup(namespace, ks)
             try:
-                blocks = self._arena.read_bytes(lease)
+                blocks = self._read(lease, None)
             finally:
                 self.release([lease])
             out.extend(_scatter(lease.present, blocks, len(ks)))
@@ -256,7 +316,7 @@ class Client:
             lease = self.lookup(namespace, ks)
             hit_buffers = [b for b, p in zip(bs, lease.present) if p]
             try:
-                sizes = self._arena.read_into(lease, hit_buffers)
+                sizes = self._read(lease, hit_buffers)
             finally:
                 self.release([lease])
             out.extend(_scatter(lease.present, sizes, len(ks)))

@@ -30,8 +30,11 @@ class Releaser:
         self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, lease_ids: list[int]) -> None:
+        if self._closed:  # a copy that outlived its client's close(): the daemon expires the lease by TTL
+            return
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -66,6 +69,7 @@ class Releaser:
 
     def close(self, timeout_s: float) -> None:
         """Send what is queued, then stop the thread."""
+        self._closed = True
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout_s)

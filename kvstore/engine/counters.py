@@ -37,6 +37,8 @@ COUNTER_NAMES: tuple[str, ...] = (
     "hit_bytes_ram",
     "hit_bytes_disk",
     "disk_reinserted",
+    "slab_binds",         # empty arena slabs moved from one tenant's memory file to another's (tokens on)
+    "slab_bind_failures",  # such moves that failed (no memory for the new tenant's pages): counted as store full
 )
 
 

@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from kvstore.arena.allocator import SlabAllocator
-from kvstore.arena.shm import ArenaLayout
+from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import ON_DISK, Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.events import MOVED, REMOVED, STORED, EventBus
@@ -168,6 +168,8 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
                 ns.tokens_per_block = tpb
                 return True
             if ns.recovered:  # came back from the disk tier after a restart: adopt the description
+                if self.config.isolate_tenants and tenant != ns.tenant:
+                    self._drop_ram_copies(ns)  # they sit in the old tenant's memory file, not the new one's
                 ns.model, ns.layout_digest, ns.tenant, ns.disk_codec = model, layout_digest, tenant, codec
                 ns.tokens_per_block = tpb
                 ns.recovered = False
@@ -184,6 +186,22 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
                     "different namespace name (register it once, with its tokens_per_block, before any other tool)"
                 )
             return False
+
+    def assign_recovered_tenants(self, owners: dict[str, str]) -> None:
+        """Owners of namespaces recovered from the disk tier (the daemon's owners file), before any RPC: blocks
+        promoted or fetched for them land in their tenant's arena file (isolate_tenants) and count toward it."""
+        with self._lock:
+            for ns in self._cat.namespaces:
+                if ns.recovered and ns.name in owners:
+                    ns.tenant = owners[ns.name]
+
+    def _drop_ram_copies(self, ns: Namespace) -> None:
+        """Forget a namespace's RAM entries (its disk copies stay): used when its tenant, and so the memory file
+        its slots must live in, changes. Reserved entries are unindexed; their commit leaves an invisible entry
+        that eviction reclaims."""
+        for key, eid in list(ns.index.items()):
+            if not self._delete_one(eid):
+                self._cat.unindex(eid)
 
     def tokens_per_block(self, ns_name: str) -> int:
         """The namespace's tokens per block (0: unknown); UnknownNamespaceError if it is not registered."""
@@ -255,8 +273,13 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
         )
 
     def _allocate(self, size: int, keep: set[int], tenant: str | None = None) -> int | None:
-        """A slot of `size`, evicting as needed; `tenant` is who asks (quotas.py decides whose blocks may go)."""
-        off = self._alloc.allocate(size)
+        """A slot of `size`, evicting as needed; `tenant` is who asks (quotas.py decides whose blocks may go).
+
+        With isolate_tenants the slot comes from a slab bound to the tenant's own memory file (arena/backing.py),
+        so only that tenant's processes can map it; evicting another tenant's blocks helps only once one of its
+        slabs is empty and can move."""
+        domain = (tenant or "") if self.config.isolate_tenants else ""
+        off = self._alloc.allocate(size, domain)
         eligible = (lambda eid: eid not in keep and self._evictable(eid)) if keep else self._evictable
         while off is None:
             victim = (self._choose_victim(eligible) if self._quotas is None
@@ -264,7 +287,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
             if victim is None:
                 return None
             self._evict(victim)
-            off = self._alloc.allocate(size)
+            off = self._alloc.allocate(size, domain)
         return off
 
     def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:

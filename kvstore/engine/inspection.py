@@ -67,8 +67,10 @@ class InspectionMixin:
     # -- reporting ---------------------------------------------------------------------------------------
     def stats(self: Engine) -> EngineStats:
         with self._lock:
+            counters = self.counters.snapshot()
+            counters.update(slab_binds=self._alloc.binds, slab_bind_failures=self._alloc.bind_failures)
             st = snapshot(self._cat, self._alloc, self._policy.name, self.config, len(self._leases),
-                          len(self._reservations), self.counters.snapshot())
+                          len(self._reservations), counters)
         if self._disk is not None:
             st.disk = self._disk.stats()
             on_disk = self._disk.namespace_bytes()

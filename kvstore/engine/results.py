@@ -27,6 +27,7 @@ class EngineConfig:
     write_queue_blocks: int = 4096    # write-behind queue bound (blocks); beyond it blocks are not copied to disk
     probe_interval_s: float = 5.0     # how often a degraded disk tier is retried
     disk_codec: str = "none"          # default disk-tier codec of namespaces that do not choose one
+    isolate_tenants: bool = False     # one arena memory file per tenant (tokens on): slots never cross tenants
 
 
 @dataclass

@@ -201,7 +201,7 @@ class TieringMixin:
             from_disk = tiers[hit_idx] == TIER_DISK
             self.counters.hit_bytes_disk += int(sizes[from_disk].sum())
             self.counters.hit_bytes_ram += int(sizes[~from_disk].sum())
-        gens = self._gens[(offsets - self.layout.data_offset) // self.layout.page_bytes]
+        gens = self._gens[self.layout.generation_indices(offsets)]
         lease_id = self._leases.add(ids) if lease else 0
         return LookupResult(n, present, offsets.tolist(), sizes.tolist(), gens.tolist(),
                             cat.checksum[ids].tolist(), lease_id,

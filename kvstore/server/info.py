@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from kvstore._version import __version__
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.arena.shm import SharedArena
+from kvstore.arena.backing import ArenaBacking
 from kvstore.engine.results import EngineConfig
 from kvstore.hostinfo import boot_id
 from kvstore.peer.cluster import PeerStatus
@@ -19,7 +19,7 @@ __all__ = ["NodeInfo"]
 
 
 class NodeInfo:
-    def __init__(self, node_id: str, arena: SharedArena, engine_config: EngineConfig,
+    def __init__(self, node_id: str, arena: ArenaBacking, engine_config: EngineConfig,
                  degraded: Callable[[], str] = lambda: "") -> None:
         self.node_id = node_id
         self._arena = arena
@@ -31,16 +31,18 @@ class NodeInfo:
         # same shm name after a restart: clients compare this value before trusting an offset.
         self.incarnation = random.getrandbits(63) | 1
         self.peer_status: Callable[[], PeerStatus] | None = None  # set by the daemon when the peer tier runs
+        self.arena_socket = ""  # set by the daemon when it hands out arena files (arena/handoff.py)
 
     def uptime_s(self) -> float:
         return time.monotonic() - self._started
 
     def arena_info(self) -> pb.ArenaInfo:
         lay = self._arena.layout
-        return pb.ArenaInfo(shm_name=lay.shm_name, size_bytes=lay.size_bytes, data_offset=lay.data_offset,
+        return pb.ArenaInfo(shm_name=lay.name, size_bytes=lay.size_bytes, data_offset=lay.data_offset,
                             page_bytes=lay.page_bytes, gen_table_offset=lay.gen_table_offset,
                             locked=self._arena.locked, prefaulted=self._arena.prefaulted,
-                            incarnation=self.incarnation)
+                            incarnation=self.incarnation, slab_bytes=lay.slab_bytes, n_slabs=lay.n_slabs,
+                            socket=self.arena_socket, isolated=self._arena.isolated)
 
     def health(self) -> pb.HealthResponse:
         detail = self._degraded() if self.status == "SERVING" else ""

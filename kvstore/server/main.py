@@ -20,8 +20,11 @@ from collections.abc import Sequence
 import grpc
 
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.arena import vm
 from kvstore.arena.allocator import SlabAllocator
-from kvstore.arena.shm import ArenaLayout, SharedArena
+from kvstore.arena.backing import ArenaBacking
+from kvstore.arena.handoff import HandoffServer, arena_socket_path
+from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineConfig
 from kvstore.errors import ConfigError
@@ -31,6 +34,7 @@ from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
+from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
 from kvstore.server.service import KVStoreService
@@ -56,9 +60,14 @@ class Daemon:
         _check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
         self.tokens = TokenTable.load(cfg.tokens_file) if cfg.tokens_file else None
         self.token_watcher: TokenWatcher | None = None  # set with the auth interceptor (_build_server)
-        data_bytes = (cfg.arena_bytes // cfg.max_block_bytes) * cfg.max_block_bytes
-        layout = ArenaLayout.for_capacity(cfg.shm_name, data_bytes)
-        self.arena = SharedArena(layout, lock=cfg.arena_lock)
+        self.auth: AuthInterceptor | None = None        # the interceptor; its table is replaced on reload
+        layout = ArenaLayout.for_capacity(cfg.shm_name.lstrip("/"), cfg.arena_bytes, cfg.max_block_bytes)
+        # With tokens every tenant's blocks live in a memory file of its own (arena/backing.py), and this
+        # process must not let another process of the same user open those files through /proc/<pid>/fd.
+        isolated = self.tokens is not None
+        if isolated:
+            vm.set_dumpable(False)
+        self.arena = ArenaBacking(layout, isolated=isolated, lock=cfg.arena_lock)
         self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
         try:
             self.engine_config = EngineConfig(
@@ -67,9 +76,10 @@ class Daemon:
                 lease_ttl_s=cfg.lease_ttl_s, reservation_ttl_s=cfg.reservation_ttl_s,
                 quarantine_s=cfg.effective_quarantine_s, promote_timeout_s=cfg.promote_timeout_s,
                 write_queue_blocks=cfg.write_queue_blocks, disk_codec=cfg.disk_codec,
-                probe_interval_s=cfg.disk_probe_interval_s,
+                probe_interval_s=cfg.disk_probe_interval_s, isolate_tenants=isolated,
             )
-            allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes)
+            allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes,
+                                      bind=self.arena.bind if isolated else None)
             self.disk = self._open_disk() if cfg.disk_bytes else None
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
@@ -77,6 +87,7 @@ class Daemon:
                                  quotas=TenantQuotas(cfg.ram_quotas))
             owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
             self.guard = TenantGuard(self.engine, owners)
+            self.engine.assign_recovered_tenants(self.guard.known_owners())
             disk_quotas = TenantQuotas(cfg.disk_quotas)
             if self.disk is not None and disk_quotas.enabled:
                 self.disk.set_floors(TenantFloors(tenant_of=self.guard.owner_of, quota_of=disk_quotas.quota))
@@ -86,13 +97,15 @@ class Daemon:
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
-                                          self.transfers, self.info.peer_status, self.tenants)
+                                          self.transfers, self.info.peer_status, self.tenants,
+                                          labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file))
                             if cfg.metrics_listen else None)
             self.server = self._build_server()
+            self.handoff = self._build_handoff()
         except BaseException:
             if getattr(self, "metrics", None) is not None:
                 self.metrics.stop()
-            self.arena.destroy()
+            self.arena.destroy(unmap=True)
             if getattr(self, "disk", None) is not None:
                 self.disk.close()
             raise
@@ -121,7 +134,7 @@ class Daemon:
             timeout_s=cfg.peer_timeout_s, push_queue_blocks=cfg.peer_push_queue_blocks,
             max_keys=cfg.max_batch_keys, max_block_bytes=cfg.max_block_bytes,
             capacity_bytes=self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0),
-            tls=cfg.tls if cfg.tls.enabled else None,
+            tls=cfg.tls if cfg.tls.enabled else None, etcd_security=cfg.etcd_security,
         ), self.engine, self.arena.view, self.transfers)
 
     def _build_server(self) -> grpc.Server:
@@ -132,6 +145,7 @@ class Daemon:
         interceptors: list[grpc.ServerInterceptor] = []
         if self.tokens is not None:
             auth = AuthInterceptor(self.tokens)
+            self.auth = auth
             self.token_watcher = TokenWatcher(cfg.tokens_file, auth)
             interceptors.append(auth)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
@@ -153,6 +167,17 @@ class Daemon:
             except RuntimeError as exc:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
         return server
+
+    def _build_handoff(self) -> HandoffServer | None:
+        """The unix socket that hands local clients their arena file (none without a unix socket: clients
+        then stream). With tokens, the token decides which tenant's file; the reload updates it in place."""
+        path = arena_socket_path(self.cfg.unix_socket)
+        if not path:
+            return None
+        self.info.arena_socket = path
+        auth = self.auth
+        tenant_of = (lambda token: auth.tokens.tenant_of(token)) if auth is not None else None
+        return HandoffServer(path, self.arena, self.info.incarnation, tenant_of)
 
     def _healthz(self) -> tuple[int, str]:
         """200 while serving (a degraded disk tier still serves from RAM), 503 while stopping."""
@@ -177,6 +202,8 @@ class Daemon:
         self.engine.start()
         if self.metrics is not None:
             self.metrics.start()
+        if self.handoff is not None:  # before gRPC: a client that sees Health can get its arena at once
+            self.handoff.start()
         self.server.start()
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
@@ -187,7 +214,8 @@ class Daemon:
         log.info("serving node=%s unix=%s tcp=%s%s tokens=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
                  self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-",
                  ("+mtls" if self.cfg.tls_ca else "+tls") if self.cfg.tls.enabled else "",
-                 len(self.tokens.tenants) if self.tokens else "off", lay.shm_name,
+                 len(self.tokens.tenants) if self.tokens else "off",
+                 f"{lay.name} (one file per tenant)" if self.arena.isolated else lay.name,
                  lay.data_bytes, self.arena.locked, self.cfg.policy,
                  f"{self.cfg.disk_dir}:{self.cfg.disk_bytes}" if self.disk else "off", os.getpid())
 
@@ -217,6 +245,8 @@ class Daemon:
         self._stop.set()
         if self.peers is not None:
             self.peers.stop()  # leave the cluster first: peers stop routing here at once
+        if self.handoff is not None:
+            self.handoff.stop()
         self.server.stop(SHUTDOWN_GRACE_S).wait()
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)

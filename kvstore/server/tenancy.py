@@ -60,6 +60,11 @@ class TenantGuard:
             json.dump(self._owners, fh)
         os.replace(tmp, self._path)
 
+    def known_owners(self) -> dict[str, str]:
+        """namespace -> tenant from the owners file (for namespaces recovered from the disk tier)."""
+        with self._lock:
+            return dict(self._owners)
+
     @staticmethod
     def caller() -> str | None:
         return current_tenant.get()

@@ -1,0 +1,150 @@
+"""The daemon's arena: one virtual range stitched slab by slab from per-domain memory files.
+
+A *domain* is who may map a slab's bytes. Without tokens there is one domain ("", everyone on the node is one
+trust domain, as with a plain shared arena). With tokens every tenant is a domain with its own file
+(files.py), and a client is handed only its own tenant's file (handoff.py). So a tenant cannot read or write
+another tenant's blocks through shared memory: they are not in any memory it can map.
+
+Memory still flows between tenants, a slab at a time, under the node-wide capacity and the quota rules the
+engine already has. The allocator decides (allocator.py: an empty slab goes to whoever needs one); this class
+makes it so (`bind`), under the engine's lock:
+
+    1. allocate the slab's generation block and data pages in the new domain's file (kernel-zeroed pages:
+       nothing of the previous owner can be in them),
+    2. MAP_FIXED them over the slab's place in the daemon's range (so every daemon-side reader and writer
+       -- disk tier, peer tier, streams -- keeps using one base address plus an offset, unchanged),
+    3. carry the generations over (+1) and bump the epochs of both files (layout.py says why),
+    4. punch the slab out of the old file, which gives its memory back.
+
+The daemon's range starts out mapped from the "" file, created pre-faulted and mlock'ed at full size exactly
+like the old single arena; with tokens that memory moves out slab by slab as tenants claim slabs. A bind costs
+one first-touch of a slab (~1-2 GB/s here: a few ms for 16 MiB) and happens only when a slab changes domain:
+an empty slab stays bound to its domain and is reused by it first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from kvstore.arena import vm
+from kvstore.arena.files import ArenaFile
+from kvstore.arena.layout import ArenaLayout
+from kvstore.errors import ConfigError
+
+__all__ = ["ArenaBacking", "SHARED_DOMAIN"]
+
+log = logging.getLogger(__name__)
+
+SHARED_DOMAIN = ""
+
+
+class ArenaBacking:
+    def __init__(self, layout: ArenaLayout, *, isolated: bool = False, lock: str = "auto") -> None:
+        if lock not in ("auto", "on", "off"):
+            raise ConfigError(f"arena lock mode {lock!r} must be one of auto, on, off")
+        self.layout = layout
+        self.isolated = isolated
+        self._lock_mode = lock
+        self._files_lock = threading.Lock()  # the handoff thread creates files; the engine binds slabs
+        pool = ArenaFile(layout.name, layout.size_bytes)
+        self._files: dict[str, ArenaFile] = {SHARED_DOMAIN: pool}
+        try:
+            pool.reserve(0, layout.size_bytes)
+            self.address = vm.mmap(0, layout.size_bytes, vm.MAP_SHARED | vm.MAP_POPULATE, pool.fd, 0)
+        except BaseException:
+            pool.close()
+            raise
+        self.prefaulted = True
+        self.locked = False
+        if lock != "off":
+            self.locked = self._mlock_all(required=(lock == "on"))
+        self.view = vm.byte_view(self.address, layout.size_bytes)
+        self.generations = vm.u64_view(self.address + layout.gen_table_offset, layout.gen_table_bytes // 8)
+        self.binds = 0  # slabs moved between domains since start
+
+    def _mlock_all(self, required: bool) -> bool:
+        size = self.layout.size_bytes
+        if vm.mlock(self.address, size):
+            return True
+        err = vm.last_error()
+        msg = (f"mlock of the {size} byte arena failed ({err}): raise RLIMIT_MEMLOCK (ulimit -l / "
+               "LimitMEMLOCK=infinity) or run with CAP_IPC_LOCK")
+        if required:
+            self.destroy()
+            raise ConfigError(msg + "; or set arena_lock = 'auto' to run unlocked")
+        log.warning("%s; running with an unlocked arena", msg)
+        return False
+
+    # -- files ------------------------------------------------------------------------------------------
+    def file_of(self, domain: str) -> ArenaFile:
+        """The domain's file, created (sparse, sealed) on first use."""
+        with self._files_lock:
+            f = self._files.get(domain)
+            if f is None:
+                f = ArenaFile(f"{self.layout.name}-tenant-{domain}", self.layout.size_bytes)
+                try:  # the generation table is small and read by lookups: give it pages now
+                    f.reserve(self.layout.gen_table_offset, self.layout.gen_table_bytes)
+                except BaseException:
+                    f.close()
+                    raise
+                self._files[domain] = f
+            return f
+
+    def domains(self) -> dict[str, int]:
+        """Resident bytes of each domain's file (what each holds in memory right now)."""
+        with self._files_lock:
+            return {d: f.resident_bytes for d, f in self._files.items()}
+
+    # -- slabs ------------------------------------------------------------------------------------------
+    def bind(self, slab: int, old: str, new: str) -> None:
+        """Move an empty slab from domain `old`'s file to `new`'s (module docstring). Under the engine's lock;
+        OSError or ConfigError when the memory cannot be had (the slab then stays with `old`)."""
+        if old == new:
+            return
+        lay = self.layout
+        f_old, f_new = self.file_of(old), self.file_of(new)
+        g_off, g_len = lay.slab_gen_range(slab)
+        d_off, d_len = lay.slab_data_range(slab)
+        e = lay.epoch_index(slab)
+        block = self.generations[e: e + lay.gen_stride].copy()
+        f_new.reserve(g_off, g_len)
+        f_new.reserve(d_off, d_len)
+        try:
+            self._map(f_new, g_off, g_len)
+            self._map(f_new, d_off, d_len)
+        except OSError:
+            self._map(f_old, g_off, g_len)  # put the old pages back where they were
+            self._map(f_old, d_off, d_len)
+            f_new.punch(d_off, d_len)
+            raise
+        mine = self.generations[e: e + lay.gen_stride]
+        new_epoch = int(mine[0]) + 1
+        np.add(block[1:], np.uint64(1), out=mine[1:])  # every copy of the old owner's slots is now stale
+        mine[0] = new_epoch
+        f_old.write_u64(g_off, int(block[0]) + 1)      # the old file's registrations of this slab are stale
+        f_old.punch(d_off, d_len)
+        self.binds += 1
+
+    def _map(self, f: ArenaFile, offset: int, length: int) -> None:
+        vm.mmap(self.address + offset, length, vm.MAP_SHARED | vm.MAP_FIXED | vm.MAP_POPULATE, f.fd, offset)
+        if self.locked and not vm.mlock(self.address + offset, length):
+            log.warning("mlock of a rebound arena slab failed: the arena is no longer fully locked")
+            self.locked = False
+
+    def destroy(self, unmap: bool = False) -> None:
+        """Close the files (their memory goes when the last client mapping goes). `unmap` also drops the
+        daemon's own mapping: only when no thread can touch `view` any more (tests; the daemon exits instead)."""
+        with self._files_lock:
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            f.close()
+        if unmap and self.address:
+            if self.locked:
+                vm.munlock(self.address, self.layout.size_bytes)
+            self.view = None  # type: ignore[assignment]
+            self.generations = None  # type: ignore[assignment]
+            vm.munmap(self.address, self.layout.size_bytes)
+            self.address = 0
