@@ -500,3 +500,41 @@ def test_plain_fifo_reclamation_drops_read_blocks_too(make_rig) -> None:
     assert eng.exists(NS, [_k(i) for i in range(16)]) == [False, True] + [False] * 14   # k01: its RAM copy only
     d = eng.stats().disk
     assert (d.evicted_blocks, d.reinserted_blocks, eng.stats().counters["disk_reinserted"]) == (16, 0, 0)
+
+
+def test_a_joined_promotion_whose_entry_was_reused_by_another_namespace_is_a_miss(make_rig) -> None:
+    """Issue 16 item 7, confirmed: a get waits for its promotion; the promotion commits, and before the waiting
+    get re-takes the lock the block is deleted and its entry id and slot are reused by ANOTHER namespace's block
+    with the same key bytes (chained keys do not depend on the namespace: two salts or models share them).
+    Checking the key alone leased the other namespace's block (another model's KV); now it is a miss."""
+    rig = make_rig(admission="never")
+    eng = rig.engine
+    other = "m@2/other"
+    assert eng.register_namespace(other) is True
+    rig.put_disk_only([b"k"])
+    reused: dict[str, int] = {}
+
+    class Interleave(threading.Event):
+        def set(self) -> None:  # runs in the promoter thread right after the commit, outside the lock
+            if not reused:
+                gone = eng.delete(NS, [b"k"])
+                r = eng.reserve(other, [b"k"], [BLOCK])
+                rig.mm[r.offsets[0]: r.offsets[0] + BLOCK] = b"\x77" * BLOCK
+                eng.commit(r.reservation_id)
+                reused.update(deleted=gone, offset=r.offsets[0])
+            super().set()
+
+    enqueue = eng._mover.enqueue_promotion  # noqa: SLF001
+
+    def hooked(p) -> None:  # type: ignore[no-untyped-def]
+        p.done = Interleave()
+        enqueue(p)
+
+    eng._mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
+    res = eng.lookup(NS, [b"k"], lease=True)
+    assert reused["deleted"] == 1
+    assert (res.present, res.offsets, res.lease_id) == ([False], [], 0)
+    assert [r.leases for r in eng.describe(other, [b"k"])] == [0]   # the other block was not leased either
+    got = eng.lookup(other, [b"k"], lease=True)
+    assert got.offsets == [reused["offset"]] and rig.read(got, 0) == b"\x77" * BLOCK
+    eng.release([got.lease_id])

@@ -92,7 +92,10 @@ class TieringMixin:
                     hit_ids.append(int(eids[i]))
                     continue
                 p = promos.get(i)
-                if p is not None and p.ok and cat.state[p.eid] == _COMMITTED and cat.keys[p.eid] == keys[i]:
+                # the entry may have been freed and its id reused since the promotion committed: by this key in
+                # ANOTHER namespace too (keys do not depend on the namespace), hence the namespace check
+                if (p is not None and p.ok and cat.state[p.eid] == _COMMITTED and cat.keys[p.eid] == keys[i]
+                        and int(cat.ns[p.eid]) == ns.id):
                     cat.leases[p.eid] += 1
                     hit_idx.append(i)
                     hit_ids.append(p.eid)
