@@ -246,7 +246,8 @@ def print_health(h: Health) -> None:
         ("host", f"{h.hostname} (pid {h.pid})"),
         ("uptime", human_age(h.uptime_s)),
         ("arena", f"{h.arena_name}, {human_bytes(h.arena_bytes)}, "
-                  f"{'locked' if h.arena_locked else 'NOT locked'}"),
+                  f"{'locked' if h.arena_locked else 'NOT locked'}, "
+                  f"{'one memory file per tenant' if h.arena_isolated else 'one shared memory file'}"),
         ("max block", human_bytes(h.max_block_bytes)),
         ("max batch", f"{h.max_batch_keys} keys"),
         ("peers", _peers_line(h.peers)),

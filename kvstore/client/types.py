@@ -57,12 +57,13 @@ class Health:
     uptime_s: float
     detail: str = ""
     peers: PeerInfo | None = None
+    arena_isolated: bool = False  # one arena memory file per tenant (tokens on): a client maps only its own
 
     @staticmethod
     def from_pb(m: pb.HealthResponse) -> Health:
         return Health(m.status, m.node_id, m.version, m.hostname, m.pid, m.arena.shm_name, m.arena.size_bytes,
                       m.arena.locked, m.max_block_bytes, m.max_batch_keys, m.uptime_s, m.detail,
-                      PeerInfo.from_pb(m.peers))
+                      PeerInfo.from_pb(m.peers), m.arena.isolated)
 
 
 @dataclass(frozen=True)
