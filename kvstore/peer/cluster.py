@@ -28,6 +28,7 @@ from kvstore.peer.membership import Member, Membership
 from kvstore.peer.plane import DataPlane
 from kvstore.peer.remote_tier import RemoteTier
 from kvstore.peer.replicator import Replicator
+from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
 from kvstore.transfers import TransferMeter
 
@@ -61,6 +62,10 @@ class PeerConfig:
     max_block_bytes: int
     capacity_bytes: int
     tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (config.py refuses other planes with TLS)
+    # a data-plane connection that carries no frame for this long is closed (tcp listener); not yet
+    # a ServerConfig key: the default applies until kvstore/server wires one (peer_idle_timeout_s)
+    idle_timeout_s: float = 60.0
+    etcd_security: EtcdSecurity | None = None  # etcd's CA, client certificate and user (security/etcd.py)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,8 @@ def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter
     common = dict(timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, max_block_bytes=cfg.max_block_bytes)
     if cfg.data_plane == "tcp":
         from kvstore.peer.tcp_plane import TcpPlane
-        return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls, **common)
+        return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls,
+                        idle_timeout_s=cfg.idle_timeout_s, **common)
     if cfg.data_plane == "ucx":
         from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
         return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)
@@ -111,7 +117,7 @@ class PeerCluster:
         cfg = self.cfg
         self.plane.start()
         me = Member(cfg.node_id, cfg.control_address, self.plane.address, cfg.data_plane, cfg.capacity_bytes)
-        etcd = EtcdClient(cfg.etcd_endpoints, timeout_s=min(1.0, cfg.lease_ttl_s / 3))
+        etcd = EtcdClient(cfg.etcd_endpoints, timeout_s=min(1.0, cfg.lease_ttl_s / 3), security=cfg.etcd_security)
         self.membership = Membership(etcd, cfg.etcd_prefix, me, ttl_s=cfg.lease_ttl_s, refresh_s=cfg.refresh_s,
                                      counters=self.counters, on_change=self._check_planes)
         self.replicator.start()

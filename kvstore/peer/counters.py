@@ -26,6 +26,13 @@ COUNTER_HELP: dict[str, str] = {
     "errors": "Peer calls that failed (refused, reset, protocol error)",
     "timeouts": "Peer calls that ran past peer_timeout_s (their keys are misses)",
     "frame_errors": "Malformed, oversized or truncated frames received; the connection was closed",
+    "frame_deadline_exceeded": "Frames (requests served, replies read) or calls not complete by their deadline "
+                               "(peer_timeout_s from their first byte): connection closed, reservation aborted",
+    "slot_deadline_exceeded": "Received frames whose bytes would have landed after their reservation's safe end "
+                              "(reservation_ttl_s less a margin): reservation aborted, the rest drained to scratch",
+    "idle_closed": "Data-plane connections closed after peer_idle_timeout_s without a frame",
+    "idle_evicted": "Idle data-plane connections closed to admit a new one when the listener was full",
+    "conn_refused": "Data-plane connections refused: the listener was full of connections mid-frame",
     "tls_handshake_failures": "Data-plane connections refused at the TLS handshake (no or untrusted certificate)",
     "checksum_failures": "Blocks from a peer whose xxh3 did not match (misses, not stored)",
     "etcd_errors": "Failed calls to etcd (the node keeps serving its own tiers)",

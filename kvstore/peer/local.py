@@ -11,6 +11,14 @@ an ordinary committed block afterwards (a local hit), and a block being sent is 
   already present or in flight: its bytes are read and dropped). `finish(checksums)` verifies xxh3 of every
   slot and commits, or aborts the whole reservation if any block is damaged (a miss, counted).
 
+Both carry `live_until`, the monotonic time until which their slots may be touched: the reservation's (or
+lease's) expiry, measured from just before the engine call (so never later than the engine's own clock says),
+less a safety margin (`safe_margin_s`). A receiver must write no byte into a reserved slot after it: once a
+reservation expires its slots go to quarantine and then to a new owner, and bytes still trickling in for the
+old one would land in someone else's block. The data planes bound every receive into a slot by it, and abort
+the reservation themselves when it fires (abort frees the slots at once: safe, because the aborting thread is
+the one that was writing and has stopped).
+
 Reservations made here are remembered (`is_own`) so the engine's commit hook does not push a block that came
 from a peer back out again.
 """
@@ -18,6 +26,7 @@ from a peer back out again.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,9 +40,21 @@ from kvstore.peer.frames import NamespaceDesc
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
 
-__all__ = ["LocalStore", "Outgoing", "Incoming"]
+__all__ = ["LocalStore", "Outgoing", "Incoming", "safe_margin_s"]
 
 _RESERVED = 0  # kvstore.engine.results.RESERVED (not imported: the peer tier sits below the engine)
+_NEVER = float("inf")
+
+
+def safe_margin_s(ttl_s: float) -> float:
+    """How long before a reservation's or lease's expiry its slots stop being touched: 10 % of the TTL, at least
+    0.5 s (thread scheduling between a socket's poll and its copy into the slot, a GIL wait, a slow sweep)."""
+    return max(0.5, 0.1 * ttl_s)
+
+
+def _live_until(start: float, expires_in_ms: int) -> float:
+    ttl = expires_in_ms / 1000.0
+    return start + ttl - safe_margin_s(ttl)
 
 
 @dataclass
@@ -42,6 +63,7 @@ class Outgoing:
     checksums: np.ndarray       # per requested key
     views: list[memoryview]     # one per found block, in key order
     _close: object = None
+    live_until: float = _NEVER  # the lease's safe end: send no slot bytes after it
 
     @property
     def payload_bytes(self) -> int:
@@ -58,6 +80,7 @@ class Incoming:
     views: list[memoryview | None]   # one per block; None = read and drop
     reservation_id: int
     _store: LocalStore | None = field(default=None, repr=False)
+    live_until: float = _NEVER  # the reservation's safe end: write no byte into its slots after it
 
     def finish(self, checksums: np.ndarray) -> int:
         """Verify and commit; returns the blocks stored (0 if any reserved block failed its checksum)."""
@@ -82,6 +105,7 @@ class LocalStore:
     # -- sending ----------------------------------------------------------------------------------------
     def open_for_send(self, namespace: str, keys: list[bytes]) -> Outgoing:
         n = len(keys)
+        start = time.monotonic()
         try:
             r = self._engine.lookup(namespace, keys, prefix=False, lease=True, local_only=True)
         except UnknownNamespaceError:
@@ -100,7 +124,8 @@ class LocalStore:
             views.append(mv)
             hit += 1
         lease = r.lease_id
-        return Outgoing(sizes, sums, views, (lambda: self._engine.release([lease])) if lease else None)
+        return Outgoing(sizes, sums, views, (lambda: self._engine.release([lease])) if lease else None,
+                        _live_until(start, r.expires_in_ms) if lease else _NEVER)
 
     def present(self, namespace: str, keys: list[bytes]) -> list[bool]:
         """Which keys this node holds (RAM, promoting or disk): a probe's answer; no lease, no promotion."""
@@ -129,6 +154,7 @@ class LocalStore:
                                                 tokens_per_block=desc.tokens_per_block or None)
             except KVStoreError:
                 return None  # a conflicting description here: never mix layouts
+        start = time.monotonic()  # before the engine starts the reservation's clock
         try:
             r = self._engine.reserve(namespace, keys, sizes)
         except KVStoreError:
@@ -139,7 +165,8 @@ class LocalStore:
         if r.reservation_id:
             with self._own_lock:
                 self._own.add(r.reservation_id)
-        return Incoming(views, r.reservation_id, self)
+        return Incoming(views, r.reservation_id, self,
+                        _live_until(start, r.expires_in_ms) if r.reservation_id else _NEVER)
 
     def _finish(self, inc: Incoming, checksums: np.ndarray) -> int:
         if not inc.reservation_id:

@@ -9,10 +9,12 @@
       probe(member, ns, keys)    one batched call, metadata only: which keys the member holds (a scheduler's
                                  Lookup asks this, then fetches in the background: remote_tier.py)
 
-Both calls are bounded by `timeout_s` and raise PeerTimeout or PeerError (both PeerCallError); the caller
-counts them and treats the keys as misses / the pushes as dropped. Implementations: tcp_plane.TcpPlane
-(framed protocol, recv_into arena slots, sends from slots), ucx_plane.UcxPlane (ucxx), grpc_plane.GrpcPlane
-(the daemon's own Get/Put streams, the last fallback).
+Every call is bounded by `timeout_s` as a whole (one deadline from its start, re-armed before every receive,
+never a timeout that restarts with each byte: deadline.py) and raises PeerTimeout or PeerError (both
+PeerCallError); the caller counts them and treats the keys as misses / the pushes as dropped. The TCP and UCX
+planes also never write a received byte into a reserved slot after that reservation's safe end (local.py
+`live_until`). Implementations: tcp_plane.TcpPlane (framed protocol, recv_into arena slots, sends from slots),
+ucx_plane.UcxPlane (ucxx), grpc_plane.GrpcPlane (the daemon's own Get/Put streams, the last fallback).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class PeerCallError(Exception):
 
 
 class PeerTimeout(PeerCallError):
-    """The peer did not answer within timeout_s."""
+    """The peer did not answer, or finish answering, within timeout_s of the call's start."""
 
 
 class PeerError(PeerCallError):
