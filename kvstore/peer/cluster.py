@@ -62,7 +62,7 @@ class PeerConfig:
     max_block_bytes: int
     capacity_bytes: int
     tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (config.py refuses other planes with TLS)
-    # a data-plane connection that carries no frame for this long is closed (tcp listener); not yet
+    # a data-plane connection that carries no frame for this long is closed (tcp and ucx listeners); not yet
     # a ServerConfig key: the default applies until kvstore/server wires one (peer_idle_timeout_s)
     idle_timeout_s: float = 60.0
     etcd_security: EtcdSecurity | None = None  # etcd's CA, client certificate and user (security/etcd.py)
@@ -88,7 +88,8 @@ def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter
                         idle_timeout_s=cfg.idle_timeout_s, **common)
     if cfg.data_plane == "ucx":
         from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
-        return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, **common)
+        return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise,
+                        idle_timeout_s=cfg.idle_timeout_s, **common)
     from kvstore.peer.grpc_plane import GrpcPlane
     return GrpcPlane(local, counters, meter, control_address=cfg.control_address, **common)
 

@@ -7,6 +7,16 @@ asyncio-based, so the plane owns one event-loop thread; `fetch` and `push` submi
 at most `timeout_s`. Engine calls (lease, reserve, verify + commit) run in the loop's executor so a slow one
 never stalls other endpoints.
 
+Deadlines as on the TCP plane (deadline.py): a call has one deadline, timeout_s from its start; a served
+request frame has one from its header's arrival (metadata and every block message before it); a reply has its
+own. Every message is awaited under what is left of its deadline; a receive into a reserved slot also under
+the reservation's safe end (local.py `live_until`), a send from a leased slot under the lease's. When one
+fires, the endpoint is aborted first: ucxx's abort cancels the endpoint's posted receives and sends and waits
+for the cancellation, so UCX writes nothing more into the slot (or scratch buffer) afterwards. Only then is
+the reservation aborted, at once, not left to expire (`frame_deadline_exceeded`, or `slot_deadline_exceeded`
+when the reservation's end came first: UCX messages cannot be drained into scratch, so that connection closes
+too). A served endpoint that carries no frame for idle_timeout_s is closed (`idle_closed`).
+
 Measured here (no RDMA NIC): 0.25-0.8 GB/s over UCX's tcp transport from Python vs 3.4-3.8 GB/s for plain
 sockets, hence TCP is the default; on an RDMA fabric UCX avoids the kernel copies that bound the TCP plane.
 A header that breaks the format closes that endpoint and counts `frame_errors`, as on the TCP plane.
@@ -25,8 +35,9 @@ import numpy as np
 from kvstore.errors import ConfigError
 from kvstore.peer import frames as fr
 from kvstore.peer.counters import PeerCounters
+from kvstore.peer.deadline import Deadline, DeadlineExceeded
 from kvstore.peer.frames import FrameError, Header, NamespaceDesc
-from kvstore.peer.local import LocalStore
+from kvstore.peer.local import Incoming, LocalStore, Outgoing
 from kvstore.peer.membership import Member
 from kvstore.peer.plane import DataPlane, PeerError, PeerTimeout
 from kvstore.transfers import TransferMeter
@@ -34,7 +45,12 @@ from kvstore.transfers import TransferMeter
 __all__ = ["UcxPlane"]
 
 log = logging.getLogger(__name__)
-_ABANDON_S = 120.0  # how long buffers of a timed-out receive stay referenced
+_ABANDON_S = 120.0  # how long buffers stay referenced when an endpoint could not be aborted
+_GRACE_S = 1.0      # the caller's wait beyond the call's deadline, for the loop to enforce it itself
+
+
+class _SlotCut(DeadlineExceeded):
+    """The reservation's safe end came before the frame's deadline (counted as slot_deadline_exceeded)."""
 
 
 def _np(view: memoryview) -> np.ndarray:
@@ -45,7 +61,8 @@ class UcxPlane(DataPlane):
     name = "ucx"
 
     def __init__(self, local: LocalStore, counters: PeerCounters, meter: TransferMeter, *, listen: str,
-                 advertise: str, timeout_s: float, max_keys: int, max_block_bytes: int) -> None:
+                 advertise: str, timeout_s: float, max_keys: int, max_block_bytes: int,
+                 idle_timeout_s: float = 60.0) -> None:
         try:
             import ucxx  # noqa: F401 - fail at construction, with a message, when it is missing
         except ImportError as exc:
@@ -56,6 +73,7 @@ class UcxPlane(DataPlane):
         self._listen = listen
         self._advertise = advertise
         self._timeout = timeout_s
+        self._idle_timeout = idle_timeout_s
         self._max_keys = max_keys
         self._max_block = max_block_bytes
         self._loop = asyncio.new_event_loop()
@@ -106,95 +124,108 @@ class UcxPlane(DataPlane):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
 
-    # -- framing over UCX messages --------------------------------------------------------------------------
-    async def _recv_header(self, ep, expect: tuple[int, ...]) -> Header:  # type: ignore[no-untyped-def]
+
+    # -- framing over UCX messages, each under a deadline ------------------------------------------------
+    def _cut(self, ep, buffers: list[np.ndarray]) -> bool:  # type: ignore[no-untyped-def]
+        """Abort the endpoint (its posted receives and sends are cancelled, waited for); True when UCX can no
+        longer touch `buffers`. If ucxx fails to abort, the buffers are kept alive for _ABANDON_S instead."""
+        try:
+            ep.abort()
+            return True
+        except Exception as exc:  # noqa: BLE001 - nothing else to do with it than keep the memory safe
+            log.warning("UCX endpoint abort failed (%s): its buffers are kept for %.0fs", exc, _ABANDON_S)
+            now = time.monotonic()
+            self._abandoned = [(t, b) for t, b in self._abandoned if now - t < _ABANDON_S] + [(now, buffers)]
+            return False
+
+    async def _recv_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+        """One message into `buf` before `deadline`; past it the endpoint is aborted, then DeadlineExceeded."""
+        try:
+            async with asyncio.timeout(max(deadline.remaining(), 0.0)):
+                await ep.recv(buf)
+        except TimeoutError:
+            self._cut(ep, [buf])
+            raise DeadlineExceeded(deadline) from None
+
+    async def _send_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+        try:
+            async with asyncio.timeout(max(deadline.remaining(), 0.0)):
+                await ep.send(buf)
+        except TimeoutError:
+            self._cut(ep, [buf])
+            raise DeadlineExceeded(deadline) from None
+
+    async def _recv_header(self, ep, expect: tuple[int, ...], deadline: Deadline) -> Header:  # type: ignore[no-untyped-def]
         raw = np.empty(fr.HEADER.size, dtype=np.uint8)
-        await ep.recv(raw)
+        await self._recv_by(ep, raw, deadline)
         return fr.check_header(raw.tobytes(), max_keys=self._max_keys, max_block_bytes=self._max_block, expect=expect)
 
-    async def _recv_meta(self, ep, n: int) -> bytes:  # type: ignore[no-untyped-def]
+    async def _recv_meta(self, ep, n: int, deadline: Deadline) -> bytes:  # type: ignore[no-untyped-def]
         if not n:
             return b""
         buf = np.empty(n, dtype=np.uint8)
-        await ep.recv(buf)
+        await self._recv_by(ep, buf, deadline)
         return buf.tobytes()
 
-    def _abandon(self, buffers: list[np.ndarray]) -> None:
-        """Keep buffers of a cancelled receive alive for _ABANDON_S (the endpoint is closed long before)."""
-        now = time.monotonic()
-        self._abandoned = [(t, b) for t, b in self._abandoned if now - t < _ABANDON_S] + [(now, buffers)]
-
-    async def _send_frame(self, ep, h: Header, meta: bytes) -> None:  # type: ignore[no-untyped-def]
-        await ep.send(np.frombuffer(h.pack(), dtype=np.uint8))
+    async def _send_frame(self, ep, h: Header, meta: bytes, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+        await self._send_by(ep, np.frombuffer(h.pack(), dtype=np.uint8), deadline)
         if meta:
-            await ep.send(np.frombuffer(meta, dtype=np.uint8))
+            await self._send_by(ep, np.frombuffer(meta, dtype=np.uint8), deadline)
 
     async def _receive_blocks(self, ep, namespace: str, keys: list[bytes], sizes: np.ndarray,  # type: ignore[no-untyped-def]
-                              sums: np.ndarray, desc: NamespaceDesc | None) -> int:
+                              sums: np.ndarray, desc: NamespaceDesc | None, frame: Deadline) -> int:
         loop = asyncio.get_running_loop()
         found = np.flatnonzero(sizes)
         if not len(found):
             return 0
         f_keys = [keys[i] for i in found.tolist()]
         f_sizes = sizes[found].tolist()
-        inc = await loop.run_in_executor(None, self._local.receive, namespace, f_keys, f_sizes, desc)
+        inc: Incoming | None = await loop.run_in_executor(None, self._local.receive, namespace, f_keys, f_sizes, desc)
+        slots = frame if inc is None else frame.until(inc.live_until, "receive into reserved slots")
         buffers: list[np.ndarray] = []
         try:
             for j, size in enumerate(f_sizes):
                 view = inc.views[j] if inc is not None else None
                 buffers.append(_np(view) if view is not None else np.empty(size, dtype=np.uint8))
-                await ep.recv(buffers[-1])
-        except asyncio.CancelledError:
-            # The call timed out while UCX may still write into these buffers until the endpoint is closed
-            # (the caller drops it). Freeing the slots now could let a late write land in another block, and a
-            # freed scratch array could be heap memory reused by Python. So neither happens: the reservation
-            # is left to expire (the engine quarantines expired reservations before reusing their slots) and
-            # the arrays are kept for a while.
-            self._abandon(buffers)
-            raise
-        except BaseException:
+                await self._recv_by(ep, buffers[-1], slots if view is not None else frame)
+        except DeadlineExceeded as exc:  # the endpoint is aborted: nothing lands in the slots any more
             if inc is not None:
                 inc.abort()
+            if exc.deadline is not frame:
+                self._counters.add("slot_deadline_exceeded")
+                raise _SlotCut(exc.deadline) from None
+            raise
+        except BaseException:
+            # the caller gave up (CancelledError) or UCX failed: a receive may still be posted into these buffers
+            if self._cut(ep, buffers) and inc is not None:
+                inc.abort()
+            # else the reservation is left to expire into quarantine (the buffers are kept alive meanwhile)
             raise
         if inc is None:
             return 0
         return await loop.run_in_executor(None, inc.finish, sums[found])
 
+    async def _send_blocks(self, ep, out: Outgoing, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
+        bound = frame.until(out.live_until, "send from leased slots")
+        for view in out.views:
+            await self._send_by(ep, _np(view), bound)
+
     # -- server ---------------------------------------------------------------------------------------------
     async def _serve(self, ep) -> None:  # type: ignore[no-untyped-def]
-        loop = asyncio.get_running_loop()
         try:
             while True:
-                h = await self._recv_header(ep, (fr.FETCH, fr.PUSH, fr.PROBE))
-                meta = await self._recv_meta(ep, h.meta_len)
-                start = time.perf_counter()
-                if h.op == fr.PROBE:
-                    if h.payload_len:
-                        raise FrameError("a probe carries no payload")
-                    ns, keys = fr.decode_fetch(meta, h.count)
-                    table = fr.encode_presence(await loop.run_in_executor(None, self._local.present, ns, keys))
-                    await self._send_frame(ep, Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0), table)
-                elif h.op == fr.FETCH:
-                    if h.payload_len:
-                        raise FrameError("a fetch carries no payload")
-                    ns, keys = fr.decode_fetch(meta, h.count)
-                    out = await loop.run_in_executor(None, self._local.open_for_send, ns, keys)
-                    try:
-                        table = fr.encode_sizes(out.sizes, out.checksums)
-                        await self._send_frame(ep, Header(fr.FETCH_REPLY, h.request_id, h.count, len(table),
-                                                          out.payload_bytes), table)
-                        for view in out.views:
-                            await ep.send(_np(view))
-                    finally:
-                        out.close()
-                    self._counters.add("served_blocks", len(out.views))
-                    self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
-                else:
-                    desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
-                    stored = await self._receive_blocks(ep, desc.name, keys, sizes, sums, desc)
-                    self._counters.add("received_pushes", stored)
-                    self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
-                    await self._send_frame(ep, Header(fr.PUSH_REPLY, h.request_id, stored, 0, 0), b"")
+                try:
+                    h = await self._recv_header(ep, (fr.FETCH, fr.PUSH, fr.PROBE),
+                                                Deadline(self._idle_timeout, "idle endpoint"))
+                except DeadlineExceeded:
+                    self._counters.add("idle_closed")
+                    log.info("UCX peer endpoint closed after %.3gs idle", self._idle_timeout)
+                    return
+                await self._serve_frame(ep, h, Deadline(self._timeout, "request frame"))
+        except DeadlineExceeded as exc:
+            if not isinstance(exc, _SlotCut):
+                self._counters.add("frame_deadline_exceeded")
+            log.warning("UCX peer endpoint closed: %s", exc)
         except FrameError as exc:
             self._counters.add("frame_errors")
             log.warning("UCX peer endpoint closed: %s", exc)
@@ -205,6 +236,40 @@ class UcxPlane(DataPlane):
                 await ep.close()
             except Exception:
                 pass
+
+    async def _serve_frame(self, ep, h: Header, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        meta = await self._recv_meta(ep, h.meta_len, frame)
+        start = time.perf_counter()
+        if h.op == fr.PROBE:
+            if h.payload_len:
+                raise FrameError("a probe carries no payload")
+            ns, keys = fr.decode_fetch(meta, h.count)
+            table = fr.encode_presence(await loop.run_in_executor(None, self._local.present, ns, keys))
+            await self._send_frame(ep, Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0), table,
+                                   Deadline(self._timeout, "probe reply"))
+        elif h.op == fr.FETCH:
+            if h.payload_len:
+                raise FrameError("a fetch carries no payload")
+            ns, keys = fr.decode_fetch(meta, h.count)
+            out = await loop.run_in_executor(None, self._local.open_for_send, ns, keys)
+            try:
+                reply = Deadline(self._timeout, "fetch reply")
+                table = fr.encode_sizes(out.sizes, out.checksums)
+                await self._send_frame(ep, Header(fr.FETCH_REPLY, h.request_id, h.count, len(table),
+                                                  out.payload_bytes), table, reply)
+                await self._send_blocks(ep, out, reply)
+            finally:
+                out.close()
+            self._counters.add("served_blocks", len(out.views))
+            self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
+        else:
+            desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
+            stored = await self._receive_blocks(ep, desc.name, keys, sizes, sums, desc, frame)
+            self._counters.add("received_pushes", stored)
+            self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
+            await self._send_frame(ep, Header(fr.PUSH_REPLY, h.request_id, stored, 0, 0), b"",
+                                   Deadline(self._timeout, "push reply"))
 
     # -- client ---------------------------------------------------------------------------------------------
     async def _endpoint(self, member: Member):  # type: ignore[no-untyped-def]
@@ -227,17 +292,32 @@ class UcxPlane(DataPlane):
         asyncio.run_coroutine_threadsafe(drop(), self._loop)
 
     def _call(self, member: Member, coro_fn):  # type: ignore[no-untyped-def]
+        """coro_fn(ep, rid, deadline) on the member's endpoint, all of it within timeout_s."""
+        deadline = Deadline(self._timeout, f"call to {member.node_id}")
+
         async def run():  # type: ignore[no-untyped-def]
-            ep, lock = await self._endpoint(member)
-            async with lock:  # one request at a time per endpoint: messages of two calls must not interleave
+            try:
+                async with asyncio.timeout(deadline.remaining()):  # connecting and queueing behind other calls
+                    ep, lock = await self._endpoint(member)
+                    await lock.acquire()
+            except TimeoutError:
+                raise DeadlineExceeded(deadline) from None
+            try:  # one request at a time per endpoint: messages of two calls must not interleave
                 rid = self._next_id
                 self._next_id += 1
-                return await coro_fn(ep, rid)
+                return await coro_fn(ep, rid, deadline)
+            finally:
+                lock.release()
 
         fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
         try:
-            return fut.result(self._timeout)
-        except FutureTimeout as exc:
+            return fut.result(self._timeout + _GRACE_S)
+        except DeadlineExceeded as exc:
+            if not isinstance(exc, _SlotCut):
+                self._counters.add("frame_deadline_exceeded")
+            self._drop(member)
+            raise PeerTimeout(f"{member.node_id} did not answer within {self._timeout}s (ucx): {exc}") from exc
+        except FutureTimeout as exc:  # the loop did not enforce the deadline itself (stalled): cancel from here
             fut.cancel()
             self._drop(member)
             raise PeerTimeout(f"{member.node_id} did not answer within {self._timeout}s (ucx)") from exc
@@ -251,15 +331,15 @@ class UcxPlane(DataPlane):
     def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
         meta = fr.encode_fetch(namespace, keys)
 
-        async def call(ep, rid: int) -> int:  # type: ignore[no-untyped-def]
+        async def call(ep, rid: int, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
             start = time.perf_counter()
-            await self._send_frame(ep, Header(fr.FETCH, rid, len(keys), len(meta), 0), meta)
-            h = await self._recv_header(ep, (fr.FETCH_REPLY,))
+            await self._send_frame(ep, Header(fr.FETCH, rid, len(keys), len(meta), 0), meta, deadline)
+            h = await self._recv_header(ep, (fr.FETCH_REPLY,), deadline)
             if h.request_id != rid or h.count != len(keys):
                 raise FrameError(f"reply for request {h.request_id}, expected {rid}")
-            sizes, sums = fr.decode_sizes(await self._recv_meta(ep, h.meta_len), h.count, h.payload_len,
+            sizes, sums = fr.decode_sizes(await self._recv_meta(ep, h.meta_len, deadline), h.count, h.payload_len,
                                           self._max_block)
-            stored = await self._receive_blocks(ep, namespace, keys, sizes, sums, None)
+            stored = await self._receive_blocks(ep, namespace, keys, sizes, sums, None, deadline)
             self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
             return stored
 
@@ -268,12 +348,12 @@ class UcxPlane(DataPlane):
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
         meta = fr.encode_fetch(namespace, keys)
 
-        async def call(ep, rid: int) -> list[bool]:  # type: ignore[no-untyped-def]
-            await self._send_frame(ep, Header(fr.PROBE, rid, len(keys), len(meta), 0), meta)
-            h = await self._recv_header(ep, (fr.PROBE_REPLY,))
+        async def call(ep, rid: int, deadline: Deadline) -> list[bool]:  # type: ignore[no-untyped-def]
+            await self._send_frame(ep, Header(fr.PROBE, rid, len(keys), len(meta), 0), meta, deadline)
+            h = await self._recv_header(ep, (fr.PROBE_REPLY,), deadline)
             if h.request_id != rid or h.count != len(keys) or h.payload_len:
                 raise FrameError(f"probe reply for request {h.request_id} with {h.count} keys, expected {rid}")
-            return fr.decode_presence(await self._recv_meta(ep, h.meta_len), h.count)
+            return fr.decode_presence(await self._recv_meta(ep, h.meta_len, deadline), h.count)
 
         return self._call(member, call)
 
@@ -285,12 +365,12 @@ class UcxPlane(DataPlane):
                 return 0
             f_keys, meta = got
 
-            async def call(ep, rid: int) -> int:  # type: ignore[no-untyped-def]
+            async def call(ep, rid: int, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
                 start = time.perf_counter()
-                await self._send_frame(ep, Header(fr.PUSH, rid, len(f_keys), len(meta), out.payload_bytes), meta)
-                for view in out.views:
-                    await ep.send(_np(view))
-                h = await self._recv_header(ep, (fr.PUSH_REPLY,))
+                await self._send_frame(ep, Header(fr.PUSH, rid, len(f_keys), len(meta), out.payload_bytes), meta,
+                                       deadline)
+                await self._send_blocks(ep, out, deadline)
+                h = await self._recv_header(ep, (fr.PUSH_REPLY,), deadline)
                 if h.request_id != rid:
                     raise FrameError(f"push reply for request {h.request_id}, expected {rid}")
                 self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
