@@ -1,10 +1,17 @@
 """Namespaces: blocks are only exchanged between identical KV layouts.
 
 namespace = model id + a digest of the KV layout (dtype, block size, layers, KV heads, head dim, TP rank and
-size, stored-block size) + the request's cache_salt. Two models, two TP layouts or two salts never share a
-block: a hit across them would hand a model someone else's KV and produce garbage, silently.
-The scheduler (which looks up) and the worker (which stores and loads) build the same `KVLayoutSpec` from
-the vLLM config, so they agree on the name without talking to each other.
+size, stored-block size, and which of the model's layers: ``first_layer`` .. ``first_layer + num_layers``)
++ the request's cache_salt. Two models, two TP layouts, two pipeline stages or two salts never share a block:
+a hit across them would hand a model someone else's KV and produce garbage, silently.
+
+Pipeline parallelism: each stage's workers hold and store only their own layers, so each stage has its own
+namespace, named by its global layer range (not by its rank: two configurations that give a stage the same
+layers store the same bytes, and may share them). The scheduler, one process for all stages, looks a prefix
+up in every stage's namespace (`StageLayouts`) and offers only what every stage can load.
+
+The scheduler (which looks up) and the worker (which stores and loads) build the same specs from the vLLM
+config, so they agree on the names without talking to each other.
 """
 
 from __future__ import annotations
@@ -12,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["KVLayoutSpec", "namespace_for", "registration"]
+__all__ = ["KVLayoutSpec", "StageLayouts", "namespace_for", "registration"]
 
 _BAD = re.compile(r"[^A-Za-z0-9._:@+=-]+")
 
@@ -24,12 +32,13 @@ class KVLayoutSpec:
     model: str
     dtype: str
     block_size: int
-    num_layers: int
+    num_layers: int        # layers of this pipeline stage
     num_kv_heads: int
     head_dim: int
     tp_rank: int
     tp_size: int
     blocks_per_key: int
+    first_layer: int = 0   # global index of this stage's first layer (0 without pipeline parallelism)
 
     @property
     def bytes_per_token(self) -> int:
@@ -44,9 +53,19 @@ class KVLayoutSpec:
     def tokens_per_key(self) -> int:
         return self.block_size * self.blocks_per_key
 
+    @property
+    def layer_range(self) -> tuple[int, int]:
+        return self.first_layer, self.first_layer + self.num_layers
+
     def digest(self) -> str:
-        """Covers the full model string too: two fine-tunes named .../llama in different orgs must not mix."""
+        """Covers the full model string too: two fine-tunes named .../llama in different orgs must not mix.
+
+        ``first_layer`` enters only when it is not 0, so a layout without pipeline stages keeps the name it
+        had before stages were named (blocks stored by an earlier version stay reachable); stage 0 is still
+        told apart from the whole model by ``num_layers``."""
         body = asdict(self)
+        if not self.first_layer:
+            del body["first_layer"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -60,7 +79,9 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 def namespace_for(spec: KVLayoutSpec, cache_salt: str | None = None) -> str:
-    """A valid kvstore namespace name (<= 200 chars of [A-Za-z0-9._:/@+=-])."""
+    """A valid kvstore namespace name (<= 200 chars of [A-Za-z0-9._:/@+=-]): vllm/<model>/<digest>[/salt=..].
+
+    The model part never holds a "/", so the digest is always the third part (`StageLayouts.registration`)."""
     model = _BAD.sub("-", spec.model.strip("/").split("/")[-1] if "/" in spec.model else spec.model)[:80] or "model"
     name = f"vllm/{model}/{spec.digest()}"
     if cache_salt:
@@ -72,3 +93,39 @@ def registration(spec: KVLayoutSpec) -> dict[str, object]:
     """RegisterNamespace arguments for every namespace of this layout: the daemon shows them in `kvstore ls`
     and, knowing tokens per stored block, reports lookups and hits in tokens."""
     return {"model": spec.model, "layout_digest": spec.digest(), "tokens_per_block": spec.tokens_per_key}
+
+
+class StageLayouts:
+    """The layouts of every pipeline stage of one model (one entry without pipeline parallelism).
+
+    All stages share one key chain, so they must agree on tokens per stored block; a mismatch is a bug in
+    whoever built the specs (every process must resolve ``blocks_per_key`` for the whole model, not per stage).
+    """
+
+    def __init__(self, specs: Sequence[KVLayoutSpec]) -> None:
+        if not specs:
+            raise ValueError("StageLayouts needs at least one stage")
+        per_key = {s.tokens_per_key for s in specs}
+        if len(per_key) != 1:
+            raise ValueError(f"pipeline stages disagree on tokens per stored block: {sorted(per_key)}")
+        self.specs = tuple(specs)
+        self._by_digest = {s.digest(): s for s in specs}
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    @property
+    def tokens_per_key(self) -> int:
+        return self.specs[0].tokens_per_key
+
+    def names(self, cache_salt: str | None = None) -> list[str]:
+        """One namespace per stage, in stage order."""
+        return [namespace_for(s, cache_salt) for s in self.specs]
+
+    def registration(self, name: str) -> dict[str, object]:
+        """RegisterNamespace arguments of a name built by `namespace_for` from one of these stages."""
+        parts = name.split("/")
+        spec = self._by_digest.get(parts[2]) if len(parts) > 2 else None
+        if spec is None:
+            raise KeyError(f"namespace {name!r} belongs to none of this model's {len(self.specs)} stage layouts")
+        return registration(spec)

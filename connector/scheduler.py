@@ -4,15 +4,19 @@ Per request it keeps the chained keys of its full stored blocks (`KeyChain`), it
 stored blocks the store already has (from the lookup) and how many it has asked the worker to save. Each
 step it turns that into a `StepPlan`:
 
-- get_num_new_matched_tokens: one batched prefix Lookup (lease=False: it only counts, and starts promoting
-  disk-resident blocks into RAM) for the request's full stored blocks. The answer is remembered until the
-  request is scheduled, so a request waiting for GPU blocks does not cost one RPC per scheduler step. Loads
-  are asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
+- get_num_new_matched_tokens: one batched prefix Lookup per pipeline stage (lease=False: it only counts, and
+  starts promoting disk-resident blocks into RAM) for the request's full stored blocks; the hit is the
+  shortest stage's answer, since every stage must load its own layers of each block (stage s > 0 is asked
+  only about the prefix the stages before it hold). The answer is remembered until the request is
+  scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. Loads are
+  asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`.
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
   gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
+
+Tensor parallelism: the scheduler looks up TP rank 0's namespaces only (each TP rank stores its own shard).
 
 Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
 all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
@@ -29,7 +33,7 @@ from typing import Any
 from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, namespace_for
+from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.stats import ConnectorCounters
 
@@ -51,7 +55,7 @@ class ScheduledRequest:
 @dataclass
 class _ReqState:
     request: Any
-    namespace: str
+    namespaces: list[str]       # one per pipeline stage
     salt: str | None
     chain: KeyChain
     block_ids: list[int] = field(default_factory=list)
@@ -78,9 +82,14 @@ def _lora_name(request: Any) -> str | None:
 
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
-                 counters: ConnectorCounters | None = None) -> None:
+                 counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None) -> None:
+        """``stages``: every pipeline stage's layout (default: ``spec`` alone, no pipeline parallelism)."""
         self.config = config
         self.spec = spec
+        self.stages = stages or StageLayouts([spec])
+        if self.stages.tokens_per_key != spec.tokens_per_key:
+            raise ValueError(f"spec stores {spec.tokens_per_key} tokens per key, the stages "
+                             f"{self.stages.tokens_per_key}")
         self.link = link
         self.counters = counters or ConnectorCounters()
         self.tokens_per_key = spec.tokens_per_key
@@ -95,7 +104,7 @@ class SchedulerSide:
         if st is None:
             root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=_mm_hashes(request))
             salt = getattr(request, "cache_salt", None) or None
-            st = _ReqState(request, namespace_for(self.spec, salt), salt,
+            st = _ReqState(request, self.stages.names(salt), salt,
                            KeyChain(self.tokens_per_key, self.config.key_seed, root))
             self._reqs[request.request_id] = st
         st.request = request
@@ -117,17 +126,26 @@ class SchedulerSide:
         usable = max(0, len(prompt) - 1) // self.tokens_per_key
         keys = st.chain.extend(prompt)[:usable]
         if st.lookup_keys is None:
-            n = 0
+            n = self._lookup(st, keys)
             if keys:
-                # lookup_prefix splits chains longer than the daemon's max_batch_keys (a 64K+ token prompt)
-                n = self.link.call(st.namespace, lambda c: c.lookup_prefix(st.namespace, keys)) or 0
-                self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key,
-                                  hit_tokens=n * self.tokens_per_key)
+                self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key, hit_tokens=n * self.tokens_per_key)
             st.lookup_keys = n
             st.stored_keys = max(st.stored_keys, n)
         hit_tokens = st.lookup_keys * self.tokens_per_key
         extra = hit_tokens - num_computed_tokens
         return (extra, True) if extra > 0 else (0, False)
+
+    def _lookup(self, st: _ReqState, keys: list[bytes]) -> int:
+        """Leading keys every stage holds: one prefix Lookup per stage, each over what the previous ones hold
+        (lookup_prefix splits chains longer than the daemon's max_batch_keys, a 64K+ token prompt)."""
+        n = len(keys)
+        for ns in st.namespaces:
+            if n == 0:
+                break
+            part = keys[:n]
+            got = self.link.call(ns, lambda c, ns=ns, part=part: c.lookup_prefix(ns, part))
+            n = min(n, got or 0)  # None: store down or the call failed -> no hit
+        return n
 
     def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
         """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``."""

@@ -11,19 +11,23 @@ vLLM builds the class once per role in different processes. The SCHEDULER instan
 `connector.scheduler.SchedulerSide` (metadata only), the WORKER instance to `connector.worker.WorkerSide`
 (bytes); each method here is one line of translation between vLLM's objects and ours. Extra config keys
 are documented and validated in `connector.config`.
+
+Pipeline parallelism: every stage stores its own layers in its own namespace (connector.namespace); the
+scheduler looks a prefix up in all of them and offers what every stage holds.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from connector.config import ConnectorConfig
 from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, registration
+from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.stats import ConnectorCounters
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "layout_spec"]
+__all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "stage_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +86,28 @@ def _dtype_name(vllm_config: VllmConfig) -> str:
     return str(vllm_config.model_config.dtype).removeprefix("torch.")
 
 
-def layout_spec(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) -> KVLayoutSpec:
-    """The KV layout both sides derive from the vLLM config (the worker checks it against real tensors)."""
+def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) -> list[KVLayoutSpec]:
+    """The KV layout of every pipeline stage, in stage order (one without pipeline parallelism).
+
+    Every process derives the same list from the vLLM config: stage s holds the global layers vLLM itself
+    gives it (vllm.distributed.utils.get_pp_indices, which honours VLLM_PP_LAYER_PARTITION). Stored blocks
+    hold one key's tokens in every stage, so ``blocks_per_key`` is resolved once, from the stage with the
+    smallest block (every stage's transfer unit reaches min_transfer_bytes, up to the cap).
+    """
+    from vllm.distributed.utils import get_pp_indices
+
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
-    base = KVLayoutSpec(
-        model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
-        block_size=int(vllm_config.cache_config.block_size), num_layers=int(mc.get_num_layers(pc)),
-        num_kv_heads=int(mc.get_num_kv_heads(pc)), head_dim=int(mc.get_head_size()), tp_rank=tp_rank,
-        tp_size=int(pc.tensor_parallel_size), blocks_per_key=1)
-    g = config.resolve_blocks_per_key(base.block_bytes)
-    return KVLayoutSpec(**{**base.__dict__, "blocks_per_key": g})
+    pp = int(pc.pipeline_parallel_size)
+    total = int(mc.get_total_num_hidden_layers())
+    common = dict(model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
+                  block_size=int(vllm_config.cache_config.block_size), num_kv_heads=int(mc.get_num_kv_heads(pc)),
+                  head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size))
+    bases = []
+    for stage in range(pp):
+        start, end = get_pp_indices(total, stage, pp)
+        bases.append(KVLayoutSpec(**common, num_layers=end - start, first_layer=start, blocks_per_key=1))
+    g = config.resolve_blocks_per_key(min(b.block_bytes for b in bases))
+    return [replace(b, blocks_per_key=g) for b in bases]
 
 
 def _tp_rank() -> int:
@@ -99,6 +115,17 @@ def _tp_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
 
     return get_tensor_model_parallel_rank() if model_parallel_is_initialized() else 0
+
+
+def _pp_rank(vllm_config: VllmConfig) -> int:
+    """This worker's pipeline stage: its rank in vLLM's PP group, or, before the groups exist (tests), the
+    stage vLLM's ModelConfig derives from the worker's global rank (the layout order is DP x PP x TP)."""
+    from vllm.distributed.parallel_state import get_pp_group, model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return int(get_pp_group().rank_in_group)
+    pc = vllm_config.parallel_config
+    return (int(pc.rank) // int(pc.tensor_parallel_size)) % int(pc.pipeline_parallel_size)
 
 
 def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
@@ -120,16 +147,18 @@ class KVStoreConnector(KVConnectorBase_V1):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
-        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
-        self.spec = layout_spec(vllm_config, self.config, rank)
-        timeout = self.config.lookup_timeout_s if role == KVConnectorRole.SCHEDULER else self.config.load_timeout_s
+        is_sched = role == KVConnectorRole.SCHEDULER
+        stages = stage_specs(vllm_config, self.config, 0 if is_sched else _tp_rank())
+        self.stages = StageLayouts(stages)
+        self.spec = stages[0] if is_sched else stages[_pp_rank(vllm_config)]
+        timeout = self.config.lookup_timeout_s if is_sched else self.config.load_timeout_s
         self.counters = ConnectorCounters()
         self.link = StoreLink(self.config.address, timeout_s=timeout, copy_threads=self.config.copy_threads,
-                              namespace_spec=lambda _name: registration(self.spec))
+                              namespace_spec=self.stages.registration)
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
-        if role == KVConnectorRole.SCHEDULER:
-            self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters)
+        if is_sched:
+            self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters, stages=self.stages)
         else:
             self._worker = WorkerSide(self.config, self.spec, self.link, self.counters)
 

@@ -5,7 +5,7 @@ attribute names of vLLM's Request). The same classes under the real vLLM schedul
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root
 from connector.layout import KVLayout, LayoutError
 from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, namespace_for, registration
+from connector.namespace import KVLayoutSpec, StageLayouts, namespace_for, registration
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.worker import WorkerSide
 from kvstore._native import copy_addrs
@@ -79,11 +79,28 @@ def test_namespaces_separate_layouts_models_and_salts() -> None:
     assert base.startswith("vllm/tiny/") and base == namespace_for(SPEC)
     other = {namespace_for(KVLayoutSpec(**{**SPEC.__dict__, f: v}))
              for f, v in (("tp_rank", 1), ("tp_size", 2), ("dtype", "bfloat16"), ("block_size", 16),
-                          ("model", "other/tiny"), ("num_layers", 4), ("blocks_per_key", 1))}
-    assert len(other) == 7 and base not in other
+                          ("model", "other/tiny"), ("num_layers", 4), ("blocks_per_key", 1), ("first_layer", 3))}
+    assert len(other) == 8 and base not in other
     assert namespace_for(SPEC, "s1") != namespace_for(SPEC, "s2") != base
     assert registration(SPEC) == {"model": "org/tiny", "layout_digest": SPEC.digest(), "tokens_per_block": 8}
     assert SPEC.block_bytes == 2 * LAYERS * HEADS * HD * 2 * BS
+    # a layout without pipeline stages keeps the digest it had before stages were named
+    assert SPEC.digest() == "f53608b7e3b2012c"                # what the digest was before first_layer
+
+
+def test_pipeline_stages_have_their_own_namespaces() -> None:
+    """Two stages with the same layer count (an even split) differ only by their layer range: before, they had
+    one namespace, and stage 1 could load stage 0's layers."""
+    even = [replace(SPEC, num_layers=2, first_layer=0), replace(SPEC, num_layers=2, first_layer=2)]
+    stages = StageLayouts(even)
+    n0, n1 = stages.names()
+    assert n0 != n1 and stages.names("salt") == [namespace_for(even[0], "salt"), namespace_for(even[1], "salt")]
+    assert [stages.registration(n)["layout_digest"] for n in (n0, n1)] == [even[0].digest(), even[1].digest()]
+    assert stages.registration(stages.names("salt")[1]) == registration(even[1])
+    with pytest.raises(KeyError, match="belongs to none of this model's 2 stage layouts"):
+        stages.registration(namespace_for(SPEC))
+    with pytest.raises(ValueError, match=r"disagree on tokens per stored block: \[4, 8\]"):
+        StageLayouts([SPEC, replace(SPEC, blocks_per_key=1, first_layer=3)])
 
 
 # -- layout plans ----------------------------------------------------------------------------------------
@@ -346,3 +363,31 @@ def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> 
         assert final["fetched_blocks"] - before["fetched_blocks"] == on_a_only   # fetched once, by the prefetch
         assert final["fetch_calls"] - before["fetch_calls"] == (1 if on_a_only else 0)
         a.close(), b.close()
+
+
+# -- pipeline stages (issue 16 item 3) ------------------------------------------------------------------------
+def test_lookup_offers_the_prefix_every_pipeline_stage_holds(daemon) -> None:
+    """Stages of 2 and 1 layers (an uneven split): the scheduler asks each stage's namespace and offers the
+    shortest prefix; stage 1 lacks key 3 -> 3 keys (24 tokens), whatever stage 0 holds."""
+    s0, s1 = replace(SPEC, num_layers=2, first_layer=0), replace(SPEC, num_layers=1, first_layer=2)
+    stages = StageLayouts([s0, s1])
+    config = ConnectorConfig.from_extra({"address": daemon.address, "blocks_per_key": 2})
+    sched = SchedulerSide(config, s0, StoreLink(daemon.address, timeout_s=5.0, namespace_spec=stages.registration),
+                          stages=stages)
+    prompt = _prompt(60, start=900)                          # 59 usable tokens -> 7 keys
+    keys = KeyChain(T, 0, chain_root(0)).extend(prompt)
+    n0, n1 = stages.names()
+    with Client(daemon.address) as c:
+        for name, spec in ((n0, s0), (n1, s1)):
+            c.register_namespace(name, **registration(spec))
+        c.put_many(n0, keys[:7], [bytes(2 * s0.block_bytes)] * 7)
+        c.put_many(n1, keys[:3] + keys[4:7], [bytes(2 * s1.block_bytes)] * 6)
+        assert sched.num_new_matched_tokens(Req("p1", prompt), 0) == (24, True)
+        assert sched.num_new_matched_tokens(Req("p2", prompt), 8) == (16, True)   # 8 in vLLM's own cache
+        c.put(n1, keys[3], bytes(2 * s1.block_bytes))
+        assert sched.num_new_matched_tokens(Req("p3", prompt), 0) == (56, True)
+        c.delete(n0, keys[0:1])
+        assert sched.num_new_matched_tokens(Req("p4", prompt), 0) == (0, False)
+        digests = {n.name: n.layout_digest for n in c.stats().namespaces if n.name in (n0, n1)}
+    assert digests == {n0: s0.digest(), n1: s1.digest()}
+    assert sched.counters.totals["hit_tokens"] == 24 + 24 + 56

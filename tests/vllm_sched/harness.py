@@ -1,9 +1,11 @@
 """Drive vLLM's real v1 Scheduler with KVStoreConnector on CPU, with a fake model runner.
 
 vLLM builds the connector itself from the KVTransferConfig (scheduler role, inside the Scheduler); the harness
-builds the worker-role instance, registers CPU KV caches with vLLM's per-layer layout (2, blocks, block_size,
-heads, head_dim), and plays the model runner each step: bind metadata -> start_load_kv -> "forward" ->
-wait_for_save -> get_finished -> ModelRunnerOutput -> Scheduler.update_from_output.
+builds the worker-role instances (one per pipeline stage, each with its own global rank in its own copy of the
+config, as vLLM's workers have), registers CPU KV caches with vLLM's per-layer layout (2, blocks, block_size,
+heads, head_dim) for each stage's layers, and plays the model runners each step: bind metadata ->
+start_load_kv -> "forward" -> wait_for_save -> get_finished -> ModelRunnerOutput per worker -> vLLM's own
+KVOutputAggregator (a request is received once every stage reports it) -> Scheduler.update_from_output.
 
 The fake forward writes a KV value that is a pure function of (layer, K/V, position, token), so a test can
 check that blocks vLLM never computed (loaded from the store) hold exactly what a forward would have written.
@@ -11,13 +13,17 @@ check that blocks vLLM never computed (loaded from the store) hold exactly what 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                         VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.utils import get_pp_indices
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -62,7 +68,9 @@ class Tracked:
 
 
 class Harness:
-    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None) -> None:
+    """``pp``: pipeline stages (one worker each)."""
+
+    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1) -> None:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
@@ -71,7 +79,8 @@ class Harness:
                               kv_role="kv_both", kv_load_failure_policy="recompute",
                               kv_connector_extra_config={"address": address, **(extra or {})})
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
-                                      device_config=DeviceConfig("cpu"))
+                                      device_config=DeviceConfig("cpu"),
+                                      parallel_config=ParallelConfig(pipeline_parallel_size=pp))
         self.vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
         kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(LAYER_NAMES, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS,
@@ -80,9 +89,21 @@ class Harness:
                                    structured_output_manager=StructuredOutputManager(self.vllm_config),
                                    block_size=BLOCK, log_stats=True)
         assert isinstance(self.scheduler.connector, KVStoreConnector)
-        self.worker = KVStoreConnector(self.vllm_config, KVConnectorRole.WORKER, kcc)
-        self.caches = {n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD_DIM) for n in LAYER_NAMES}
-        self.worker.register_kv_caches(self.caches)
+        self.caches: dict[str, torch.Tensor] = {}
+        self.workers: list[KVStoreConnector] = []
+        for stage in range(pp):
+            cfg = self.vllm_config
+            if pp > 1:
+                cfg = copy.deepcopy(self.vllm_config)  # each worker process has its own config, rank set
+                cfg.parallel_config.rank = stage       # tensor_parallel_size=1: global rank == stage
+            w = KVStoreConnector(cfg, KVConnectorRole.WORKER, kcc)
+            start, end = get_pp_indices(LAYERS, stage, pp)
+            caches = {n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD_DIM) for n in LAYER_NAMES[start:end]}
+            w.register_kv_caches(caches)
+            self.caches.update(caches)
+            self.workers.append(w)
+        self.worker = self.workers[0]
+        self._aggregator = KVOutputAggregator(len(self.workers))
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(BLOCK, sha256)
         self.tracked: dict[str, Tracked] = {}
@@ -113,21 +134,24 @@ class Harness:
         self.steps.append(out)
         if self.before_worker is not None:
             self.before_worker(out)
-        w = self.worker
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        w.start_load_kv(None)  # type: ignore[arg-type]
+        for w in self.workers:
+            w.bind_connector_metadata(out.kv_connector_metadata)
+            w.start_load_kv(None)  # type: ignore[arg-type]
         sampled = self._forward(out)
-        w.wait_for_save()
-        w._worker.drain()  # make the step deterministic: loads/commits started this step are done
-        sending, recving = w.get_finished(out.finished_req_ids)
-        errors = w.get_block_ids_with_load_errors()
-        w.clear_connector_metadata()
-        ids = list(sampled)
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=[sampled[r] for r in ids],
-                                kv_connector_output=KVConnectorOutput(finished_sending=sending,
-                                                                      finished_recving=recving,
-                                                                      invalid_block_ids=errors))
+        outputs = []
+        for w in self.workers:
+            w.wait_for_save()
+            w._worker.drain()  # make the step deterministic: loads/commits started this step are done
+            sending, recving = w.get_finished(out.finished_req_ids)
+            errors = w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
+            ids = list(sampled)
+            outputs.append(ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[sampled[r] for r in ids],
+                kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                                      invalid_block_ids=errors)))
+        mro = self._aggregator.aggregate(outputs)
         for outs in self.scheduler.update_from_output(out, mro).values():
             for o in outs.outputs:
                 if o.prefill_stats is not None:
@@ -179,5 +203,6 @@ class Harness:
         return True
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
         self.sched_side.shutdown()

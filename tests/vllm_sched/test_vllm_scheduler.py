@@ -6,12 +6,18 @@ Block size 16; with blocks_per_key=1 one stored block = one vLLM block, so a 100
 
 from __future__ import annotations
 
+import json
+import torch
+
+from connector import vllm_connector
+from connector.config import ConnectorConfig
+from connector.keys import KeyChain, chain_root
+from connector.namespace import namespace_for
 from kvstore.client import Client
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 from vllm.v1.request import RequestStatus
 
-from connector.namespace import namespace_for
-
-from .harness import SAMPLED, Harness
+from .harness import BLOCK, HEAD_DIM, HEADS, LAYERS, SAMPLED, Harness, kv_value, write_model_config
 
 PROMPT = [(11 * i + 3) % 1000 + 10 for i in range(100)]
 
@@ -138,3 +144,74 @@ def test_save_all_stores_generated_tokens_whose_kv_exists(daemon, model_dir) -> 
     assert len(_keys(h, daemon.address)) == 7
     assert h.worker.counters.totals["saved_blocks"] == 7
     h.close()
+
+
+# -- stored bytes ------------------------------------------------------------------------------------------
+def _expected_key_bytes(tokens: list[int], key: int, layers: range) -> bytes:
+    """One stored block (blocks_per_key=1) as a forward writes it: per layer of the stage, K then V."""
+    pos = torch.arange(key * BLOCK, (key + 1) * BLOCK)
+    tok = torch.tensor(tokens[key * BLOCK:(key + 1) * BLOCK])
+    return b"".join(kv_value(li, kv, pos, tok)[:, None, None].expand(-1, HEADS, HEAD_DIM).contiguous().numpy()
+                    .tobytes() for li in layers for kv in range(2))
+
+
+def _chain(n: int, prompt: list[int]) -> list[bytes]:
+    return KeyChain(BLOCK, 0, chain_root(0)).extend(prompt)[:n]
+
+
+# -- pipeline parallelism (issue 16 item 3) ----------------------------------------------------------------
+def test_pipeline_stages_store_their_own_layers_and_hits_are_what_every_stage_holds(daemon, model_dir) -> None:
+    """pipeline_parallel_size=2 under vLLM's real Scheduler, one worker per stage (layer 0 | layer 1). Each
+    stage stores its own layer in its own namespace; with key 3 missing from stage 1 only, the scheduler offers
+    3 keys (48 tokens), both stages load them, and stage 1's hole is stored again. (Before: both stages had one
+    namespace, stage 1's saves were skipped as present, and its load scattered stage 0's layer into layer 1.)"""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1}, pp=2)
+    s0, s1 = h.sched_side.stages.specs
+    assert (s0.layer_range, s1.layer_range) == ((0, 1), (1, 2))
+    assert [w.spec for w in h.workers] == [s0, s1]
+    ns0, ns1 = h.sched_side.stages.names()
+    assert ns0 != ns1
+    h.add("r1", PROMPT)
+    h.run()
+    keys = _chain(6, PROMPT)
+    with Client(daemon.address) as c:
+        assert sorted(k.key for k in c.keys(ns0)) == sorted(k.key for k in c.keys(ns1)) == sorted(keys)
+        assert c.get_many(ns0, keys) == [_expected_key_bytes(PROMPT, k, range(0, 1)) for k in range(6)]
+        assert c.get_many(ns1, keys) == [_expected_key_bytes(PROMPT, k, range(1, 2)) for k in range(6)]
+        assert c.delete(ns1, keys[3:4]) == 1
+    assert h.scheduler.reset_prefix_cache()
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (48, 0)
+    loads = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads]
+    assert [(j.req_id, j.keys) for j in loads] == [("r2", keys[:3])]
+    assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [3, 3]
+    assert [w.counters.totals.get("load_failed_blocks", 0) for w in h.workers] == [0, 0]
+    assert h.tracked["r2"].scheduled_tokens == 52 + 1
+    assert h.kv_matches_tokens("r2", 101)                              # both layers hold what a forward writes
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert [w.counters.totals["saved_blocks"] for w in h.workers] == [6, 6 + 1]   # r2: only stage 1 lacked key 3
+    with Client(daemon.address) as c:
+        assert sorted(k.key for k in c.keys(ns1)) == sorted(keys)
+        assert c.get(ns1, keys[3]) == _expected_key_bytes(PROMPT, 3, range(1, 2))
+    h.close()
+
+
+def test_stage_specs_follow_vllms_layer_split_and_share_one_key_size(tmp_path) -> None:
+    """3 layers over 2 stages: vLLM gives stage 0 layers 0-1 and stage 1 layer 2. Both stages store one key's
+    tokens, so blocks_per_key comes from the smaller stage (16 KiB per vLLM block -> 4 for 64 KiB)."""
+    path = write_model_config(str(tmp_path))
+    with open(f"{path}/config.json") as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = 3
+    with open(f"{path}/config.json", "w") as f:
+        json.dump(cfg, f)
+    vc = VllmConfig(model_config=ModelConfig(model=path, skip_tokenizer_init=True, dtype="float32"),
+                    cache_config=CacheConfig(block_size=BLOCK), device_config=DeviceConfig("cpu"),
+                    parallel_config=ParallelConfig(pipeline_parallel_size=2))
+    specs = vllm_connector.stage_specs(vc, ConnectorConfig.from_extra({"min_transfer_bytes": 65536}), 0)
+    assert [(s.layer_range, s.block_bytes, s.blocks_per_key) for s in specs] == [((0, 2), 32768, 4), ((2, 3), 16384, 4)]
+    for rank, layers in ((0, (0, 2)), (1, (2, 3))):   # the stage each worker takes, as vLLM's model config does
+        vc.parallel_config.rank = rank
+        assert vc.model_config.get_layers_start_end_indices(vc.parallel_config) == layers
+        assert specs[vllm_connector._pp_rank(vc)].layer_range == layers
