@@ -10,7 +10,9 @@ step it turns that into a `StepPlan`:
   only about the prefix the stages before it hold). The answer is remembered until the request is
   scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. Loads are
   asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
-- update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`.
+- update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`. Every request vLLM puts
+  in WAITING_FOR_REMOTE_KVS gets exactly one job, so the worker reports it received (loaded or failed):
+  a request without one would wait forever.
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
@@ -61,7 +63,6 @@ class _ReqState:
     block_ids: list[int] = field(default_factory=list)
     stored_keys: int = 0        # keys known to be in the store (lookup answer or saved)
     lookup_keys: int | None = None  # remembered lookup answer until scheduled
-    pending_load: tuple[int, int] | None = None  # (first key, number of keys) to load after alloc
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
 
@@ -148,28 +149,33 @@ class SchedulerSide:
         return n
 
     def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
-        """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``."""
+        """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``.
+
+        Always queues a job when ``num_external_tokens`` > 0: vLLM has put the request in
+        WAITING_FOR_REMOTE_KVS and only the worker's report (loaded or failed) takes it out."""
         st = self._state(request)
         if num_external_tokens <= 0:
             return
         st.lookup_keys = None  # used: if this load fails and vLLM asks again, look again
-        t = self.tokens_per_key
+        t, g = self.tokens_per_key, self.blocks_per_key
         local = st.local_tokens
+        end = local + num_external_tokens
         first_key = local // t
-        last_key = (local + num_external_tokens) // t
-        st.pending_load = (first_key, last_key - first_key)
-        st.load_skip_blocks = (local - first_key * t) // self.spec.block_size
-        st.block_ids = list(block_ids)
-        g = self.blocks_per_key
+        # Our hits end on a key boundary; were one cut inside a key, its whole key is loaded and vLLM
+        # recomputes (overwrites) the positions past ``end``.
+        last_key = -(-end // t)
+        keys = st.chain.extend(request.prompt_token_ids or [])[first_key:last_key]
+        if len(keys) != last_key - first_key or len(block_ids) < -(-end // self.spec.block_size):
+            log.error("request %s: vLLM expects %d tokens from the store after %d of its own, beyond the %d keys "
+                      "looked up or the %d blocks allocated; loading what fits", request.request_id,
+                      num_external_tokens, local, len(st.chain.keys), len(block_ids))
+            last_key = first_key + len(keys)
         blocks = list(block_ids[first_key * g: last_key * g])
+        blocks += [-1] * ((last_key - first_key) * g - len(blocks))
+        st.load_skip_blocks = (local - first_key * t) // self.spec.block_size
         for i in range(st.load_skip_blocks):
             blocks[i] = -1
-        if len(blocks) != (last_key - first_key) * g:
-            log.error("request %s: %d blocks allocated for %d stored blocks; not loading", request.request_id,
-                      len(block_ids), last_key)
-            st.pending_load = None
-            return
-        keys = st.chain.keys[first_key:last_key]
+        st.block_ids = list(block_ids)
         self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks))
         self.counters.add(load_requests=1)
 

@@ -4,6 +4,7 @@ attribute names of vLLM's Request). The same classes under the real vLLM schedul
 
 from __future__ import annotations
 
+import logging
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
@@ -391,3 +392,24 @@ def test_lookup_offers_the_prefix_every_pipeline_stage_holds(daemon) -> None:
         digests = {n.name: n.layout_digest for n in c.stats().namespaces if n.name in (n0, n1)}
     assert digests == {n0: s0.digest(), n1: s1.digest()}
     assert sched.counters.totals["hit_tokens"] == 24 + 24 + 56
+
+
+# -- every async load gets a job (issue 16 item 7) ------------------------------------------------------------
+def test_a_load_with_fewer_blocks_than_keys_still_gets_a_job(daemon, caplog) -> None:
+    """vLLM puts the request in WAITING_FOR_REMOTE_KVS before update_state_after_alloc; only the worker's
+    report takes it out. A block table shorter than the hit (vLLM never sends one) used to drop the job and
+    strand the request; now the job covers what fits and the request is reported received."""
+    a = Side(daemon.address, _caches(100))
+    a.prefill(Req("r1", _prompt(100, start=7)), list(range(25)))
+    b = Side(daemon.address, _caches(101))
+    req = Req("r2", _prompt(100, start=7))
+    assert b.sched.num_new_matched_tokens(req, 0) == (96, True)
+    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+        b.sched.after_alloc(req, list(range(30, 50)), 96)    # 20 blocks for 24
+    (job,) = b.sched.build([]).loads
+    assert len(job.keys) == 12 and job.block_ids == list(range(30, 50)) + [-1] * 4
+    assert any("beyond the 12 keys looked up or the 20 blocks allocated" in r.getMessage() for r in caplog.records)
+    b.worker.start_loads([job])
+    b.worker.drain()
+    assert b.worker.finished(set())[1] == {"r2"}
+    a.close(), b.close()

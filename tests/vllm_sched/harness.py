@@ -31,7 +31,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from connector.vllm_connector import KVStoreConnector
@@ -110,6 +110,8 @@ class Harness:
         self.steps: list[SchedulerOutput] = []
         self.prefill: dict[str, Any] = {}  # request id -> vLLM's PrefillStats (local / external cached tokens)
         self.before_worker = None  # hook(scheduler_output): runs between schedule() and the worker step
+        self.load_jobs: list[tuple[int, str]] = []  # (step, request id) of every load job
+        self._loading: set[str] = set()  # requests with a load job not yet reported received
 
     @property
     def sched_side(self) -> KVStoreConnector:
@@ -129,9 +131,20 @@ class Harness:
             self.step()
         raise AssertionError("requests did not finish")
 
+    def _waiting_remote(self) -> set[str]:
+        return {rid for rid, r in self.scheduler.requests.items() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS}
+
     def step(self) -> SchedulerOutput:
         out = self.scheduler.schedule()
         self.steps.append(out)
+        # Only the workers' report takes a request out of WAITING_FOR_REMOTE_KVS: every request there must have
+        # a load job not yet reported, or it would wait forever; and one job at a time.
+        for job in out.kv_connector_metadata.plan.loads:
+            assert job.req_id not in self._loading, f"second load job for {job.req_id}"
+            self._loading.add(job.req_id)
+            self.load_jobs.append((len(self.steps) - 1, job.req_id))
+        stranded = self._waiting_remote() - self._loading
+        assert not stranded, f"in WAITING_FOR_REMOTE_KVS without a load job: {sorted(stranded)}"
         if self.before_worker is not None:
             self.before_worker(out)
         for w in self.workers:
@@ -152,6 +165,7 @@ class Harness:
                 kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                                       invalid_block_ids=errors)))
         mro = self._aggregator.aggregate(outputs)
+        self._loading -= mro.kv_connector_output.finished_recving or set()
         for outs in self.scheduler.update_from_output(out, mro).values():
             for o in outs.outputs:
                 if o.prefill_stats is not None:

@@ -215,3 +215,33 @@ def test_stage_specs_follow_vllms_layer_split_and_share_one_key_size(tmp_path) -
         vc.parallel_config.rank = rank
         assert vc.model_config.get_layers_start_end_indices(vc.parallel_config) == layers
         assert specs[vllm_connector._pp_rank(vc)].layer_range == layers
+
+
+# -- every async load gets a job (issue 16 item 7) -----------------------------------------------------------
+def test_a_load_admitted_after_failed_allocations_gets_its_job_and_its_lookup_once(daemon, model_dir) -> None:
+    """The harness asserts at every step that each request in WAITING_FOR_REMOTE_KVS has a load job not yet
+    reported (the scheduler side used to drop the job, leaving the request waiting forever, when the allocated blocks
+    did not match its stored-block count). Here A's load does not fit while B runs: vLLM asks the connector
+    again at each step; the lookup is remembered, and A's job, when it comes, starts after B's cached prefix."""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    prompt = [(13 * i + 1) % 1000 + 10 for i in range(200)]
+    h.add("r1", prompt)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+    b = h.add("b", prompt[:32] + [20 + (7 * i) % 900 for i in range(1900)], max_tokens=4)   # 121 of 128 blocks
+    while b.num_computed_tokens < 1932:
+        h.step()
+    a = h.add("a", list(prompt))
+    h.step()
+    h.step()
+    assert a.status == RequestStatus.WAITING and a.num_computed_tokens == 0  # allocation failed twice
+    h.run()
+    assert [r for _, r in h.load_jobs] == ["b", "a"]
+    assert (h.prefill["a"].num_external_cached_tokens, h.prefill["a"].num_local_cached_tokens) == (160, 32)
+    (job,) = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads if j.req_id == "a"]
+    assert job.keys == _chain(12, prompt)[2:]
+    assert h.tracked["a"].scheduled_tokens == 8 + 1
+    assert h.kv_matches_tokens("a", 201)
+    # r1 199 usable tokens -> 12 keys, b 1931 -> 120 keys, a 12 keys once (not once per failed attempt)
+    assert h.sched_side.counters.totals["lookup_tokens"] == (12 + 120 + 12) * BLOCK
+    h.close()
