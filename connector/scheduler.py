@@ -13,6 +13,8 @@ step it turns that into a `StepPlan`:
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`. Every request vLLM puts
   in WAITING_FOR_REMOTE_KVS gets exactly one job, so the worker reports it received (loaded or failed):
   a request without one would wait forever.
+- update_connector_output: blocks the workers failed to load roll the request's "stored" count back to the
+  first failed stored block, so those blocks are saved again once vLLM has recomputed them.
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
@@ -65,6 +67,7 @@ class _ReqState:
     lookup_keys: int | None = None  # remembered lookup answer until scheduled
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
+    loading: tuple[int, list[int]] | None = None  # in-flight load: (first key, its job's block ids)
 
 
 def _mm_hashes(request: Any) -> list[str]:
@@ -176,8 +179,30 @@ class SchedulerSide:
         for i in range(st.load_skip_blocks):
             blocks[i] = -1
         st.block_ids = list(block_ids)
+        st.loading = (first_key, blocks)
         self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks))
         self.counters.add(load_requests=1)
+
+    def on_worker_output(self, finished_recving: Iterable[str], invalid_block_ids: Iterable[int]) -> None:
+        """vLLM's update_connector_output: blocks that failed to load are not in the store (evicted since the
+        lookup, a restarted daemon, a lost lease): roll the request's stored count back to the stored block
+        that holds the first of them, so that block and the ones after it are saved again once vLLM has
+        recomputed them (keys the store still has are skipped by the daemon's Reserve)."""
+        invalid = set(invalid_block_ids)
+        g = self.blocks_per_key
+        if invalid:
+            for st in self._reqs.values():
+                if st.loading is None:
+                    continue
+                first_key, blocks = st.loading
+                bad = next((i for i, b in enumerate(blocks) if b >= 0 and b in invalid), None)
+                if bad is not None and first_key + bad // g < st.stored_keys:
+                    self.counters.add(load_rollback_keys=st.stored_keys - (first_key + bad // g))
+                    st.stored_keys = first_key + bad // g
+        for rid in finished_recving:
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.loading = None
 
     # -- per step ----------------------------------------------------------------------------------------
     def build(self, scheduled: Iterable[ScheduledRequest], finished_req_ids: Iterable[str] = ()) -> StepPlan:
@@ -188,6 +213,7 @@ class SchedulerSide:
             if st is None:
                 continue
             st.lookup_keys = None  # scheduled: a later re-lookup (after preemption) must ask again
+            st.loading = None      # a scheduled request's load has been reported
             if s.block_ids is not None:
                 if s.is_full_table:
                     st.block_ids = list(s.block_ids)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "stage_specs"]
@@ -183,6 +184,10 @@ class KVStoreConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._sched is not None
         return KVStoreMetadata(self._sched.build(_scheduled(scheduler_output), scheduler_output.finished_req_ids))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        assert self._sched is not None
+        self._sched.on_worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None

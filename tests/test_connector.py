@@ -413,3 +413,45 @@ def test_a_load_with_fewer_blocks_than_keys_still_gets_a_job(daemon, caplog) -> 
     b.worker.drain()
     assert b.worker.finished(set())[1] == {"r2"}
     a.close(), b.close()
+
+
+# -- blocks that failed to load are saved again (issue 16 item 6) ---------------------------------------------
+def test_blocks_that_failed_to_load_are_saved_again(daemon) -> None:
+    a = Side(daemon.address, _caches(90))
+    req = Req("r1", _prompt(100, start=6))
+    a.prefill(req, list(range(25)))                          # 12 keys
+    keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+    b = Side(daemon.address, _caches(91))
+    again = Req("r2", list(req.prompt_token_ids))
+    assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
+    with Client(daemon.address) as c:
+        assert c.delete(namespace_for(SPEC), keys[5:6]) == 1   # evicted between lookup and load
+    target = list(range(30, 55))
+    b.sched.after_alloc(again, target, 96)
+    b.worker.start_loads(b.sched.build([]).loads)
+    b.worker.drain()
+    recv, errors = b.worker.finished(set())[1], b.worker.load_errors()
+    assert recv == {"r2"} and errors == set(target[:24])     # the whole job fails
+    b.sched.on_worker_output(recv, errors)                   # vLLM's update_connector_output
+    assert b.sched.counters.totals["load_rollback_keys"] == 12
+    plan = b.sched.build([ScheduledRequest("r2", target, True, 100)])   # vLLM recomputed the prompt
+    (job,) = plan.saves
+    assert job.keys == keys and job.block_ids == target[:24]
+    b.worker.save(plan.saves)
+    b.worker.drain()
+    assert (b.worker.counters.totals["saved_blocks"], b.worker.counters.totals["save_skipped_blocks"]) == (1, 11)
+    with Client(daemon.address) as c:
+        assert c.get(namespace_for(SPEC), keys[5]) == _block_bytes(b.caches, target[10]) + _block_bytes(b.caches,
+                                                                                                         target[11])
+
+    # A failed block inside the job rolls back to the stored block that holds it (blocks 7 -> key 3); the
+    # failure of another request's block changes nothing.
+    c3 = Req("r3", _prompt(100, start=6))
+    assert b.sched.num_new_matched_tokens(c3, 0) == (96, True)
+    b.sched.after_alloc(c3, list(range(25)), 96)
+    b.sched.build([])
+    b.sched.on_worker_output(set(), {60})
+    b.sched.on_worker_output({"r3"}, {7})
+    (job,) = b.sched.build([ScheduledRequest("r3", list(range(25)), True, 100)]).saves
+    assert job.keys == keys[3:] and job.block_ids == list(range(6, 24))
+    a.close(), b.close()

@@ -110,6 +110,7 @@ class Harness:
         self.steps: list[SchedulerOutput] = []
         self.prefill: dict[str, Any] = {}  # request id -> vLLM's PrefillStats (local / external cached tokens)
         self.before_worker = None  # hook(scheduler_output): runs between schedule() and the worker step
+        self.finish_reasons: dict[str, Any] = {}  # request id -> vLLM's FinishReason
         self.load_jobs: list[tuple[int, str]] = []  # (step, request id) of every load job
         self._loading: set[str] = set()  # requests with a load job not yet reported received
 
@@ -170,6 +171,8 @@ class Harness:
             for o in outs.outputs:
                 if o.prefill_stats is not None:
                     self.prefill[o.request_id] = o.prefill_stats
+                if o.finish_reason is not None:
+                    self.finish_reasons[o.request_id] = o.finish_reason
         return out
 
     def _forward(self, out: SchedulerOutput) -> dict[str, list[int]]:

@@ -15,6 +15,7 @@ from connector.keys import KeyChain, chain_root
 from connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
 from .harness import BLOCK, HEAD_DIM, HEADS, LAYERS, SAMPLED, Harness, kv_value, write_model_config
@@ -244,4 +245,39 @@ def test_a_load_admitted_after_failed_allocations_gets_its_job_and_its_lookup_on
     assert h.kv_matches_tokens("a", 201)
     # r1 199 usable tokens -> 12 keys, b 1931 -> 120 keys, a 12 keys once (not once per failed attempt)
     assert h.sched_side.counters.totals["lookup_tokens"] == (12 + 120 + 12) * BLOCK
+    h.close()
+
+
+# -- blocks that failed to load are stored again (issue 16 item 6) -----------------------------------------
+def test_a_partly_evicted_prefix_reloads_what_is_left_and_stores_the_hole_again(daemon, model_dir) -> None:
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    keys = _chain(6, PROMPT)
+    assert h.scheduler.reset_prefix_cache()
+    deleted: list[int] = []
+
+    def evict_key_3_before_the_first_load(out) -> None:
+        if out.kv_connector_metadata.plan.loads and not deleted:
+            with Client(daemon.address) as c:
+                deleted.append(c.delete(namespace_for(h.sched_side.spec), keys[3:4]))
+
+    h.before_worker = evict_key_3_before_the_first_load
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert deleted == [1]
+    # load of keys 0..5 fails (key 3 is gone) -> vLLM recomputes from block 0 and frees the blocks -> a new
+    # lookup answers 3 keys -> they load -> 52 tokens computed -> keys 3..5 stored again
+    loads = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads]
+    assert [(j.req_id, len(j.keys)) for j in loads] == [("r2", 6), ("r2", 3)]
+    assert [r for _, r in h.load_jobs] == ["r2", "r2"]
+    assert h.worker.counters.totals["load_failed_blocks"] == 6
+    assert h.worker.counters.totals["loaded_blocks"] == 3
+    assert h.tracked["r2"].scheduled_tokens == 52 + 1
+    assert h.kv_matches_tokens("r2", 101)
+    assert h.finish_reasons["r2"] == FinishReason.LENGTH and list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert h.sched_side.counters.totals["save_keys"] == 6 + 3
+    assert sorted(_keys(h, daemon.address)) == sorted(keys)
+    with Client(daemon.address) as c:
+        assert c.get(namespace_for(h.sched_side.spec), keys[3]) == _expected_key_bytes(PROMPT, 3, range(LAYERS))
     h.close()
