@@ -10,6 +10,8 @@ step it turns that into a `StepPlan`:
   only about the prefix the stages before it hold). The answer is remembered until the request is
   scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. Loads are
   asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
+  No hit is offered when this process's client is in stream mode (the daemon's arena cannot be mapped):
+  the workers could not load it, and each offered hit would cost a failed load and a recompute.
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`. Every request vLLM puts
   in WAITING_FOR_REMOTE_KVS gets exactly one job, so the worker reports it received (loaded or failed):
   a request without one would wait forever.
@@ -101,6 +103,7 @@ class SchedulerSide:
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
         self._stored: list[StoredRecord] = []
+        self._stream_logged = False
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> _ReqState:
@@ -121,7 +124,7 @@ class SchedulerSide:
     # -- lookup ------------------------------------------------------------------------------------------
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """(tokens the store can add beyond vLLM's own prefix cache, load asynchronously?)."""
-        if not self.config.load:
+        if not self.config.load or not self._workers_can_load():
             return 0, False
         st = self._state(request)
         st.local_tokens = num_computed_tokens
@@ -150,6 +153,22 @@ class SchedulerSide:
             got = self.link.call(ns, lambda c, ns=ns, part=part: c.lookup_prefix(ns, part))
             n = min(n, got or 0)  # None: store down or the call failed -> no hit
         return n
+
+    def _workers_can_load(self) -> bool:
+        """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
+        mapped here, so (same node, same permissions) the workers cannot map it either and every load would
+        fail. A store that is down answers no hits through the link anyway."""
+        c = self.link.client
+        if c is None or c.mode == "arena":
+            return True
+        self.counters.add(lookup_skipped_stream=1)
+        if not self._stream_logged:
+            self._stream_logged = True
+            log.error("kvstore connector: the daemon at %s is reachable but its arena cannot be mapped by this "
+                      "process (daemon on another host, or no access to its shared memory); offering no hits, "
+                      "since the workers load only through the arena. Run kvstore-server on this node with "
+                      "access for vLLM's user.", c.address)
+        return False
 
     def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
         """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``.

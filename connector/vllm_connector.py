@@ -12,6 +12,13 @@ vLLM builds the class once per role in different processes. The SCHEDULER instan
 (bytes); each method here is one line of translation between vLLM's objects and ours. Extra config keys
 are documented and validated in `connector.config`.
 
+kv_load_failure_policy: vLLM (0.32, 0.33) defaults it to "fail", which ends a request with an error on every
+load that fails. For this connector such failures are routine misses (a block evicted between the lookup and
+the load, a restarted daemon), so the scheduler-role instance sets it to "recompute" (with a warning) when it
+is anything else. vLLM's Scheduler reads the policy from the same KVTransferConfig right after building its
+connector, so the change takes effect. Under MultiConnector the Scheduler reads the outer config, which a
+child cannot reach: set "kv_load_failure_policy": "recompute" there yourself.
+
 Pipeline parallelism: every stage stores its own layers in its own namespace (connector.namespace); the
 scheduler looks a prefix up in all of them and offers what every stage holds.
 """
@@ -32,6 +39,7 @@ from connector.plan import StepPlan
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.stats import ConnectorCounters
 from connector.worker import WorkerSide
+from kvstore.errors import ConfigError
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -129,6 +137,24 @@ def _pp_rank(vllm_config: VllmConfig) -> int:
     return (int(pc.rank) // int(pc.tensor_parallel_size)) % int(pc.pipeline_parallel_size)
 
 
+def _recompute_failed_loads(vllm_config: VllmConfig) -> None:
+    """Make vLLM recompute blocks that fail to load instead of failing their requests (module docstring)."""
+    ktc = vllm_config.kv_transfer_config
+    policy = ktc.kv_load_failure_policy
+    if policy == "recompute":
+        return
+    try:
+        ktc.kv_load_failure_policy = "recompute"
+    except Exception as exc:  # noqa: BLE001 - a config object that refuses the change: say what to write
+        raise ConfigError(
+            f"KVStoreConnector needs kv_load_failure_policy='recompute' (it is {policy!r}: a block evicted between "
+            'lookup and load would fail the request); add "kv_load_failure_policy": "recompute" to '
+            "--kv-transfer-config") from exc
+    log.warning('kv_load_failure_policy was %r: KVStoreConnector sets it to "recompute" (a block evicted between '
+                "lookup and load is a routine miss, not a reason to fail the request). Add "
+                '"kv_load_failure_policy": "recompute" to --kv-transfer-config to silence this warning.', policy)
+
+
 def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
     """New and cached requests of one step, with their block tables (group 0: full-attention models)."""
     res = [ScheduledRequest(r.req_id, list(r.block_ids[0]), True, out.num_scheduled_tokens.get(r.req_id, 0))
@@ -149,6 +175,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
         is_sched = role == KVConnectorRole.SCHEDULER
+        if is_sched:
+            _recompute_failed_loads(vllm_config)
         stages = stage_specs(vllm_config, self.config, 0 if is_sched else _tp_rank())
         self.stages = StageLayouts(stages)
         self.spec = stages[0] if is_sched else stages[_pp_rank(vllm_config)]

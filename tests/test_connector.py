@@ -455,3 +455,24 @@ def test_blocks_that_failed_to_load_are_saved_again(daemon) -> None:
     (job,) = b.sched.build([ScheduledRequest("r3", list(range(25)), True, 100)]).saves
     assert job.keys == keys[3:] and job.block_ids == list(range(6, 24))
     a.close(), b.close()
+
+
+# -- stream mode (issue 16 item 4) ----------------------------------------------------------------------------
+def test_no_hits_when_the_scheduler_reaches_the_store_only_by_streaming(daemon, caplog) -> None:
+    """The workers load only through the arena: a hit offered by a process that cannot map it would fail."""
+    a = Side(daemon.address, _caches(80))
+    a.prefill(Req("r1", _prompt(100, start=5)), list(range(25)))
+    config = ConnectorConfig.from_extra({"address": daemon.address, "blocks_per_key": 2})
+    stream = SchedulerSide(config, SPEC, StoreLink(daemon.address, timeout_s=5.0,
+                                                   namespace_spec=lambda _n: registration(SPEC),
+                                                   client_factory=lambda: Client(daemon.address, mode="stream")))
+    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+        assert stream.num_new_matched_tokens(Req("r2", _prompt(100, start=5)), 0) == (0, False)
+        assert stream.num_new_matched_tokens(Req("r3", _prompt(100, start=5)), 0) == (0, False)
+    assert stream.link.client.mode == "stream"
+    assert stream.counters.totals == {"lookup_skipped_stream": 2}
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "connector.scheduler"]
+    assert "arena cannot be mapped by this process" in msg and "offering no hits" in msg
+    assert Side(daemon.address, _caches(81)).sched.num_new_matched_tokens(Req("r4", _prompt(100, start=5)),
+                                                                            0) == (96, True)   # arena mode
+    a.close()

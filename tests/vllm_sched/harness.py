@@ -68,16 +68,18 @@ class Tracked:
 
 
 class Harness:
-    """``pp``: pipeline stages (one worker each)."""
+    """``pp``: pipeline stages (one worker each); ``policy``: kv_load_failure_policy as the user writes it
+    (None: not written, vLLM's default)."""
 
-    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1) -> None:
+    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1,
+                 policy: str | None = "recompute") -> None:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
         kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
-                              kv_role="kv_both", kv_load_failure_policy="recompute",
-                              kv_connector_extra_config={"address": address, **(extra or {})})
+                              kv_role="kv_both", kv_connector_extra_config={"address": address, **(extra or {})},
+                              **({"kv_load_failure_policy": policy} if policy is not None else {}))
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
                                       device_config=DeviceConfig("cpu"),
                                       parallel_config=ParallelConfig(pipeline_parallel_size=pp))

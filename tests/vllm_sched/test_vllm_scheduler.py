@@ -7,13 +7,19 @@ Block size 16; with blocks_per_key=1 one stored block = one vLLM block, so a 100
 from __future__ import annotations
 
 import json
+import logging
+from typing import Any
+
+import pytest
 import torch
 
 from connector import vllm_connector
 from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root
+from connector.link import StoreLink
 from connector.namespace import namespace_for
 from kvstore.client import Client
+from kvstore.errors import ConfigError
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
@@ -281,3 +287,95 @@ def test_a_partly_evicted_prefix_reloads_what_is_left_and_stores_the_hole_again(
     with Client(daemon.address) as c:
         assert c.get(namespace_for(h.sched_side.spec), keys[3]) == _expected_key_bytes(PROMPT, 3, range(LAYERS))
     h.close()
+
+
+# -- kv_load_failure_policy and stream mode (issue 16 item 4) ----------------------------------------------
+@pytest.mark.parametrize("policy", [None, "fail"])
+def test_fail_policy_is_turned_into_recompute_and_failed_blocks_are_saved_again(daemon, model_dir, policy,
+                                                                                caplog) -> None:
+    """vLLM defaults kv_load_failure_policy to "fail": a block evicted between lookup and load would end the
+    request with an error. The connector makes it "recompute" before the Scheduler reads it; the blocks whose
+    load failed are recomputed and stored again (before: stored_keys kept them as saved, a permanent hole)."""
+    with caplog.at_level(logging.WARNING, logger="connector.vllm_connector"):
+        h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1}, policy=policy)
+    assert h.vllm_config.kv_transfer_config.kv_load_failure_policy == "recompute"
+    assert h.scheduler.recompute_kv_load_failures is True
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "connector.vllm_connector"]
+    assert f"kv_load_failure_policy was {policy or 'fail'!r}" in warning
+    assert '"kv_load_failure_policy": "recompute"' in warning
+    h.add("r1", PROMPT)
+    h.run()
+    keys = _chain(6, PROMPT)
+    assert sorted(_keys(h, daemon.address)) == sorted(keys)
+    assert h.scheduler.reset_prefix_cache()
+
+    def evict_before_load(out) -> None:
+        if out.kv_connector_metadata.plan.loads:
+            with Client(daemon.address) as c:
+                assert c.delete(namespace_for(h.sched_side.spec), keys) == 6
+
+    h.before_worker = evict_before_load
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert h.finish_reasons["r2"] == FinishReason.LENGTH              # finished normally, not ERROR
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert h.worker.counters.totals["load_failed_blocks"] == 6
+    assert h.tracked["r2"].scheduled_tokens == 100 + 1                # recomputed in full
+    assert h.kv_matches_tokens("r2", 101)
+    assert h.sched_side.counters.totals["load_rollback_keys"] == 6
+    assert sorted(_keys(h, daemon.address)) == sorted(keys)           # saved again, all six
+    with Client(daemon.address) as c:
+        stored = c.get_many(namespace_for(h.sched_side.spec), keys)
+    assert stored == [_expected_key_bytes(PROMPT, k, range(LAYERS)) for k in range(6)]
+    h.close()
+
+
+def test_policy_that_cannot_be_changed_is_refused_with_the_fix() -> None:
+    """A config object that refuses the change (none of vLLM 0.32/0.33's do) stops startup with what to add."""
+    from connector.vllm_connector import _recompute_failed_loads
+
+    class Frozen:
+        @property
+        def kv_load_failure_policy(self) -> str:
+            return "fail"
+
+    class Config:
+        kv_transfer_config = Frozen()
+
+    with pytest.raises(ConfigError) as e:
+        _recompute_failed_loads(Config())  # type: ignore[arg-type]
+    assert "kv_load_failure_policy='recompute' (it is 'fail'" in str(e.value)
+    assert 'add "kv_load_failure_policy": "recompute" to --kv-transfer-config' in str(e.value)
+
+
+def test_no_hits_are_offered_when_the_arena_cannot_be_mapped(daemon, model_dir, monkeypatch, caplog) -> None:
+    """A client in stream mode (daemon on another host, no access to its shared memory) cannot load: the
+    scheduler offers nothing (before: it offered 96 tokens, every load failed and was recomputed)."""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+    h.add("r1", PROMPT)
+    h.run()
+    h.close()
+    assert len(_keys(h, daemon.address)) == 6
+
+    class StreamLink(StoreLink):
+        def __init__(self, address: str, **kw: Any) -> None:
+            super().__init__(address, client_factory=lambda: Client(address, mode="stream", timeout_s=kw["timeout_s"]),
+                             **kw)
+
+    monkeypatch.setattr(vllm_connector, "StoreLink", StreamLink)
+    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+        s = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
+        s.add("r2", list(PROMPT))
+        s.add("r3", list(PROMPT[:50]))
+        s.run()
+    assert s.sched_side.link.client.mode == "stream"
+    assert (s.prefill["r2"].num_external_cached_tokens, s.prefill["r2"].num_local_cached_tokens) == (0, 0)
+    assert all(not st.kv_connector_metadata.plan.loads for st in s.steps)
+    assert s.tracked["r2"].scheduled_tokens == 101
+    totals = s.sched_side.counters.totals
+    assert totals["lookup_skipped_stream"] == 2                       # r2 and r3, one each
+    assert (totals.get("load_requests", 0), totals.get("lookup_tokens", 0)) == (0, 0)
+    assert s.worker.counters.totals.get("load_failed_blocks", 0) == 0
+    msgs = [r.getMessage() for r in caplog.records if r.name == "connector.scheduler"]
+    assert len(msgs) == 1 and "its arena cannot be mapped by this process" in msgs[0]   # logged once
+    s.close()
