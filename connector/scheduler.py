@@ -121,6 +121,11 @@ class SchedulerSide:
         """vLLM's on_new_request: start the request's state (keys are hashed lazily)."""
         self._state(request)
 
+    @property
+    def num_tracked(self) -> int:
+        """Requests whose state is kept (between on_new_request and request_finished)."""
+        return len(self._reqs)
+
     # -- lookup ------------------------------------------------------------------------------------------
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """(tokens the store can add beyond vLLM's own prefix cache, load asynchronously?)."""

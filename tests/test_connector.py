@@ -270,13 +270,26 @@ def test_evicted_between_lookup_and_load_fails_those_blocks_for_recompute(daemon
 
 
 def test_finished_request_frees_its_blocks_at_once(daemon) -> None:
-    """The gather has read the blocks when wait_for_save returns: vLLM need not hold them for the commit."""
+    """The gather has read the blocks when wait_for_save returns: vLLM need not hold them for the commit. So
+    request_finished lets vLLM free them at once, and a block vLLM reuses (overwrites) right away does not
+    change what is stored; the request's state is gone, so it is never saved from again."""
     a = Side(daemon.address, _caches(40), save="all")
     req = Req("r1", _prompt(20, start=3))
-    a.prefill(req, list(range(5)))                           # 2 keys from the prompt
-    assert a.worker.counters.totals["saved_blocks"] == 2
-    assert a.sched.request_finished(req) is False
-    assert a.worker.finished({"r1"}) == (set(), set())
+    a.sched.track(req)
+    plan = a.sched.build([ScheduledRequest("r1", list(range(5)), True, 20)])   # 20 tokens -> 2 keys
+    before = [_block_bytes(a.caches, 2 * k) + _block_bytes(a.caches, 2 * k + 1) for k in range(2)]
+    a.worker.save(plan.saves)                                # gathers now; the Commit may still be pending
+    keep_blocks = a.sched.request_finished(req)
+    for t in a.caches.values():                              # vLLM hands blocks 0..4 to another request
+        t[:, 0:5] = -7.0
+    a.worker.drain()
+    with Client(daemon.address) as c:
+        keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+        assert c.get_many(namespace_for(SPEC), keys) == before
+    assert keep_blocks is False and a.worker.finished({"r1"}) == (set(), set())  # nothing for vLLM to wait for
+    assert a.sched.num_tracked == 0
+    req.output = [1, 2, 3, 4]                                # a late step for the finished id saves nothing
+    assert a.sched.build([ScheduledRequest("r1", [5], False, 4)]).saves == []
     a.close()
 
 

