@@ -9,7 +9,12 @@
     local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive
     plane.py         the DataPlane interface and its errors
     frames.py        the framed wire format (header, metadata, validation)
-    tcp_plane.py     the default data plane (recv_into arena slots, sendall from slots)
+    tcp_plane.py     the default data plane, client side (one deadline per call; a pool of connections)
+    tcp_server.py    its listener: one deadline per request frame, idle timeout, longest-idle eviction
+    tcp_blocks.py    receiving blocks into reserved slots (bounded by the reservation) and sending from leases
+    conn_table.py    the listener's connections, idle or busy
+    sockio.py        deadline-bounded recv / drain / send helpers
+    deadline.py      one fixed point in time per frame or call (socket timeouts recomputed before each I/O)
     ucx_plane.py     UCX through ucxx
     grpc_plane.py    the daemon's own Get/Put streams, the last fallback
     counters.py      the tier's counters
