@@ -7,8 +7,20 @@ every etcd >= 3.4 serves on its client port, so urllib is enough and nothing can
 Watches are not used: the member set is a few keys, re-read every `peer_refresh_s` (one small range request),
 which also heals by itself after an etcd outage without tracking watch revisions.
 
-Every failure (refused, timeout, HTTP error, unreadable answer) is raised as EtcdUnavailable; the caller keeps
-serving and retries on its next tick.
+Security (kvstore/security/etcd.py says why it matters): https:// endpoints verify etcd's certificate and host
+name against `etcd_ca` (or the system store) and may present a client certificate; with `etcd_user` the
+client logs in (POST /v3/auth/authenticate) and sends the token it gets as the `Authorization` header. A token
+etcd no longer accepts (TTL passed: etcd --auth-token-ttl, 300 s by default, counted from its last use; etcd
+restarted, which forgets simple tokens; another member, which never knew a simple token; the auth store
+changed) is answered "invalid auth token" or "revision of auth store is old": the client logs in again once
+and repeats the call. Each call opens its own connection (a TLS handshake costs well under a millisecond of
+the `peer_refresh_s` tick).
+
+Errors:
+    EtcdUnavailable     no endpoint answered, or an answer we could not read; retried on the next tick
+    └── EtcdRefused     etcd answered and said no: certificate not trusted (either way), wrong password,
+                        no permission on the prefix, authentication required. The message names the setting
+                        to fix; the caller keeps serving and retries (the fix may land on etcd's side).
 """
 
 from __future__ import annotations
@@ -16,15 +28,29 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
+import ssl
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
-__all__ = ["EtcdClient", "EtcdUnavailable"]
+from kvstore.errors import ConfigError
+from kvstore.security.etcd import EtcdSecurity
+from kvstore.security.tls import is_loopback_host
+
+__all__ = ["EtcdClient", "EtcdUnavailable", "EtcdRefused"]
+
+log = logging.getLogger(__name__)
 
 
 class EtcdUnavailable(Exception):
     """No endpoint answered the call (down, unreachable, or an answer we could not read)."""
+
+
+class EtcdRefused(EtcdUnavailable):
+    """etcd answered and refused us: a configuration to fix (CA, client certificate, user, password, role)."""
 
 
 def _b64(data: bytes) -> str:
@@ -42,31 +68,172 @@ def _prefix_end(prefix: bytes) -> bytes:
     return bytes(p)
 
 
+def _error_of(status: int, answer: dict) -> str | None:
+    """etcd's error text, from a unary answer ({"error": "...", "code": n} with an HTTP error status) or a
+    stream's (lease keepalive: HTTP 200 with {"error": {"grpc_code": n, "message": "..."}}); None when fine."""
+    err = answer.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    if err:
+        return str(err).strip()
+    if status != 200:
+        return f"HTTP {status}"
+    return None
+
+
+# etcd's answers that mean "log in again", and the ones that mean "this configuration is refused"
+_RELOGIN = ("invalid auth token", "revision of auth store is old", "user name is empty")
+_CN_REFUSED = "CommonName of client sending a request against gateway"
+
+
 class EtcdClient:
-    def __init__(self, endpoints: Sequence[str], timeout_s: float = 1.0) -> None:
+    def __init__(self, endpoints: Sequence[str], timeout_s: float = 1.0, security: EtcdSecurity | None = None) -> None:
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint")
         self._endpoints = [e.rstrip("/") for e in endpoints]
         self._timeout = timeout_s
         self._preferred = 0  # the endpoint that answered last: tried first next time
+        self._security = security or EtcdSecurity()
+        https = any(e.startswith("https://") for e in self._endpoints)
+        self._context = self._security.ssl_context() if https else None
+        plain = [e for e in self._endpoints
+                 if e.startswith("http://") and not is_loopback_host(urlsplit(e).hostname or "")]
+        if plain:  # config.py lets this through only on an unprotected node or with allow_insecure_remote
+            log.warning("SECURITY: etcd %s %s plain http to another host: anyone on the path can rewrite the member "
+                        "set (use https:// with etcd_ca)", ", ".join(plain), "is" if len(plain) == 1 else "are")
+        self._lock = threading.Lock()  # one call at a time: the token and the preferred endpoint are shared
+        self._token = ""                # guarded by _lock; never logged
+        self._login_needed = bool(self._security.user)  # False while etcd says its auth is off
+        self.logins = 0                 # successful logins (the first one and every refresh)
+
+    # -- transport -----------------------------------------------------------------------------------------
+    def _send(self, endpoint: str, path: str, body: dict, token: str) -> tuple[int, dict]:
+        """(HTTP status, JSON answer) from one endpoint; transport failures raise EtcdUnavailable/EtcdRefused."""
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token  # etcd takes the bare token (no "Bearer")
+        req = urllib.request.Request(endpoint + path, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self._timeout, context=self._context) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._transport_error(endpoint, exc) from exc
+        try:
+            answer = json.loads(raw or b"{}")
+        except ValueError:
+            answer = {"error": raw.decode(errors="replace")[:300]}
+        return status, answer if isinstance(answer, dict) else {"error": repr(answer)[:300]}
+
+    def _transport_error(self, endpoint: str, exc: BaseException) -> EtcdUnavailable:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc  # (SSLError.reason is a str)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            trust = f"etcd_ca={self._security.ca}" if self._security.ca else "the system CA store (etcd_ca is empty)"
+            return EtcdRefused(f"etcd {endpoint}: its TLS certificate does not verify against {trust}: "
+                               f"{reason.verify_message or reason}; set etcd_ca to the CA that signed etcd's "
+                               "certificate, and use a host name or IP the certificate names")
+        if isinstance(reason, ssl.SSLError) and any(
+                alert in str(reason) for alert in ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA")):
+            mine = (f"etcd_cert={self._security.cert}" if self._security.cert else "no client certificate")
+            return EtcdRefused(f"etcd {endpoint} refused this node's TLS client certificate ({mine}): etcd runs with "
+                               "--client-cert-auth; set etcd_cert and etcd_key to a certificate signed by the CA "
+                               f"etcd trusts (--trusted-ca-file) [{reason}]")
+        hint = ""
+        if endpoint.startswith("http://") and isinstance(exc, http.client.RemoteDisconnected):
+            hint = " (an etcd that serves TLS closes plain http connections: use https:// and etcd_ca)"
+        elif isinstance(reason, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(reason):
+            hint = " (this endpoint does not speak TLS: use http://, or turn TLS on in etcd)"
+        elif isinstance(reason, ssl.SSLEOFError):  # TLS 1.3: a refused client certificate may look like this
+            hint = (" (etcd cut the TLS connection: with --client-cert-auth it needs a client certificate: set "
+                    "etcd_cert and etcd_key; or this endpoint is plain http: use http://)" if not self._security.cert
+                    else " (etcd cut the TLS connection: is etcd_cert signed by the CA etcd trusts?)")
+        return EtcdUnavailable(f"etcd {endpoint}: {reason}{hint}")
+
+    # -- authentication --------------------------------------------------------------------------------------
+    def _login(self, endpoint: str, why: str) -> None:
+        try:
+            password = self._security.password()
+        except ConfigError as exc:  # the file changed since startup: say so, keep serving, retry next tick
+            raise EtcdRefused(str(exc)) from None
+        status, answer = self._send(endpoint, "/v3/auth/authenticate",
+                                    {"name": self._security.user, "password": password}, "")
+        err = _error_of(status, answer)
+        if err and "authentication is not enabled" in err:  # calls go without a token until etcd asks for one
+            log.warning("etcd %s has authentication off: etcd_user %r is not needed there (anyone who reaches etcd "
+                        "can change the member set: turn on etcd's auth)", endpoint, self._security.user)
+            self._token = ""
+            self._login_needed = False
+            return
+        if err:
+            raise self._refusal(endpoint, "/v3/auth/authenticate", err)
+        token = answer.get("token")
+        if not isinstance(token, str) or not token:
+            raise EtcdUnavailable(f"etcd {endpoint}: login answered without a token")
+        self._token = token
+        self.logins += 1
+        if why:
+            log.info("etcd %s: %s; logged in again as %r", endpoint, why, self._security.user)
+        else:
+            log.info("etcd %s: logged in as %r", endpoint, self._security.user)
+
+    def _refusal(self, endpoint: str, path: str, err: str) -> EtcdUnavailable:
+        user = self._security.user
+        if "invalid user ID or password" in err:
+            return EtcdRefused(f"etcd {endpoint}: login as {user!r} failed (wrong password or unknown user): "
+                               "check etcd_user and the password in etcd_password_file")
+        if _CN_REFUSED in err:
+            return EtcdRefused(f"etcd {endpoint} refuses a client certificate with a CommonName while its auth is "
+                               f"on (etcd_cert={self._security.cert}): issue etcd_cert without a CN (e.g. subject "
+                               "O=kvstore) and log in with etcd_user, or turn etcd's auth off")
+        if "permission denied" in err or "user name is empty" in err:
+            if user:
+                return EtcdRefused(f"etcd {endpoint}: user {user!r} may not call {path} ({err}): grant its role "
+                                   "readwrite on the etcd_prefix range")
+            return EtcdRefused(f"etcd {endpoint} requires authentication ({err}): set etcd_user and "
+                               "etcd_password_file")
+        if "authentication failed" in err:
+            return EtcdRefused(f"etcd {endpoint} refused {path}: {err}")
+        return EtcdUnavailable(f"etcd {endpoint} {path}: {err}")
+
+    def _call(self, endpoint: str, path: str, body: dict) -> dict:
+        """One call on one endpoint, logging in first when a user is set and again once if the token is stale."""
+        if self._login_needed and not self._token:
+            self._login(endpoint, "")
+        sent = self._token
+        status, answer = self._send(endpoint, path, body, sent)
+        err = _error_of(status, answer)
+        # a stale token, or none sent because etcd's auth was off and has been turned on since (then etcd says
+        # "permission denied" to a client certificate without a user, "user name is empty" otherwise)
+        if err and self._security.user and (any(text in err for text in _RELOGIN)
+                                            or (not sent and "permission denied" in err)):
+            self._token = ""
+            self._login_needed = True
+            self._login(endpoint, f"etcd answered {err!r}")
+            status, answer = self._send(endpoint, path, body, self._token)
+            err = _error_of(status, answer)
+        if err:
+            raise self._refusal(endpoint, path, err)
+        return answer
 
     def _post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        last: Exception | None = None
-        n = len(self._endpoints)
-        for i in range(n):
-            idx = (self._preferred + i) % n
-            req = urllib.request.Request(self._endpoints[idx] + path, data=data,
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                    answer = json.loads(resp.read() or b"{}")
+        with self._lock:
+            errors: list[EtcdUnavailable] = []
+            n = len(self._endpoints)
+            for i in range(n):
+                idx = (self._preferred + i) % n
+                try:
+                    answer = self._call(self._endpoints[idx], path, body)
+                except EtcdUnavailable as exc:
+                    errors.append(exc)
+                    continue
                 self._preferred = idx
                 return answer
-            except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
-                last = exc
-        raise EtcdUnavailable(f"etcd {', '.join(self._endpoints)}: {last}") from last
+        refused = [e for e in errors if isinstance(e, EtcdRefused)]  # a refusal says more than a down endpoint
+        first = refused[0] if refused else errors[0]
+        raise type(first)("; ".join(str(e) for e in (refused or errors))) from first
 
+    # -- etcd calls ------------------------------------------------------------------------------------------
     def grant(self, ttl_s: int) -> int:
         """A new lease with this TTL (seconds, >= 1); its id."""
         answer = self._post("/v3/lease/grant", {"TTL": max(1, int(ttl_s))})

@@ -7,6 +7,9 @@ its daemon keeps its lease alive; a daemon killed with -9 drops out when its lea
 etcd down: calls fail (counted), this node keeps the last member set it read (peers that are alive keep
 working; calls to dead ones time out and are misses) and retries every tick. When etcd answers again, the
 keepalive finds the lease gone (it expired meanwhile) and the node registers again (a rejoin, counted).
+etcd refusing this node (untrusted certificate, wrong password, no permission: EtcdRefused) is handled the
+same way, since the fix may land on etcd's side while the node runs; its message is logged as an error once,
+and again only when it changes, so a wrong password is one clear line, not one a tick.
 No consensus or gossip of our own: etcd is the only source of membership.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from kvstore.peer.counters import PeerCounters
-from kvstore.peer.etcd import EtcdClient, EtcdUnavailable
+from kvstore.peer.etcd import EtcdClient, EtcdRefused, EtcdUnavailable
 
 __all__ = ["Member", "Membership"]
 
@@ -64,6 +67,7 @@ class Membership:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.connected = False
+        self.last_error = ""  # why etcd failed last ("" while it answers); logged when it changes
         self._thread = threading.Thread(target=self._loop, name="kvstore-membership", daemon=True)
 
     # -- reads (any thread) ------------------------------------------------------------------------------
@@ -101,14 +105,20 @@ class Membership:
             records = self._etcd.range_prefix(self._prefix)
         except EtcdUnavailable as exc:
             self._counters.add("etcd_errors")
-            if self.connected:
-                log.warning("etcd unreachable, serving with the last member set (%d members): %s",
-                            len(self._members), exc)
+            if self.connected or str(exc) != self.last_error:
+                if isinstance(exc, EtcdRefused):
+                    log.error("etcd refused this node, serving with the last member set (%d members): %s",
+                              len(self._members), exc)
+                else:
+                    log.warning("etcd unreachable, serving with the last member set (%d members): %s",
+                                len(self._members), exc)
             self.connected = False
+            self.last_error = str(exc)
             return
         if not self.connected:
             log.info("etcd reachable: registered as %s", self.me.node_id)
         self.connected = True
+        self.last_error = ""
         found = {self.me.node_id: self.me}
         for _, raw in records:
             m = Member.decode(raw)

@@ -16,9 +16,11 @@ import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
 
 from kvstore.errors import ConfigError
-from kvstore.security.tls import TlsFiles, is_loopback_address
+from kvstore.security.etcd import EtcdSecurity
+from kvstore.security.tls import TlsFiles, is_loopback_address, is_loopback_host
 from kvstore.security.tokens import TENANT_RE, TokenTable
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.policies.admission import ADMISSION_HELP, make_admission
@@ -99,6 +101,16 @@ class ServerConfig:
     etcd_endpoints: str = field(default="", **_help(
         "peer tier: comma-separated etcd v3 client URLs (http://host:2379); '' runs this node alone"))
     etcd_prefix: str = field(default="/kvstore/members/", **_help("etcd key prefix under which members register"))
+    etcd_ca: str = field(default="", **_help(
+        "PEM CA bundle that signed etcd's certificate (https:// endpoints; its host name or IP is checked too); "
+        "'' = the system CA store"))
+    etcd_cert: str = field(default="", **_help(
+        "PEM client certificate for etcd --client-cert-auth (with etcd's auth on: one without a CommonName)"))
+    etcd_key: str = field(default="", **_help("PEM private key of etcd_cert (must be owner-only, mode 0600)"))
+    etcd_user: str = field(default="", **_help(
+        "etcd user to log in as (etcd auth on); its role needs readwrite on etcd_prefix; '' = no login"))
+    etcd_password_file: str = field(default="", **_help(
+        "owner-only file whose first line is etcd_user's password (never a flag); read at each login"))
     peer_listen: str = field(default="127.0.0.1:7071", **_help("peer data plane host:port (TCP or UCX listener)"))
     peer_advertise: str = field(default="", **_help("data address peers dial; '' = peer_listen"))
     peer_control_advertise: str = field(default="", **_help("gRPC address peers see in the member set; '' = listen"))
@@ -181,6 +193,7 @@ class ServerConfig:
                  f"disk_reinsert_hits={self.disk_reinsert_hits}: use 0 (plain FIFO) .. 255, e.g. 1")
         self._validate_peers()
         self._validate_security()
+        self._validate_etcd()
         return self
 
     @property
@@ -244,6 +257,42 @@ class ServerConfig:
                      "allow_insecure_remote = true on a host where every local user may read every tenant's blocks")
 
     @property
+    def etcd_security(self) -> EtcdSecurity:
+        return EtcdSecurity(self.etcd_ca, self.etcd_cert, self.etcd_key, self.etcd_user, self.etcd_password_file)
+
+    def _validate_etcd(self) -> None:
+        """etcd holds the member set, i.e. where peers send blocks: it is reached as securely as the rest of the
+        node. TLS files only with https://, halves together, secrets owner-only. A plaintext etcd on another
+        host (anyone on the path can rewrite the member set, or read etcd_user's password) is refused when the
+        node is otherwise protected (TLS, tokens, an etcd login) unless allow_insecure_remote says so: it would
+        undo that protection. A node with none of them is open anyway (its plaintext peer listener off loopback
+        needs allow_insecure_remote already), so its etcd URL is left as it was."""
+        sec = self.etcd_security
+        if not self.peer_endpoints:
+            _require(not (sec.tls_files_given or sec.user or sec.password_file),
+                     "etcd_ca / etcd_cert / etcd_key / etcd_user / etcd_password_file are set but etcd_endpoints "
+                     "is empty: set etcd_endpoints (https://host:2379) or drop them")
+            return
+        sec.check()
+        schemes = {url.split("://", 1)[0] for url in self.peer_endpoints}
+        _require(len(schemes) == 1, f"etcd_endpoints={self.etcd_endpoints!r} mixes http:// and https://: use "
+                 "https:// for every member (one etcd_ca verifies them all)")
+        if schemes == {"https"}:
+            sec.ssl_context()  # a PEM file that does not load fails now, not at the first tick
+            return
+        _require(not sec.tls_files_given,
+                 f"etcd_ca / etcd_cert / etcd_key apply to https:// endpoints, but etcd_endpoints="
+                 f"{self.etcd_endpoints!r} is plain http: use https:// URLs")
+        remote = [url for url in self.peer_endpoints if not is_loopback_host(urlsplit(url).hostname or "")]
+        protected = [name for name, on in (("tls_cert", self.tls.enabled), ("tokens_file", bool(self.tokens_file)),
+                                           ("etcd_user", bool(sec.user))) if on]
+        _require(not (remote and protected) or self.allow_insecure_remote,
+                 f"etcd_endpoints {remote} are plain http to another host while this node is protected by "
+                 f"{', '.join(protected)}: anyone on the path could rewrite the member set (or read etcd_user's "
+                 "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or allow_insecure_remote = true on "
+                 "a trusted network")
+
+    @property
     def peer_endpoints(self) -> list[str]:
         return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
@@ -252,7 +301,9 @@ class ServerConfig:
         not wait for the day the node joins a cluster to surface)."""
         for url in self.peer_endpoints:
             _require(re.fullmatch(r"https?://[^/\s]+(:\d+)?/?", url) is not None,
-                     f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. http://127.0.0.1:2379")
+                     f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. https://10.0.0.5:2379")
+            _require("@" not in url, f"etcd_endpoints: {url!r} carries credentials; take them out of the URL "
+                     "and use etcd_user and etcd_password_file")
         _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
                  f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
         _require(bool(self.listen or self.peer_control_advertise or not self.peer_endpoints),
