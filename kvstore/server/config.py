@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from kvstore.errors import ConfigError
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles, is_loopback_address, is_loopback_host
+from kvstore.server.metric_labels import read_label_key
 from kvstore.security.tokens import TENANT_RE, TokenTable
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.policies.admission import ADMISSION_HELP, make_admission
@@ -134,6 +135,12 @@ class ServerConfig:
     tenant_disk_quota: str = field(default="", **_help(
         "guaranteed disk-tier bytes per tenant, same form as tenant_ram_quota; kept at segment reclamation (copied "
         "forward), so the total must fit in disk_bytes - 2 segments; '' = no quotas"))
+    metrics_namespace_labels: str = field(default="auto", **_help(
+        "namespace and tenant label values on /metrics: name, hash (keyed HMAC: no name leaves the node), none "
+        "(per-namespace and per-tenant series dropped, totals kept); auto = hash with tokens_file, else name"))
+    metrics_label_key_file: str = field(default="", **_help(
+        "owner-only file with the hash labels' secret key (>= 16 bytes): labels stay the same across restarts "
+        "and on every node sharing it; '' = a random key each start (labels unlinkable across restarts)"))
     log_level: str = field(default="info", **_help("debug, info, warning, error"))
     log_format: str = field(default="text", **_help("text or json (one object a line)"))
 
@@ -194,6 +201,7 @@ class ServerConfig:
         self._validate_peers()
         self._validate_security()
         self._validate_etcd()
+        self._validate_metrics_labels()
         return self
 
     @property
@@ -291,6 +299,22 @@ class ServerConfig:
                  f"{', '.join(protected)}: anyone on the path could rewrite the member set (or read etcd_user's "
                  "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or allow_insecure_remote = true on "
                  "a trusted network")
+
+    @property
+    def metrics_labels(self) -> str:
+        """The effective label mode: name, hash or none ('auto' resolved against tokens_file)."""
+        if self.metrics_namespace_labels == "auto":
+            return "hash" if self.tokens_file else "name"
+        return self.metrics_namespace_labels
+
+    def _validate_metrics_labels(self) -> None:
+        _require(self.metrics_namespace_labels in ("auto", "name", "hash", "none"),
+                 f"metrics_namespace_labels={self.metrics_namespace_labels!r}: use auto, name, hash or none")
+        if self.metrics_label_key_file:
+            _require(self.metrics_labels == "hash",
+                     f"metrics_label_key_file is set but the labels are {self.metrics_labels!r} (metrics_namespace_"
+                     f"labels={self.metrics_namespace_labels!r}): set metrics_namespace_labels = \"hash\" or drop it")
+            read_label_key(self.metrics_label_key_file)
 
     @property
     def peer_endpoints(self) -> list[str]:

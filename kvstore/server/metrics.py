@@ -6,6 +6,8 @@ happen (one histogram observe per RPC or transfer, ~1 us; transfers go into a kv
 that is read at scrape time too). Names follow Prometheus conventions (`*_total`, `*_bytes`, `*_seconds`); label
 values are bounded: tiers and states are fixed sets, RPC methods are the service's methods, and namespaces
 are capped at `MAX_NAMESPACE_LABELS` (the largest by bytes; the rest are summed under "_other").
+Namespace and tenant label values are names, keyed hashes of names, or left out (metrics_namespace_labels,
+kvstore/server/metric_labels.py): with tokens the default is hashes, since this port has no authentication.
 
 Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_lookup_keys_total                     keys asked for in lookups
@@ -65,6 +67,7 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
 from kvstore.peer.cluster import PeerStatus
+from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.peer.counters import COUNTER_HELP
 from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
@@ -102,9 +105,10 @@ _COUNTERS = {
 class EngineCollector(Collector):
     """Turns one Engine.stats() snapshot into metric families at scrape time."""
 
-    def __init__(self, engine: Engine, tenants: TenantUsage | None = None) -> None:
+    def __init__(self, engine: Engine, tenants: TenantUsage | None = None, labels: MetricLabels | None = None) -> None:
         self._engine = engine
         self._tenants = tenants
+        self._labels = labels if labels is not None else MetricLabels("name")
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._engine.stats()
@@ -124,18 +128,19 @@ class EngineCollector(Collector):
                                 value=self._engine.events.subscribers)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",
                                   value=self._engine.events.dropped_total)
-        yield from _namespaces(s)
-        yield from _tokens(s)
+        if self._labels.per_name:
+            yield from _namespaces(s, self._labels)
+        yield from _tokens(s, self._labels)
         yield from _arena(s)
         yield from _disk(s, self._engine)
-        if self._tenants is not None:
-            yield from _tenants(s, self._tenants)
+        if self._tenants is not None and self._labels.per_name:
+            yield from _tenants(s, self._tenants, self._labels)
 
 
-def _namespaces(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+def _namespaces(s: EngineStats, labels: MetricLabels) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     ranked = sorted(s.namespaces, key=lambda n: n.bytes, reverse=True)
     shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
-    rows = [(n.name, n.lookup_keys, n.hit_keys, n.blocks, n.bytes) for n in shown]
+    rows = [(labels.namespace(n.name), n.lookup_keys, n.hit_keys, n.blocks, n.bytes) for n in shown]
     if rest:
         rows.append(("_other", sum(n.lookup_keys for n in rest), sum(n.hit_keys for n in rest),
                      sum(n.blocks for n in rest), sum(n.bytes for n in rest)))
@@ -151,11 +156,12 @@ def _namespaces(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFam
     yield from fams
 
 
-def _tokens(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+def _tokens(s: EngineStats, labels: MetricLabels) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     """Lookups in tokens: block counts x the namespace's tokens_per_block (fixed at registration).
 
     Daemon-wide totals cover every namespace with a known tokens_per_block; the per-namespace families keep
-    the same cap and "_other" bucket as the block families (ranked by bytes)."""
+    the same cap and "_other" bucket as the block families (ranked by bytes), and are left out with labels
+    "none"."""
     known = [n for n in s.namespaces if n.tokens_per_block]
     total = CounterMetricFamily("kvstore_lookup_tokens", "Tokens asked for in lookups (namespaces with "
                                 "tokens_per_block)", value=sum(n.lookup_keys * n.tokens_per_block for n in known))
@@ -165,9 +171,11 @@ def _tokens(s: EngineStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]
     hits.add_metric(["peer"], sum(n.hit_keys_peer * n.tokens_per_block for n in known))
     yield total
     yield hits
+    if not labels.per_name:
+        return
     ranked = sorted(known, key=lambda n: n.bytes, reverse=True)
     shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
-    rows = [(n.name, n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
+    rows = [(labels.namespace(n.name), n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
              n.hit_keys_disk * n.tokens_per_block, n.hit_keys_peer * n.tokens_per_block, n.tokens_per_block)
             for n in shown]
     if rest:
@@ -234,18 +242,19 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
                               value=d.quota_overcommitted)
 
 
-def _tenants(s: EngineStats, usage: TenantUsage) -> Iterator[GaugeMetricFamily]:
+def _tenants(s: EngineStats, usage: TenantUsage, labels: MetricLabels) -> Iterator[GaugeMetricFamily]:
     rows = sorted(usage.rows(s.namespaces), key=lambda r: r.ram_bytes + r.disk_bytes, reverse=True)
     used = GaugeMetricFamily("kvstore_tenant_bytes", "Bytes held per tenant, by tier (what quotas compare)",
                              labels=["tenant", "tier"])
     quota = GaugeMetricFamily("kvstore_tenant_quota_bytes", "Guaranteed bytes per tenant, by tier (0: none)",
                               labels=["tenant", "tier"])
     for r in rows[:MAX_NAMESPACE_LABELS]:
-        used.add_metric([r.tenant, "ram"], r.ram_bytes)
-        quota.add_metric([r.tenant, "ram"], r.ram_quota_bytes)
+        tenant = labels.tenant(r.tenant)
+        used.add_metric([tenant, "ram"], r.ram_bytes)
+        quota.add_metric([tenant, "ram"], r.ram_quota_bytes)
         if s.disk is not None:
-            used.add_metric([r.tenant, "disk"], r.disk_bytes)
-            quota.add_metric([r.tenant, "disk"], r.disk_quota_bytes)
+            used.add_metric([tenant, "disk"], r.disk_bytes)
+            quota.add_metric([tenant, "disk"], r.disk_quota_bytes)
     yield used
     yield quota
 
@@ -309,10 +318,11 @@ class MetricsServer:
 
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
                  transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None,
-                 tenants: TenantUsage | None = None) -> None:
+                 tenants: TenantUsage | None = None, labels: MetricLabels | None = None) -> None:
         host, _, port = listen.rpartition(":")
+        self.labels = labels if labels is not None else MetricLabels("name")
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(engine, tenants))
+        self.registry.register(EngineCollector(engine, tenants, self.labels))
         self.transfers = transfers if transfers is not None else TransferMeter()
         self.registry.register(TransferCollector(self.transfers, engine.disk_enabled, peers is not None))
         if peers is not None:
@@ -331,6 +341,7 @@ class MetricsServer:
                 return [text.encode() + b"\n"]
             return metrics_app(environ, start_response)
 
+        self._listen = listen
         try:
             self._httpd: WSGIServer = make_server(host, int(port), app, handler_class=_QuietHandler)
         except OSError as exc:
@@ -342,6 +353,10 @@ class MetricsServer:
 
     def start(self) -> None:
         self._thread.start()
+        lab = self.labels
+        log.info("metrics on %s: namespace and tenant labels = %s%s", self._listen, lab.mode,
+                 (" (key from metrics_label_key_file)" if lab.keyed_from_file else " (a random key: labels change "
+                  "at each restart)") if lab.mode == "hash" else "")
 
     def stop(self) -> None:
         if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran if start() did not
