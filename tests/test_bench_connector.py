@@ -18,8 +18,16 @@ def test_core_reports_every_field_and_exact_counters() -> None:
     out, rows = bench.run(TOKENS, rounds=2, warmup=1, threads=(1, 2), head_chunk=16, extra_chunks=(0, 32), sample=2)
     json.dumps(out)
     for k in ("bytes", "memcpy_gbs", "save_gbs", "load_gbs", "save_ratio", "load_ratio", "save_t1_gbs",
-              "load_t1_gbs", "save_chunk0_gbs", "save_chunk32_gbs", "copy_threads", "wait_for_save_ms_p50"):
+              "load_t1_gbs", "save_chunk0_gbs", "save_chunk32_gbs", "copy_threads", "wait_for_save_ms_p50",
+              "memcpy_numpy_gbs"):
         assert k in out, k
+    # the limit is the faster native copy (1 or 2 threads), and every ratio divides by it, not by np.copyto
+    native = {t: out[f"memcpy_native{t}_gbs"] for t in (1, 2)}
+    assert out["limit_threads"] == max(native, key=native.__getitem__)
+    assert out["limit_gbs"] == out["memcpy_gbs"] == native[out["limit_threads"]]
+    assert out[f"memcpy_native{out['limit_threads']}_ratio"] == 1.0
+    for op in ("save", "load", "save_t1", "load_t1"):
+        assert out[f"{op}_ratio"] == pytest.approx(out[f"{op}_gbs"] / out["limit_gbs"], rel=0.01), op
     assert (out["bytes"], out["keys"], out["steps_per_prompt"], out["copy_threads"]) == (4 << 21, 4, 4, 2)
     assert out["copy_threads_measured"] == [1, 2] and set(out["targets_met"]) == {"save_ratio", "load_ratio"}
     # (warm-up + timed rounds) x (2 thread counts + 2 extra step sizes), + the instrumented pass
@@ -28,7 +36,7 @@ def test_core_reports_every_field_and_exact_counters() -> None:
     assert (ck["save_passes"], ck["saved_blocks"]) == (saves, 4 * saves)
     assert (ck["load_passes"], ck["loaded_blocks"]) == (loads, 4 * loads)
     assert ck["sample_blocks_compared"] == loads * ck["sample_blocks"] and ck["sample_blocks"] >= 2
-    assert len(rows) == 2 + 2 * 2 + 2
+    assert len(rows) == 3 + 2 * 2 + 2   # native x1, x2, np.copyto; save and load x 2 thread counts; 2 step sizes
     assert set(out["phases_ms"]) == {"save", "load"} and out["phases_ms"]["save"]["Reserve RPC"] > 0
 
 
