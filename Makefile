@@ -19,10 +19,12 @@ setup: $(STAMP)
 # Editable install: CMake builds the native copy module and generates the gRPC stubs from proto/.
 # torch==2.13.0 is the CPU wheel (the connector's unit tests use CPU tensors).
 $(STAMP): $(SOURCES)
-	@# etcd for the peer-tier tests and bench.remote (Debian's etcd-server), only when it is missing
+	@# etcd for the peer-tier tests and bench.remote (Debian's etcd-server), only when it is missing. Without it
+	@# the peer-tier tests are skipped; under KVSTORE_REQUIRE_ALL=1 (CI, .ci/run) they fail, and so does this.
 	test -x /usr/bin/etcd || command -v etcd >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq etcd-server; } || \
-		echo "etcd-server not installed: the peer-tier tests will be skipped"
+		{ echo "etcd-server not installed: the peer-tier tests will be skipped (fail under KVSTORE_REQUIRE_ALL=1)"; \
+		  test "$${KVSTORE_REQUIRE_ALL:-0}" = 0; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,connector,ucx]' torch==2.13.0

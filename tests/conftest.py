@@ -8,9 +8,22 @@ from collections.abc import Iterator
 import pytest
 
 from kvstore.testing import DaemonProcess
+from tests.required import missing
 
 # The vLLM suites run in their own environments (`make test-vllm`); the main environment has no vLLM.
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_sched", "vllm_e2e"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(present, what, install): a real component the test needs "
+                            "(tests/required.py): skipped when missing, failed under KVSTORE_REQUIRE_ALL=1")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """An unmet `needs` mark: skip, or under KVSTORE_REQUIRE_ALL=1 (CI) fail with how to install it."""
+    for mark in item.iter_markers("needs"):
+        if not mark.kwargs["present"]:
+            missing(mark.kwargs["what"], mark.kwargs["install"])
 
 
 @pytest.fixture(scope="module")

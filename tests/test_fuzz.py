@@ -20,6 +20,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
 from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.testing import DaemonProcess, raw_stub, wait_until
+from tests.required import missing
 
 EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "800"))
 FRAME_EXAMPLES = max(50, EXAMPLES // 4)
@@ -107,7 +108,8 @@ def _frame_property(target, data) -> None:
 def test_fuzz_peer_frames(target) -> None:
     d, _, stub, _ = target
     if not stub.Health(pb.HealthRequest(), timeout=5).peers.enabled:
-        pytest.skip("etcd binary missing: no peer data port to fuzz")
+        missing("etcd (the etcd server binary): no peer data port to fuzz",
+                "apt-get install -y etcd-server (make setup does)")
     _frame_property(target)
     assert d.proc.poll() is None, d.log()[-3000:]
     counters = stub.Stats(pb.StatsRequest(), timeout=5).peers.counters

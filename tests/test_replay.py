@@ -25,6 +25,7 @@ from bench.replay.run import _tier_checks
 from bench.replay.sim import LRUTier, SegmentLog, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import DEFAULT_TRACE, Convention, Request, load_trace, write_trace
+from tests.required import needs
 
 
 def _req(*ids: int, tokens: int | None = None, t: int = 0) -> Request:
@@ -200,7 +201,8 @@ def test_partial_last_block_convention() -> None:
     assert kept.hit_tokens == 1000  # a partial block hit serves its 488 tokens, not 512
 
 
-@pytest.mark.skipif(not DEFAULT_TRACE.exists(), reason="conversation trace not present")
+@needs(DEFAULT_TRACE.exists(), f"the conversation trace {DEFAULT_TRACE}",
+       "it is shared/data/conversation_trace.jsonl beside the checkout (clone the repository next to shared/)")
 def test_infinite_cache_reproduces_the_dataset_readme() -> None:
     reqs = load_trace(DEFAULT_TRACE)
     best = infinite_cache(reqs, Convention.KEEP_PARTIAL)
