@@ -16,15 +16,18 @@ import pytest
 
 from bench.replay.agentx import AgentXParams, generate
 from bench.replay.agentx_stats import agentx_stats
+from bench.replay import run as replay_run
+from bench.replay.cli import main as replay_main
 from bench.replay.cli import parse_tokens
 from bench.replay.keys import SEED, chain_keys, stamp, verify
 from bench.replay.metrics import CostModel, capacity_model, hit_figures
-from bench.replay.replayer import replay
+from bench.replay.replayer import ReplayResult, replay
 from bench.replay.report import markdown_table, series_from_points
 from bench.replay.run import _tier_checks
 from bench.replay.sim import LRUTier, SegmentLog, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import DEFAULT_TRACE, Convention, Request, load_trace, write_trace
+from bench.replay.verdict import EXIT_MISMATCH, mismatches
 from tests.required import needs
 
 
@@ -296,7 +299,9 @@ def _point(ram: int, disk: int, hit: float) -> dict:
             "bytes_per_token": 64, "block_bytes": 32768, "arena_bytes": ram * 64, "disk_bytes": disk * 63,
             "hit_rate": hit, "sim_hit_rate": hit, "hit_rate_ram": 0.1435, "hit_rate_disk": hit - 0.1435,
             "max_hit_rate": 0.3734, "prefill_reduction": 1.17, "load_gbps": 0.06, "put_gbps": 0.15,
-            "requests_per_s": 128, "disk_write_amplification": 1.1734 if disk else 0.0}
+            "requests_per_s": 128, "disk_write_amplification": 1.1734 if disk else 0.0,
+            "conditions": {"policy": "lru", "high_watermark": 1.0, "low_watermark": 1.0,
+                           "lock_step": ["disk writes", "promotions"] if disk else []}}
 
 
 def test_markdown_table_and_series() -> None:
@@ -305,6 +310,8 @@ def test_markdown_table_and_series() -> None:
     assert "| 3M | RAM | 3M (183 MiB) | - | 0.1435 | 0.1435 | 0.1435 / 0.0000 | 38.4% | 1.170x | - |" in table
     assert ("| 33M | RAM+disk | 3M (183 MiB) | 30M (1802 MiB) | 0.3500 | 0.3500 | 0.1435 / 0.2065 | 93.7% | 1.170x "
             "| 1.17x |") in table
+    assert table.count("| 128 | none |") == 2 and "| 128 | disk writes, promotions |" in table  # the lock-step column
+    assert "Conditions: lru, watermarks high 1 / low 1" in table
     ram, disk = series_from_points(points)
     assert (ram.label, ram.capacity_tokens) == ("RAM", (3_000_000, 10_000_000))
     # the RAM+disk line starts at RAM alone (disk 0), on the total-capacity axis
@@ -354,3 +361,56 @@ def test_replay_with_disk_tier_equals_simulation(reinsert_hits: int, reclaimed: 
     assert c["disk_blocks"] == 125 - reclaimed and c["evicted_to_disk"] == 584   # one eviction lost its copy
     assert store.counters["disk_reinserted"] == reinserted
     assert store.synced_writes and store.counters["demote_dropped"] == 0
+
+
+# -- store vs simulator: any difference fails the run ---------------------------------------------------------
+
+def _exact_point() -> dict:
+    return {"capacity_tokens": 10_000, "disk_tokens": 0, "requests": 469, "mismatched_requests": 0,
+            "first_mismatches": [], "tier_checks": {"evictions": [571, 571], "resident_blocks": [19, 19]},
+            "tier_mismatches": [], "mismatched_disk_hits": 0, "verify_failures": 0}
+
+
+def test_verdict_names_each_difference() -> None:
+    p = _exact_point()
+    assert mismatches(p) == []
+    p.update(mismatched_requests=2, first_mismatches=[(3, 1, 0), (7, 4, 5)], tier_mismatches=["evictions"],
+             tier_checks={"evictions": [572, 571]}, mismatched_disk_hits=1, verify_failures=4)
+    assert mismatches(p) == [
+        "RAM 10K: 2 of 469 requests differ (first: request 3: store 1 hits, simulated 0, request 7: store 4 hits, "
+        "simulated 5)",
+        "RAM 10K: counter evictions: store 572, simulated 571",
+        "RAM 10K: 1 requests were served from disk at other positions than simulated",
+        "RAM 10K: 4 loaded blocks failed their content marks"]
+
+
+_CLI = ["--agentx", "--sessions", "2", "--scale", "0.05", "--seed", "1", "--capacity-tokens", "10000"]
+
+
+@pytest.mark.parametrize("doctor", [None, "hit", "counter"])
+def test_cli_exits_non_zero_when_the_store_differs_from_the_simulation(
+        doctor: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The real replay through a real daemon, its result doctored after the fact the way a daemon bug would
+    # show: one request's hit count, or one counter, off by one. The clean run must exit 0 and say under what
+    # conditions it ran; a doctored one exit 2, naming the difference on stderr and in the JSON.
+    def doctored(*a: object, **kw: object) -> ReplayResult:
+        r = replay(*a, **kw)  # type: ignore[arg-type]
+        if doctor == "hit":
+            r.hits[5] += 1
+        elif doctor == "counter":
+            r.counters["evictions"] += 1
+        return r
+    monkeypatch.setattr(replay_run, "replay", doctored)
+    code = replay_main(_CLI)
+    cap = capsys.readouterr()
+    out = json.loads(cap.out.strip().splitlines()[-1])
+    c = out["conditions"]
+    assert (c["policy"], c["high_watermark"], c["low_watermark"], c["ram_blocks"]) == ("lru", 1.0, 1.0, 19)
+    assert c["lock_step"] == ["leases"] and "disk_sync" not in c  # 19 blocks: below 4 x the largest request
+    assert "conditions" in cap.out and "lock-step: leases" in cap.out
+    if doctor is None:
+        assert (code, out["exact"], out["mismatches"], out["mismatched_requests"]) == (0, True, [], 0)
+        return
+    assert code == EXIT_MISMATCH and out["exact"] is False and len(out["mismatches"]) == 1
+    want = ("requests differ (first: request 5: store " if doctor == "hit" else "counter evictions: store ")
+    assert want in out["mismatches"][0] and want in cap.err and "MISMATCH" in cap.err

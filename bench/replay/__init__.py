@@ -9,7 +9,8 @@
                   second chance for records read since written); the infinite-cache maximum
 - replayer.py     the connector's lookup -> load -> put loop through a real daemon and client
 - metrics.py      hit rates, prefill reduction, the GPU-seconds capacity model, time-to-next-action
-- run.py          one capacity point: store + simulator -> one flat figures dict
+- run.py          one capacity point: store + simulator -> one flat figures dict (with the run's conditions)
+- verdict.py      every difference between store and simulator, named; any one makes the CLI exit 2
 - report.py       the sweep's markdown table and PNG (RAM-only and RAM+disk lines)
 - agentx.py       seeded AgentX-shaped trace generator; agentx_stats.py measures its statistics
 - cli.py          the command line

@@ -1,8 +1,11 @@
 """`python -m bench.replay`: replay a trace (or an AgentX-shaped one) through the real store and the simulator.
 
 stdout: a short human summary (and the sweep's markdown table), then, as its LAST line, exactly one JSON object
-with every figure (see run.py for the names). stderr: the progress bar and notes. Exit status 2 when the
-store's hit rate differs from the simulated one by more than one point: that is a finding, not noise.
+with every figure (see run.py for the names), its "conditions" (watermarks, disk_sync, where the replay ran
+in lock-step with the daemon) and "exact". stderr: the progress bar and notes. Exit status 2 when the real
+store differs from its exact simulation anywhere, in any replayed point: one request's hits, one counter,
+one disk-served position, one block that failed its marks (verdict.py; each difference is named on stderr
+and in the JSON's "mismatches"). The replay is exact by construction, so a difference is a finding, not noise.
 
 --disk-tokens N adds the daemon's disk tier (see tiers.py for its segments; disk_sync none: a hit-rate
 replay), with its second chance at reclamation (--disk-reinsert-hits, the daemon's default 1; 0: plain
@@ -37,6 +40,7 @@ from bench.replay.report import markdown_table, plot_sweep, series_from_points, 
 from bench.replay.run import Workload, run_point
 from bench.replay.tiers import StoreSpec, fmt_tokens
 from bench.replay.trace import BLOCK_TOKENS, DEFAULT_TRACE, Convention, Request, cut_trace, load_trace, write_trace
+from bench.replay.verdict import EXIT_MISMATCH, all_mismatches
 
 __all__ = ["main", "build_parser"]
 
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                  and head["disk_tokens"]), None)
     if base is not None:
         result["ram_only"] = {k: base[k] for k in ("hit_rate", "sim_hit_rate", "hit_rate_of_max", "prefill_reduction",
-                                                   "mismatched_requests", "tier_mismatches", "replay_s")}
+                                                   "mismatched_requests", "tier_mismatches", "replay_s", "conditions")}
         print(f"RAM {fmt_tokens(head['capacity_tokens'])} alone: hit rate {base['hit_rate']:.4f} "
               f"({base['hit_rate_of_max']:.1%} of the maximum), prefill reduction {base['prefill_reduction']:.2f}x")
     if a.sweep:
@@ -212,10 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
                 "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "mismatched_requests", "tier_mismatches",
                 "disk_reinserted_blocks", "disk_write_amplification", "load_gbps", "put_gbps", "requests_per_s",
-                "replay_s")
+                "replay_s", "conditions")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),
                       table=str(a.out / f"sweep_{stem}.md"))
-    result["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    bad = all_mismatches(points)
+    result.update(exact=not bad, mismatches=bad[:20], elapsed_s=round(time.perf_counter() - t0, 1))
+    if bad:
+        print(f"MISMATCH: the store differs from its exact simulation in {len(bad)} ways; first:", file=sys.stderr)
+        for line in bad[:10]:
+            print(f"  {line}", file=sys.stderr)
     print(json.dumps(result, separators=(",", ":")))
-    worst = max(abs(p["hit_rate"] - p["sim_hit_rate"]) for p in points)
-    return 2 if worst > 0.01 else 0
+    return EXIT_MISMATCH if bad else 0

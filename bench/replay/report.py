@@ -17,7 +17,8 @@ from pathlib import Path
 
 from bench.replay.tiers import fmt_tokens
 
-__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title"]
+__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title",
+           "conditions_text", "lock_step_text"]
 
 
 def _total(p: dict) -> int:
@@ -40,7 +41,26 @@ _COLUMNS = (
     ("loads GB/s", lambda p: f"{p['load_gbps']:.2f}"),
     ("puts GB/s", lambda p: f"{p['put_gbps']:.2f}"),
     ("req/s", lambda p: f"{p['requests_per_s']:.0f}"),
+    ("lock-step", lambda p: lock_step_text(p["conditions"])),
 )
+
+
+def lock_step_text(c: dict) -> str:
+    """Where the replay waited for the daemon: 'leases' (between a load and its put, until no lease is held),
+    'disk writes' (after each request, until the writer drained), 'promotions' (before a get)."""
+    return ", ".join(c["lock_step"]) or "none"
+
+
+def conditions_text(c: dict) -> str:
+    """One line: what the daemon ran under and where the replay waited for it (run._conditions)."""
+    parts = [f"{c['policy']}, watermarks high {c['high_watermark']:g} / low {c['low_watermark']:g}"
+             + (" (only allocation pressure evicts, one block at a time)" if c["high_watermark"] >= 1 else "")]
+    if "disk_sync" in c:
+        parts.append(f"disk_sync {c['disk_sync']}, admission {c['disk_admission']}, codec {c['disk_codec']}, "
+                     f"reinsert hits {c['disk_reinsert_hits']}, {c['disk_segments']} segments of "
+                     f"{c['disk_segment_bytes'] / 2**20:.0f} MiB")
+    parts.append(f"lock-step: {lock_step_text(c)}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,7 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
         ("store hit rate as a share of the maximum", f"{p['hit_rate_of_max']:.1%}"),
         ("requests where store and simulator differ", str(p["mismatched_requests"])),
         ("counters where store and simulator differ", ", ".join(p.get("tier_mismatches", ())) or "none"),
+        ("conditions", conditions_text(p["conditions"])),
         ("prefill tokens: no cache -> store (reduction)",
          f"{p['prefill_tokens_no_cache']:,} -> {p['prefill_tokens']:,} ({p['prefill_reduction']:.3f}x)"),
         ("bytes loaded from RAM / stored", f"{p['loaded_bytes'] / 1e9:.2f} GB / {p['stored_bytes'] / 1e9:.2f} GB"),
@@ -128,10 +149,17 @@ def markdown_table(points: Sequence[dict], title: str) -> str:
         lines.append("| " + " | ".join(f(p) for _, f in _COLUMNS) + " |")
     if points:
         p = points[0]
+        c = next((q["conditions"] for q in points if "disk_sync" in q["conditions"]), p["conditions"])
+        disk = (f"disk_sync {c['disk_sync']} (a hit-rate replay), admission {c['disk_admission']}, codec "
+                f"{c['disk_codec']}, reinsert hits {c['disk_reinsert_hits']}. " if "disk_sync" in c else "")
         lines += ["", f"Infinite-cache maximum hit rate: {p['max_hit_rate']:.4f}. Token-level rates over all "
                   f"input tokens; {p['bytes_per_token']} KV bytes a token "
                   f"({p['block_bytes'] // 1024} KiB a 512-token block). Capacity = RAM + disk tokens; the disk "
-                  "is rounded down to whole segments (its MiB column); disk_sync none (a hit-rate replay)."]
+                  f"is rounded down to whole segments (its MiB column). Conditions: {c['policy']}, watermarks "
+                  f"high {c['high_watermark']:g} / low {c['low_watermark']:g} (only allocation pressure evicts); "
+                  f"{disk}Lock-step: the replay waits for the daemon where that column says (leases: between a "
+                  "load and its put until no lease is held; disk writes: after each request until the writer "
+                  "drained; promotions: before a get until the probe's promotions landed)."]
     return "\n".join(lines) + "\n"
 
 

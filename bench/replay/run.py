@@ -6,7 +6,8 @@ has exactly one definition (metrics.py) and one name.
 Store vs model is checked on more than the hit rate: `tier_checks` pairs each daemon counter that the model
 predicts (RAM evictions, evictions of blocks with a disk copy, promotions, hits by tier, disk writes, blocks
 reclaimed from disk, blocks and bytes on disk, ...) as [store, simulated]; `tier_mismatches` names those that
-differ, and `mismatched_disk_hits` counts requests whose disk-served positions differ.
+differ, and `mismatched_disk_hits` counts requests whose disk-served positions differ (verdict.py turns them
+into the CLI's exit status). `conditions` says what the daemon ran under and where the replay waited for it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,26 @@ def _disk_figures(spec: StoreSpec, store: ReplayResult, sim: SimResult) -> dict:
     return out
 
 
+def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
+    """What the daemon ran under (read from the options it was started with) and where the replay waited for it.
+
+    Why in every point: the store equals the model only under these conditions (watermarks 1.0: allocation
+    pressure alone evicts, one block at a time; no fsync; the replay in lock-step with the daemon's background
+    work, see replayer.py), so a figure quoted without them claims more than was measured."""
+    o = spec.daemon_options()
+    lock = [what for what, on in (("leases", store.synced_leases), ("disk writes", store.synced_writes),
+                                  ("promotions", spec.disk is not None)) if on]
+    c: dict = {"policy": o["policy"], "high_watermark": o["high_watermark"], "low_watermark": o["low_watermark"],
+               "arena_bytes": o["arena_bytes"], "max_block_bytes": o["max_block_bytes"],
+               "ram_blocks": spec.tiers[0].capacity_blocks, "lock_step": lock}
+    d = spec.disk
+    if d is not None:
+        c.update({k: o[k] for k in ("disk_sync", "disk_admission", "disk_codec", "disk_reinsert_hits",
+                                    "write_queue_blocks", "disk_bytes", "disk_segment_bytes")},
+                 disk_segments=d.segments, disk_blocks=d.capacity_blocks)
+    return c
+
+
 def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None) -> dict:
     """Replay `w` through a daemon sized by `spec`, simulate the same store, and report both."""
     t0 = time.perf_counter()
@@ -124,6 +145,7 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
         "prefill_reduction": round(f.prefill_reduction, 4), "max_prefill_reduction": round(fm.prefill_reduction, 4),
         "mismatched_requests": len(bad), "first_mismatches": bad[:5],
         "tier_checks": checks, "tier_mismatches": [k for k, (a, b) in checks.items() if a != b],
+        "conditions": _conditions(spec, store),
         "unique_kv_tokens": unique, "store_share_of_unique": round(held / unique, 4) if unique else 0.0,
         "capacity_blocks": spec.tiers[0].capacity_blocks,
         **_disk_figures(spec, store, sim),
