@@ -8,8 +8,9 @@ etcd down: calls fail (counted), this node keeps the last member set it read (pe
 working; calls to dead ones time out and are misses) and retries every tick. When etcd answers again, the
 keepalive finds the lease gone (it expired meanwhile) and the node registers again (a rejoin, counted).
 etcd refusing this node (untrusted certificate, wrong password, no permission: EtcdRefused) is handled the
-same way, since the fix may land on etcd's side while the node runs; its message is logged as an error once,
-and again only when it changes, so a wrong password is one clear line, not one a tick.
+same way, since the fix may land on etcd's side while the node runs; each distinct failure is logged once
+per outage (an error for a refusal), so a wrong password is one clear line, not one a tick, even when
+timeouts come in between.
 No consensus or gossip of our own: etcd is the only source of membership.
 """
 
@@ -67,7 +68,8 @@ class Membership:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.connected = False
-        self.last_error = ""  # why etcd failed last ("" while it answers); logged when it changes
+        self.last_error = ""  # why etcd failed last ("" while it answers)
+        self._logged: set[str] = set()  # failures logged during this outage (cleared when etcd answers)
         self._thread = threading.Thread(target=self._loop, name="kvstore-membership", daemon=True)
 
     # -- reads (any thread) ------------------------------------------------------------------------------
@@ -105,7 +107,8 @@ class Membership:
             records = self._etcd.range_prefix(self._prefix)
         except EtcdUnavailable as exc:
             self._counters.add("etcd_errors")
-            if self.connected or str(exc) != self.last_error:
+            if str(exc) not in self._logged and len(self._logged) < 64:
+                self._logged.add(str(exc))
                 if isinstance(exc, EtcdRefused):
                     log.error("etcd refused this node, serving with the last member set (%d members): %s",
                               len(self._members), exc)
@@ -119,6 +122,7 @@ class Membership:
             log.info("etcd reachable: registered as %s", self.me.node_id)
         self.connected = True
         self.last_error = ""
+        self._logged.clear()
         found = {self.me.node_id: self.me}
         for _, raw in records:
             m = Member.decode(raw)
