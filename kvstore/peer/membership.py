@@ -68,7 +68,6 @@ class Membership:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.connected = False
-        self.last_error = ""  # why etcd failed last ("" while it answers)
         self._logged: set[str] = set()  # failures logged during this outage (cleared when etcd answers)
         self._thread = threading.Thread(target=self._loop, name="kvstore-membership", daemon=True)
 
@@ -116,12 +115,10 @@ class Membership:
                     log.warning("etcd unreachable, serving with the last member set (%d members): %s",
                                 len(self._members), exc)
             self.connected = False
-            self.last_error = str(exc)
             return
         if not self.connected:
             log.info("etcd reachable: registered as %s", self.me.node_id)
         self.connected = True
-        self.last_error = ""
         self._logged.clear()
         found = {self.me.node_id: self.me}
         for _, raw in records:

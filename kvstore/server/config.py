@@ -100,7 +100,8 @@ class ServerConfig:
     grpc_workers: int = field(default=16, **_help("gRPC server threads (event subscribers hold one each)"))
     max_subscribers: int = field(default=4, **_help("most concurrent KV-event subscribers"))
     etcd_endpoints: str = field(default="", **_help(
-        "peer tier: comma-separated etcd v3 client URLs (http://host:2379); '' runs this node alone"))
+        "peer tier: comma-separated etcd v3 client URLs (https://host:2379 with etcd_ca; http:// on loopback or "
+        "a trusted network); '' runs this node alone"))
     etcd_prefix: str = field(default="/kvstore/members/", **_help("etcd key prefix under which members register"))
     etcd_ca: str = field(default="", **_help(
         "PEM CA bundle that signed etcd's certificate (https:// endpoints; its host name or IP is checked too); "
@@ -297,8 +298,8 @@ class ServerConfig:
         _require(not (remote and protected) or self.allow_insecure_remote,
                  f"etcd_endpoints {remote} are plain http to another host while this node is protected by "
                  f"{', '.join(protected)}: anyone on the path could rewrite the member set (or read etcd_user's "
-                 "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or allow_insecure_remote = true on "
-                 "a trusted network")
+                 "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or "
+                 "allow_insecure_remote = true on a trusted network")
 
     @property
     def metrics_labels(self) -> str:
