@@ -624,6 +624,7 @@ def test_stats_exact_fields() -> None:
         "promotion_failures": 0,
         "disk_writes": 0, "disk_write_failures": 0, "demote_dropped": 0, "demote_queue_full": 0,
         "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0, "disk_reinserted": 0,
+        "slab_binds": 0, "slab_bind_failures": 0,
     }
     eng.release([lease])
     assert eng.stats().leased_bytes == 0
