@@ -27,6 +27,7 @@ from kvstore.server.config import ServerConfig, load_config
 from kvstore.testing import DaemonProcess, free_port, wait_until
 from tests.etcd_secure import PREFIX, EtcdPki, SecureEtcd, make_etcd_pki
 from tests.peer_helpers import needs_etcd
+from tests.required import missing
 from tests.tenant_helpers import secret
 from tests.tls_helpers import make_pki
 
@@ -46,8 +47,8 @@ def wrong_ca(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def etcd(pki: EtcdPki) -> Iterator[SecureEtcd]:
-    if etcd_binary() is None:
-        pytest.skip("etcd binary missing: apt-get install -y etcd-server (make setup does)")
+    if etcd_binary() is None:  # the tests' needs_etcd mark decides first; this guards a direct use
+        missing("etcd (the etcd server binary)", "apt-get install -y etcd-server (make setup does)")
     with SecureEtcd(pki, client_cert_auth=True, auth_token_ttl_s=TOKEN_TTL_S) as e:
         e.enable_auth(USER, PASSWORD)
         yield e
