@@ -68,7 +68,8 @@ def files(tmp_path):
 def _daemon(tokens: str, work: str) -> DaemonProcess:
     return DaemonProcess(workdir=work, tokens_file=tokens, arena_bytes="4MiB", max_block_bytes="1MiB",
                          high_watermark=1.0, low_watermark=1.0, disk_bytes="8MiB", disk_segment_bytes="1MiB",
-                         disk_sync="none", disk_reinsert_hits=0, tenant_disk_quota="alice=2MiB")
+                         disk_sync="none", disk_reinsert_hits=0, tenant_disk_quota="alice=2MiB",
+                         metrics_namespace_labels="name")  # tenant names as labels: checked below
 
 
 def test_a_burst_through_the_disk_tier_keeps_the_other_tenants_quota(files) -> None:

@@ -63,7 +63,7 @@ class PeerConfig:
     capacity_bytes: int
     tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (config.py refuses other planes with TLS)
     # a data-plane connection that carries no frame for this long is closed (tcp and ucx listeners); not yet
-    # a ServerConfig key: the default applies until kvstore/server wires one (peer_idle_timeout_s)
+    # ServerConfig.peer_idle_timeout_s
     idle_timeout_s: float = 60.0
     etcd_security: EtcdSecurity | None = None  # etcd's CA, client certificate and user (security/etcd.py)
 

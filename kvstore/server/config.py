@@ -71,7 +71,7 @@ class ServerConfig:
     unix_socket: str = field(default_factory=default_socket_path, **_help("gRPC unix socket path; '' disables it"))
     listen: str = field(default="127.0.0.1:7070", **_help("gRPC TCP address host:port; '' disables it"))
     metrics_listen: str = field(default="127.0.0.1:9464", **_help("Prometheus /metrics and /healthz host:port; '' disables"))
-    arena_name: str = field(default="", **_help("POSIX shm name of the arena, e.g. /kvstore-a; default /kvstore-<node_id>"))
+    arena_name: str = field(default="", **_help("label of the arena's memory files (memfds, seen in /proc/<pid>/maps); default /kvstore-<node_id>"))
     arena_bytes: int = field(default=1 << 30, **_help("RAM tier size (slots); a size like 1GiB"))
     arena_lock: str = field(default="auto", **_help("mlock the arena: auto (try, warn), on (required), off"))
     max_block_bytes: int = field(default=16 << 20, **_help("largest block; also the slab size of the allocator"))
@@ -122,6 +122,7 @@ class ServerConfig:
     peer_data_plane: str = field(default="tcp", **_help("peer data plane: tcp (framed, zero-copy), ucx (ucxx), grpc"))
     peer_timeout_s: float = field(default=2.0, **_help("bound on one batched call to a peer; past it the keys are misses"))
     peer_push_queue_blocks: int = field(default=4096, **_help("bound of the background push queue; beyond it pushes drop"))
+    peer_idle_timeout_s: float = field(default=60.0, **_help("a peer data connection idle this long is closed (both ends)"))
     tls_cert: str = field(default="", **_help("PEM certificate chain: TLS on the TCP gRPC listener and the peer data plane"))
     tls_key: str = field(default="", **_help("PEM private key of tls_cert (must be owner-only, mode 0600)"))
     tls_ca: str = field(default="", **_help(
@@ -350,6 +351,8 @@ class ServerConfig:
                  f"peer_data_plane={self.peer_data_plane!r}: use tcp, ucx or grpc")
         _require(0.01 <= self.peer_timeout_s <= 60,
                  f"peer_timeout_s={self.peer_timeout_s}: use 0.01..60 seconds")
+        _require(1 <= self.peer_idle_timeout_s <= 3600,
+                 f"peer_idle_timeout_s={self.peer_idle_timeout_s}: use 1..3600 seconds")
         _require(1 <= self.peer_push_queue_blocks <= 1 << 20,
                  f"peer_push_queue_blocks={self.peer_push_queue_blocks}: use 1..1048576")
 

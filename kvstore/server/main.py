@@ -132,6 +132,7 @@ class Daemon:
             control_address=cfg.peer_control_advertise or cfg.listen, lease_ttl_s=cfg.peer_lease_ttl_s,
             refresh_s=cfg.peer_refresh_s, replication=cfg.peer_replication, data_plane=cfg.peer_data_plane,
             timeout_s=cfg.peer_timeout_s, push_queue_blocks=cfg.peer_push_queue_blocks,
+            idle_timeout_s=cfg.peer_idle_timeout_s,
             max_keys=cfg.max_batch_keys, max_block_bytes=cfg.max_block_bytes,
             capacity_bytes=self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0),
             tls=cfg.tls if cfg.tls.enabled else None, etcd_security=cfg.etcd_security,
@@ -194,8 +195,9 @@ class Daemon:
                         "is" if len(exposed) == 1 else "are",
                         "" if self.tokens else " (and there are no tokens)")
         if cfg.metrics_listen and not is_loopback_address(cfg.metrics_listen):
-            log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and up to 50 "
-                        "namespace names; no keys or bytes)", cfg.metrics_listen)
+            shown = "up to 50 namespace names" if cfg.metrics_labels == "name" else f"{cfg.metrics_labels} labels, no names"
+            log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and %s; no keys or "
+                        "bytes)", cfg.metrics_listen, shown)
 
     def start(self) -> None:
         self._warn_exposure()

@@ -99,6 +99,8 @@ _COUNTERS = {
     "checksum_failures": ("kvstore_checksum_failures", "Blocks that failed their checksum (counted as misses)"),
     "lease_expirations": ("kvstore_lease_expirations", "Read leases dropped by TTL (client died or was slow)"),
     "reservation_expirations": ("kvstore_reservation_expirations", "Reserved blocks dropped by TTL"),
+    "slab_binds": ("kvstore_arena_slab_binds", "Empty arena slabs moved to another tenant's memory file (tokens on)"),
+    "slab_bind_failures": ("kvstore_arena_slab_bind_failures", "Slab moves that failed (no memory): store full"),
 }
 
 
