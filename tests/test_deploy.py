@@ -178,8 +178,8 @@ def test_systemd_unit_matches_the_example_config() -> None:
     cfg = load_config(["--config", str(EXAMPLE_TOML)], {})
     assert os.path.dirname(cfg.unix_socket) == "/run/" + svc["RuntimeDirectory"]
     assert PurePosixPath(cfg.disk_dir).is_relative_to("/var/cache/" + svc["CacheDirectory"])
-    for private in ("PrivateDevices", "PrivateIPC"):  # either would hide /dev/shm from the clients
-        assert svc.get(private, "no") == "no"
+    for private in ("PrivateDevices", "PrivateIPC"):  # fine: the arena goes over the socket, not /dev/shm
+        assert svc.get(private) == "yes"
 
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
     assert {"key": "kvstore.toml", "path": config_file.name} in cm_volume["items"]
 
     host_paths = {mount: v["hostPath"]["path"] for mount, v in mounts.items() if "hostPath" in v}
-    assert host_paths[PurePosixPath("/dev/shm")] == "/dev/shm"  # the arena, shared with vLLM pods
+    assert PurePosixPath("/dev/shm") not in host_paths  # the arena is handed over the socket: nothing to share
     assert PurePosixPath(cfg.unix_socket).parent in host_paths  # the socket directory, shared too
     assert any(PurePosixPath(cfg.disk_dir).is_relative_to(m) for m in host_paths)  # disk tier survives the pod
     assert spec["hostNetwork"] is True  # same hostname as the clients, or they fall back to streaming
