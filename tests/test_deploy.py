@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.main import SHUTDOWN_GRACE_S
+from tests.required import missing
 from kvstore.testing import DaemonProcess, wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -49,6 +50,8 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exposed]:
     """Every sample name and label value a daemon with a disk tier exports after puts, hits on both tiers and misses."""
     disk = tmp_path_factory.mktemp("deploy") / "disk"
     stack = contextlib.ExitStack()
+    if etcd_binary() is None:  # the daemon would run alone and the peer families go unchecked
+        missing("etcd", "make setup installs Debian's etcd-server")
     etcd = stack.enter_context(EtcdProcess().start()) if etcd_binary() else None  # one-node cluster: peer families
     peers = peer_options(etcd) if etcd is not None else {}
     with stack, DaemonProcess(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
@@ -184,8 +187,10 @@ def test_systemd_unit_matches_the_example_config() -> None:
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     tool, server = shutil.which("systemd-analyze"), Path(sys.executable).parent / "kvstore-server"
-    if tool is None or not server.exists():
-        pytest.skip("needs systemd-analyze and an installed kvstore-server entry point")
+    if tool is None:
+        missing("systemd-analyze", "apt-get install systemd")
+    if not server.exists():
+        missing("the kvstore-server entry point", "make setup (pip install -e .)")
     unit = tmp_path / "kvstore-server.service"  # same file, pointing at this checkout's entry point
     unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={server}", UNIT.read_text(), flags=re.M))
     r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=120)

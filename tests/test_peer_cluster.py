@@ -13,12 +13,11 @@ from contextlib import ExitStack
 import pytest
 
 from kvstore.testing import wait_until
-from tests.peer_helpers import Cluster, blocks, needs_etcd, register, ucx_available
+from tests.peer_helpers import Cluster, blocks, needs_etcd, needs_ucx, register
 
 pytestmark = [needs_etcd]
 
-PLANES = ["tcp", "grpc", pytest.param("ucx", marks=pytest.mark.skipif(not ucx_available(),
-                                                                reason="ucxx not installed (pip install ucxx-cu12)"))]
+PLANES = ["tcp", "grpc", pytest.param("ucx", marks=needs_ucx)]
 
 
 @pytest.fixture(scope="module", params=PLANES)
