@@ -23,7 +23,7 @@ import mmap
 import os
 import sys
 
-from kvstore.arena.handoff import request_arena
+from kvstore.client.fast_channel import request_arena
 from kvstore.errors import KVStoreError
 
 

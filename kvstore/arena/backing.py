@@ -2,7 +2,7 @@
 
 A *domain* is who may map a slab's bytes. Without tokens there is one domain ("", everyone on the node is one
 trust domain, as with a plain shared arena). With tokens every tenant is a domain with its own file
-(files.py), and a client is handed only its own tenant's file (handoff.py). So a tenant cannot read or write
+(files.py), and a client is handed only its own tenant's file (kvstore/server/fast_server.py). So a tenant cannot read or write
 another tenant's blocks through shared memory: they are not in any memory it can map.
 
 Memory still flows between tenants, a slab at a time, under the node-wide capacity and the quota rules the
@@ -48,7 +48,7 @@ class ArenaBacking:
         self.layout = layout
         self.isolated = isolated
         self._lock_mode = lock
-        self._files_lock = threading.Lock()  # the handoff thread creates files; the engine binds slabs
+        self._files_lock = threading.Lock()  # the fast-path socket creates files; the engine binds slabs
         pool = ArenaFile(layout.name, layout.size_bytes)
         self._files: dict[str, ArenaFile] = {SHARED_DOMAIN: pool}
         try:

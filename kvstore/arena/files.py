@@ -2,7 +2,7 @@
 
 Why memfd and not a named /dev/shm file: a name can be opened by any process of the same user, so a named
 arena is shared with everyone who can guess it. A memfd has no name in any directory; a process gets one only
-when the daemon passes it over its unix socket (handoff.py), after the token check. It also vanishes with the
+when the daemon passes it over its unix socket (kvstore/server/fast_server.py), after the token check. It also vanishes with the
 last process that holds it, so a killed daemon leaves nothing behind.
 
 Why sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): the tenant's process holds a writable descriptor. Without

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvstore.client.types import Health, KeyInfo, PeerInfo, Stats
+from kvstore.client.types import ControlInfo, Health, KeyInfo, PeerInfo, Stats
 
 __all__ = [
     "HEX_PREFIX", "human_bytes", "human_age", "pct", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
@@ -138,6 +138,13 @@ def _kv_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
     return t
 
 
+def _control_line(c: ControlInfo | None) -> str:
+    if c is None or not c.socket:
+        return "none (no unix_socket: local clients stream over gRPC)"
+    return (f"{c.socket}: {c.fast_connections} fast-path connection(s), {c.fast_requests} requests, "
+            f"{c.arena_files_handed} arena files handed, {c.fast_refused} refused, {c.fast_frame_errors} bad frames")
+
+
 def print_stats(s: Stats) -> None:
     c = _console()
     cap = s.capacity_bytes or 1
@@ -146,6 +153,7 @@ def print_stats(s: Stats) -> None:
         ("policy", s.policy),
         ("uptime", human_age(s.uptime_s)),
         ("arena", f"{s.arena_name}, {locked}"),
+        ("same-node socket", _control_line(s.control)),
         ("capacity", f"{human_bytes(s.capacity_bytes)} ({s.slabs_total} slabs of {human_bytes(s.slab_bytes)}, "
                      f"{s.slabs_free} free)"),
         ("allocated", f"{human_bytes(s.allocated_bytes)} ({_pct(s.allocated_bytes / cap)}; evicts above "
@@ -248,6 +256,8 @@ def print_health(h: Health) -> None:
         ("arena", f"{h.arena_name}, {human_bytes(h.arena_bytes)}, "
                   f"{'locked' if h.arena_locked else 'NOT locked'}, "
                   f"{'one memory file per tenant' if h.arena_isolated else 'one shared memory file'}"),
+        ("this client", f"control {'fast path (same-node socket)' if h.client_control == 'fast' else 'gRPC'}, "
+                        f"data {'arena (shared memory)' if h.client_data == 'arena' else 'streamed over gRPC'}"),
         ("max block", human_bytes(h.max_block_bytes)),
         ("max batch", f"{h.max_batch_keys} keys"),
         ("peers", _peers_line(h.peers)),

@@ -11,7 +11,9 @@ commit, abort, lookup, release) are the two-phase primitives the vLLM connector 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -20,11 +22,13 @@ from typing import Any
 import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.arena.handoff import request_arena
+from kvstore.client.control import ControlPlane, FastControl, GrpcControl
+from kvstore.client.fast_channel import FastChannel, request_arena
 from kvstore.arena.layout import ArenaLayout
 from kvstore.client import arena_path, stream_path
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.releaser import Releaser
+from kvstore.fastpath import protocol as fp
 from kvstore.client.rpc import Rpc, translate
 from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
@@ -37,6 +41,7 @@ __all__ = ["Client"]
 
 log = logging.getLogger(__name__)
 _MODES = ("auto", "arena", "stream")
+_CONTROLS = ("auto", "fast", "grpc")
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -53,12 +58,19 @@ class Client:
     """
 
     def __init__(self, address: str | None = None, *, mode: str = "auto", timeout_s: float = 10.0,
-                 copy_threads: int = 2, token_file: str | None = None, tls: TlsFiles | None = None) -> None:
+                 copy_threads: int = 2, token_file: str | None = None, tls: TlsFiles | None = None,
+                 control: str | None = None) -> None:
         """`token_file` (default $KVSTORE_TOKEN_FILE): owner-only file with this tenant's bearer token.
         `tls` (default from $KVSTORE_TLS_CA / _CERT / _KEY): CA to trust and optional client certificate for a
-        TCP address (mutual TLS); unix sockets never use TLS."""
+        TCP address (mutual TLS); unix sockets never use TLS.
+        `control` (default $KVSTORE_CONTROL, else "auto"): how Reserve/Commit/Abort/Lookup/Release/Exists travel:
+        "fast" over the daemon's same-node socket (kvstore/fastpath), "grpc", or "auto" (fast on the daemon's
+        host when its socket answers, else gRPC). Everything else is always gRPC."""
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r}: use one of {', '.join(_MODES)}")
+        control = control or os.environ.get("KVSTORE_CONTROL") or "auto"
+        if control not in _CONTROLS:
+            raise ConfigError(f"control={control!r}: use one of {', '.join(_CONTROLS)} (or unset KVSTORE_CONTROL)")
         self.address = address or default_address()
         self._rpc = Rpc(self.address, timeout_s, tls=tls, token_file=token_file)
         self._copy_threads = copy_threads
@@ -66,7 +78,10 @@ class Client:
         self._arena: ArenaMap | None = None   # replaced (never unmapped under a copy) when the daemon restarts
         self._arena_lock = threading.Lock()   # guards the swap of _arena
         self._connect_lock = threading.Lock()  # one reconnect at a time
-        self._releaser = Releaser(self._rpc)
+        self._requested_control = control
+        self._grpc = GrpcControl(self._rpc)
+        self._control: ControlPlane = self._grpc
+        self._releaser = Releaser(lambda ids: self._control.release(ids))
         try:
             self._connect()
         except BaseException:
@@ -80,6 +95,7 @@ class Client:
             self._health = h
             self.max_batch_keys = h.max_batch_keys or 4096
             self.max_block_bytes = h.max_block_bytes
+            self._set_control(self._open_fast(h))
             new: ArenaMap | None = None
             why = ""
             if self._requested_mode != "stream":
@@ -112,6 +128,38 @@ class Client:
             return ArenaMap(fd, layout, incarnation, isolated=a.isolated), ""
         except OSError as exc:
             return None, f"cannot map the arena: {exc.strerror or exc}"
+
+    def _open_fast(self, h: pb.HealthResponse) -> FastControl | None:
+        """The fast control path when asked for (or "auto") and the daemon's socket is on this host."""
+        if self._requested_control == "grpc":
+            return None
+        why = ""
+        if not (h.hostname == socket.gethostname() and h.boot_id == boot_id()):
+            why = f"daemon runs on {h.hostname}, not on this host"
+        elif not h.arena.socket:
+            why = "the daemon has no same-node socket (unix_socket is off)"
+        else:
+            channel = FastChannel(h.arena.socket, self._rpc.token, self._rpc.timeout_s)
+            try:
+                channel.call(fp.ECHO, b"")  # dials and says HELLO: the token is checked now
+                return FastControl(channel, self._grpc)
+            except StoreUnavailableError as exc:
+                channel.close()
+                why = str(exc)
+        if self._requested_control == "fast":
+            raise StoreUnavailableError(f"control='fast' but {why}; use control='auto' or 'grpc'")
+        log.info("kvstore client using gRPC for the control plane: %s", why)
+        return None
+
+    def _set_control(self, fast: FastControl | None) -> None:
+        old, self._control = self._control, (fast if fast is not None else self._grpc)
+        if old is not self._grpc and old is not self._control:
+            old.close()
+
+    @property
+    def control_path(self) -> str:
+        """'fast' when the hot operations go over the daemon's same-node socket, else 'grpc'."""
+        return self._control.name
 
     def _swap(self, new: ArenaMap | None) -> None:
         with self._arena_lock:
@@ -171,11 +219,14 @@ class Client:
             return [v is not None for v in arena_path.validated(m, lease, [1] * lease.hits)]
 
     def health(self) -> Health:
-        return Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
+        """The daemon's health, plus which paths this client uses (client_control, client_data)."""
+        h = Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
+        return dataclasses.replace(h, client_control=self.control_path, client_data=self.mode)
 
     def close(self) -> None:
         self._releaser.close(self._rpc.timeout_s)
         self._swap(None)  # copies still running in other threads keep the old mapping until they finish
+        self._set_control(None)
         self._rpc.close()
 
     def __enter__(self) -> Client:
@@ -201,25 +252,24 @@ class Client:
 
     # -- two-phase primitives ---------------------------------------------------------------------------
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
-        r = self._rpc.call("Reserve", pb.ReserveRequest(namespace=namespace, keys=keys, sizes=sizes))
+        r = self._control.reserve(namespace, keys, sizes)
         self._check_incarnation(r.incarnation)
-        return Reservation(namespace, list(keys), r.reservation_id, list(r.outcomes), list(r.offsets), r.incarnation)
+        return r
 
     def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int:
         if not reservation.id:
             return 0
-        return self._rpc.call("Commit", pb.CommitRequest(reservation_id=reservation.id, checksums=checksums)).committed
+        return self._control.commit(reservation.id, checksums)
 
     def abort(self, reservation: Reservation) -> int:
         if not reservation.id:
             return 0
-        return self._rpc.call("Abort", pb.AbortRequest(reservation_id=reservation.id)).aborted
+        return self._control.abort(reservation.id)
 
     def lookup(self, namespace: str, keys: Sequence[bytes], *, prefix: bool = False, lease: bool = True) -> Lease:
-        r = self._rpc.call("Lookup", pb.LookupRequest(namespace=namespace, keys=keys, prefix=prefix, lease=lease))
+        r = self._control.lookup(namespace, keys, prefix, lease)
         self._check_incarnation(r.incarnation)
-        return Lease(namespace, r.num_prefix, list(r.present), list(r.offsets), list(r.sizes), list(r.generations),
-                     list(r.checksums), r.lease_id, r.incarnation, list(r.tiers))
+        return r
 
     def release(self, leases: Sequence[Lease], *, wait: bool = False) -> None:
         """Give leases back. Asynchronous by default: the caller has its bytes and need not wait."""
@@ -227,9 +277,16 @@ class Client:
         if not ids:
             return
         if wait:
-            self._rpc.call("Release", pb.ReleaseRequest(lease_ids=ids))
+            self._control.release(ids)
         else:
             self._releaser.submit(ids)
+
+    def echo(self, payload: bytes = b"") -> bytes:
+        """One round trip on the control path that does nothing in the daemon (measures the path itself)."""
+        if isinstance(self._control, FastControl):
+            return self._control.echo(payload)
+        self._rpc.call("Health", pb.HealthRequest())
+        return payload
 
     # -- puts -------------------------------------------------------------------------------------------
     def put(self, namespace: str, key: bytes, value: object) -> bool:
@@ -336,7 +393,7 @@ class Client:
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         out: list[bool] = []
         for part in _chunks(len(keys), self.max_batch_keys):
-            out.extend(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys[part])).present)
+            out.extend(self._control.exists(namespace, list(keys[part])))
         return out
 
     def _count(self, rpc: str, namespace: str, keys: Sequence[bytes]) -> int:

@@ -13,8 +13,8 @@ import logging
 import queue
 import threading
 
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.rpc import Rpc
+from collections.abc import Callable
+
 from kvstore.errors import KVStoreError
 from kvstore.validation import MAX_RELEASE_IDS
 
@@ -25,8 +25,9 @@ _STOP: list[int] = []
 
 
 class Releaser:
-    def __init__(self, rpc: Rpc) -> None:
-        self._rpc = rpc
+    def __init__(self, release: Callable[[list[int]], object]) -> None:
+        """`release(ids)`: the client's Release on its current control path (fast or gRPC)."""
+        self._release = release
         self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -61,8 +62,8 @@ class Releaser:
             for start in range(0, len(batch), MAX_RELEASE_IDS):  # the daemon's per-call limit
                 part = batch[start:start + MAX_RELEASE_IDS]
                 try:
-                    self._rpc.call("Release", pb.ReleaseRequest(lease_ids=part))
-                except KVStoreError as exc:
+                    self._release(part)
+                except (KVStoreError, ValueError) as exc:  # ValueError: a closed gRPC channel
                     log.debug("release of %d leases failed (%s); the daemon expires them by TTL", len(part), exc)
             if stop:
                 return

@@ -76,7 +76,7 @@ class Rpc:
                 ("grpc.max_send_message_length", max_message_bytes)]
         token_file = token_file if token_file is not None else os.environ.get("KVSTORE_TOKEN_FILE", "")
         token = read_client_token(token_file) if token_file else ""
-        self.token = token  # also presented to the arena socket (kvstore/arena/handoff.py)
+        self.token = token  # also presented to the arena socket (kvstore/server/fast_server.py)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
         self.channel = open_channel(address, tls if tls is not None else tls_from_env(), opts)
         self.stub = pb_grpc.KVStoreStub(self.channel)

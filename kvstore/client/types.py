@@ -58,6 +58,8 @@ class Health:
     detail: str = ""
     peers: PeerInfo | None = None
     arena_isolated: bool = False  # one arena memory file per tenant (tokens on): a client maps only its own
+    client_control: str = ""      # filled in by the client: "fast" or "grpc", the path its hot operations take
+    client_data: str = ""         # filled in by the client: "arena" or "stream"
 
     @staticmethod
     def from_pb(m: pb.HealthResponse) -> Health:
@@ -157,6 +159,23 @@ class TenantInfo:
 
 
 @dataclass(frozen=True)
+class ControlInfo:
+    """The daemon's same-node socket: where it is and what went over it."""
+
+    socket: str
+    fast_connections: int
+    fast_requests: int
+    fast_refused: int
+    fast_frame_errors: int
+    arena_files_handed: int
+
+    @staticmethod
+    def from_pb(m: pb.ControlPlaneStats) -> ControlInfo:
+        return ControlInfo(m.socket, m.fast_connections, m.fast_requests, m.fast_refused, m.fast_frame_errors,
+                           m.arena_files_handed)
+
+
+@dataclass(frozen=True)
 class Stats:
     node_id: str
     policy: str
@@ -185,6 +204,7 @@ class Stats:
     disk: DiskInfo | None = None
     peers: PeerInfo | None = None
     tenants: list[TenantInfo] = field(default_factory=list)
+    control: ControlInfo | None = None
 
     @staticmethod
     def from_pb(m: pb.StatsResponse) -> Stats:
@@ -201,6 +221,7 @@ class Stats:
             DiskInfo.from_pb(m.disk) if m.disk.enabled else None,
             PeerInfo.from_pb(m.peers),
             [TenantInfo(t.tenant, t.ram_bytes, t.ram_quota_bytes, t.disk_bytes, t.disk_quota_bytes) for t in m.tenants],
+            ControlInfo.from_pb(m.control),
         )
 
 

@@ -31,7 +31,8 @@ class NodeInfo:
         # same shm name after a restart: clients compare this value before trusting an offset.
         self.incarnation = random.getrandbits(63) | 1
         self.peer_status: Callable[[], PeerStatus] | None = None  # set by the daemon when the peer tier runs
-        self.arena_socket = ""  # set by the daemon when it hands out arena files (arena/handoff.py)
+        self.arena_socket = ""  # set by the daemon when it hands out arena files (server/fast_server.py)
+        self.fast_status: Callable[[], dict[str, int]] | None = None  # the fast server's counters, when it runs
 
     def uptime_s(self) -> float:
         return time.monotonic() - self._started
@@ -52,6 +53,10 @@ class NodeInfo:
             max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
             max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(), peers=self.peer_stats(),
         )
+
+    def control_stats(self) -> pb.ControlPlaneStats:
+        c = self.fast_status() if self.fast_status is not None else {}
+        return pb.ControlPlaneStats(socket=self.arena_socket, **c)
 
     def peer_stats(self) -> pb.PeerTierStats:
         """The peer tier for Health and Stats (enabled=false when this node runs alone)."""

@@ -23,7 +23,6 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.arena import vm
 from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.backing import ArenaBacking
-from kvstore.arena.handoff import HandoffServer, arena_socket_path
 from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineConfig
@@ -37,6 +36,7 @@ from kvstore.server.logs import setup_logging
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
+from kvstore.server.fast_server import FastServer, fast_socket_path
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
@@ -98,10 +98,11 @@ class Daemon:
                 self.info.peer_status = self.peers.status
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
                                           self.transfers, self.info.peer_status, self.tenants,
-                                          labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file))
+                                          labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file),
+                                          control=lambda: self.info.fast_status() if self.info.fast_status else {})
                             if cfg.metrics_listen else None)
             self.server = self._build_server()
-            self.handoff = self._build_handoff()
+            self.fast = self._build_fast()
         except BaseException:
             if getattr(self, "metrics", None) is not None:
                 self.metrics.stop()
@@ -155,6 +156,7 @@ class Daemon:
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
                                  transfers=self.transfers, guard=self.guard, tenants=self.tenants)
+        self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)
@@ -169,16 +171,21 @@ class Daemon:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
         return server
 
-    def _build_handoff(self) -> HandoffServer | None:
-        """The unix socket that hands local clients their arena file (none without a unix socket: clients
-        then stream). With tokens, the token decides which tenant's file; the reload updates it in place."""
-        path = arena_socket_path(self.cfg.unix_socket)
+    def _build_fast(self) -> FastServer | None:
+        """The same-node socket: hands local clients their arena file and answers the fast path (none without a
+        unix socket: clients then stream over gRPC). With tokens, the token decides which tenant's file and which
+        tenant's requests; the reload updates the table in place, and a revoked token is refused at once."""
+        path = fast_socket_path(self.cfg.unix_socket)
         if not path:
             return None
         self.info.arena_socket = path
         auth = self.auth
         tenant_of = (lambda token: auth.tokens.tenant_of(token)) if auth is not None else None
-        return HandoffServer(path, self.arena, self.info.incarnation, tenant_of)
+        observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
+                          observe)
+        self.info.fast_status = fast.status
+        return fast
 
     def _healthz(self) -> tuple[int, str]:
         """200 while serving (a degraded disk tier still serves from RAM), 503 while stopping."""
@@ -204,8 +211,8 @@ class Daemon:
         self.engine.start()
         if self.metrics is not None:
             self.metrics.start()
-        if self.handoff is not None:  # before gRPC: a client that sees Health can get its arena at once
-            self.handoff.start()
+        if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
+            self.fast.start()
         self.server.start()
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
@@ -247,8 +254,8 @@ class Daemon:
         self._stop.set()
         if self.peers is not None:
             self.peers.stop()  # leave the cluster first: peers stop routing here at once
-        if self.handoff is not None:
-            self.handoff.stop()
+        if self.fast is not None:
+            self.fast.stop()
         self.server.stop(SHUTDOWN_GRACE_S).wait()
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)

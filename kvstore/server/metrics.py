@@ -40,6 +40,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
   kvstore_rpc_duration_seconds{method}          histogram of RPC handling time in the daemon
+  kvstore_fast_connections                      open connections of the same-node fast path
+  kvstore_fast_requests_total, _refused_total, _frame_errors_total, kvstore_arena_files_handed_total
   Peer tier (only when etcd_endpoints is set; counters listed in kvstore/peer/counters.py):
   kvstore_peer_members / kvstore_peer_etcd_connected / kvstore_peer_push_queue_blocks
   kvstore_peer_{fetch_calls,fetched_blocks,fetch_misses,served_blocks,pushed_blocks,pushes_dropped,
@@ -320,7 +322,9 @@ class MetricsServer:
 
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
                  transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None,
-                 tenants: TenantUsage | None = None, labels: MetricLabels | None = None) -> None:
+                 tenants: TenantUsage | None = None, labels: MetricLabels | None = None,
+                 control: Callable[[], dict[str, int]] | None = None) -> None:
+        """`control`: the same-node socket's counters (FastServer.status), read at each scrape."""
         host, _, port = listen.rpartition(":")
         self.labels = labels if labels is not None else MetricLabels("name")
         self.registry = CollectorRegistry()
@@ -329,6 +333,7 @@ class MetricsServer:
         self.registry.register(TransferCollector(self.transfers, engine.disk_enabled, peers is not None))
         if peers is not None:
             self.registry.register(PeerCollector(peers))
+        self.registry.register(ControlCollector(control if control is not None else dict))
         locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
         self.registry.register(_Static([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",
@@ -364,6 +369,23 @@ class MetricsServer:
         if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran if start() did not
             self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class ControlCollector(Collector):
+    """The same-node socket: fast-path connections and requests, arena files handed out (fast_server.py)."""
+
+    def __init__(self, status: Callable[[], dict[str, int]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        st = self._status()
+        yield GaugeMetricFamily("kvstore_fast_connections", "Open fast-path connections on the same-node socket",
+                                value=st.get("fast_connections", 0))
+        for key, text in (("fast_requests", "Hot operations answered over the same-node fast path"),
+                          ("fast_refused", "Same-node connections refused (bad hello or token, too many)"),
+                          ("fast_frame_errors", "Same-node connections closed for a malformed frame"),
+                          ("arena_files_handed", "Arena memory files handed to local clients")):
+            yield CounterMetricFamily(f"kvstore_{key}", text, value=st.get(key, 0))
 
 
 class _Static(Collector):

@@ -27,11 +27,11 @@ from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
+from kvstore.server.ops import ControlOps
 from kvstore.server.tenancy import TenantGuard
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.transfers import TransferMeter
-from kvstore.validation import (MAX_KEY_BYTES, MAX_RELEASE_IDS, MAX_SUBSCRIBE_NAMESPACES, check_count,
-                                check_namespace_name)
+from kvstore.validation import MAX_KEY_BYTES, MAX_SUBSCRIBE_NAMESPACES, check_count, check_namespace_name
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
 
@@ -73,7 +73,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
                  transfers: TransferMeter | None = None, guard: TenantGuard | None = None,
-                 tenants: TenantUsage | None = None) -> None:
+                 tenants: TenantUsage | None = None, ops: ControlOps | None = None) -> None:
         self._engine = engine
         self._guard = guard if guard is not None else TenantGuard(engine)  # tenancy.py: per-RPC ownership checks
         self._tenants = tenants if tenants is not None else TenantUsage(self._guard.owner_of, TenantQuotas(),
@@ -83,7 +83,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._observe = observe  # RPC latency sink (the metrics histogram)
         self._max_subscribers = max_subscribers  # each Subscribe stream holds one RPC thread
         self._transfers = transfers if transfers is not None else TransferMeter()
-        self._arena = ArenaWindows(self._transfers)
+        # the hot operations' semantics, shared with the same-node fast path (ops.py, fast_server.py)
+        self.ops = ops if ops is not None else ControlOps(engine, self._guard, ArenaWindows(self._transfers))
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -100,47 +101,32 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
-        self._guard.namespace(request.namespace)
-        r = self._engine.reserve(request.namespace, request.keys, request.sizes)
-        self._arena.reserved(r.reservation_id, sum(s for s, o in zip(request.sizes, r.outcomes) if o == RESERVED))
+        r = self.ops.reserve(request.namespace, request.keys, request.sizes)
         return pb.ReserveResponse(reservation_id=r.reservation_id, outcomes=r.outcomes, offsets=r.offsets,
                                   expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
 
     @_rpc
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
-        self._guard.reservation(request.reservation_id)
-        committed = self._engine.commit(request.reservation_id, request.checksums)
-        self._arena.committed(request.reservation_id)
-        return pb.CommitResponse(committed=committed)
+        return pb.CommitResponse(committed=self.ops.commit(request.reservation_id, request.checksums))
 
     @_rpc
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
-        self._guard.reservation(request.reservation_id)
-        aborted = self._engine.abort(request.reservation_id)
-        self._arena.aborted(request.reservation_id)
-        return pb.AbortResponse(aborted=aborted)
+        return pb.AbortResponse(aborted=self.ops.abort(request.reservation_id))
 
     @_rpc
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
-        self._guard.namespace(request.namespace)
-        r = self._engine.lookup(request.namespace, request.keys, request.prefix, request.lease)
-        self._arena.leased(r.lease_id, sum(r.sizes))
+        r = self.ops.lookup(request.namespace, request.keys, request.prefix, request.lease)
         return pb.LookupResponse(num_prefix=r.num_prefix, present=r.present, offsets=r.offsets, sizes=r.sizes,
                                  generations=r.generations, checksums=r.checksums, lease_id=r.lease_id, tiers=r.tiers,
                                  expires_in_ms=r.expires_in_ms, incarnation=self._info.incarnation)
 
     @_rpc
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
-        check_count("lease ids", len(request.lease_ids), MAX_RELEASE_IDS)
-        lease_ids = self._guard.own_leases(list(request.lease_ids))
-        released = self._engine.release(lease_ids)
-        self._arena.released(lease_ids)
-        return pb.ReleaseResponse(released=released)
+        return pb.ReleaseResponse(released=self.ops.release(list(request.lease_ids)))
 
     @_rpc
     def Exists(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
-        self._guard.namespace(request.namespace)
-        return pb.ExistsResponse(present=self._engine.exists(request.namespace, request.keys))
+        return pb.ExistsResponse(present=self.ops.exists(request.namespace, request.keys))
 
     @_rpc
     def Delete(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
@@ -200,7 +186,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                      for r in self._tenants.rows(s.namespaces, only=self._guard.caller())],
             size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
                                             free_slots=c.free_slots) for c in s.size_classes],
-            disk=self._disk_stats(s.disk), peers=self._info.peer_stats(),
+            disk=self._disk_stats(s.disk), peers=self._info.peer_stats(), control=self._info.control_stats(),
         )
 
     def _disk_stats(self, d: Any) -> pb.DiskTierStats:

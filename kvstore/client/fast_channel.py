@@ -1,0 +1,167 @@
+"""The client's end of the same-node fast path (kvstore/fastpath/protocol.py) and of the arena handoff.
+
+`FastChannel` keeps one connection per calling thread (so threads never wait for each other's replies, and no
+lock is held across a round trip); each connection says HELLO with the client's token once. A call is one
+`sendall` of the request frame and a read of the reply frame: no other work on the way. A connection that fails
+(daemon gone, closed for a bad frame, token revoked) is dropped and the error raised as the same exception a
+gRPC call would raise (StoreUnavailableError, UnauthenticatedError, ...); the next call on that thread dials a
+new one, which also finds a restarted daemon (its incarnation comes back in the replies).
+
+`request_arena` is the one-shot exchange that hands a process its arena file (HELLO asking for it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from typing import Any
+
+from kvstore.errors import StoreUnavailableError, error_for_reason
+from kvstore.fastpath import protocol as fp
+
+__all__ = ["FastChannel", "request_arena"]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, pos = memoryview(buf), 0
+    while pos < n:
+        got = sock.recv_into(view[pos:], n - pos)
+        if not got:
+            raise ConnectionError("the daemon closed the connection")
+        pos += got
+    return bytes(buf)
+
+
+def _raise_error(body: bytes) -> None:
+    reason, message = fp.decode_error(body)
+    raise error_for_reason(reason)(message)
+
+
+def _dial(path: str, timeout_s: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def request_arena(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, int]:
+    """(descriptor of this caller's arena file, the daemon's incarnation).
+
+    UnauthenticatedError (token missing or unknown), StoreUnavailableError (socket absent, daemon gone, not
+    answering, or full), InvalidRequestError (the daemon refused the request as malformed)."""
+    hello = fp.frame(fp.HELLO, fp.encode_hello(token, want_arena=True))
+    fds: list[int] = []
+    try:
+        sock = _dial(path, timeout_s)
+    except OSError as exc:
+        raise StoreUnavailableError(f"cannot get the arena from {path}: {exc.strerror or exc}") from exc
+    try:
+        sock.sendall(hello)
+        data, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+        if len(data) < fp.HEADER.size:
+            data += _recv_exact(sock, fp.HEADER.size - len(data))
+        head = fp.Header.parse(data[:fp.HEADER.size])
+        body = data[fp.HEADER.size:]
+        if len(body) < head.length:
+            body += _recv_exact(sock, head.length - len(body))
+        if head.status != fp.OK:
+            _raise_error(body)
+        incarnation, _ = fp.decode_hello_reply(body)
+        if len(fds) != 1:
+            raise StoreUnavailableError(f"{path} answered without an arena file")
+        return fds.pop(), incarnation
+    except (OSError, fp.FrameError) as exc:
+        raise StoreUnavailableError(f"cannot get the arena from {path}: {exc}") from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+
+
+class _Conn:
+    __slots__ = ("sock", "ids")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.ids = itertools.count(1)
+
+
+class FastChannel:
+    def __init__(self, path: str, token: str, timeout_s: float) -> None:
+        self.path = path
+        self._token = token
+        self._timeout = timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+        self.incarnation = 0  # the daemon's, as the last HELLO said
+
+    def _conn(self) -> _Conn:
+        c: _Conn | None = getattr(self._local, "conn", None)
+        if c is not None:
+            return c
+        if self._closed:
+            raise StoreUnavailableError("the client is closed")
+        try:
+            sock = _dial(self.path, self._timeout)
+            sock.sendall(fp.frame(fp.HELLO, fp.encode_hello(self._token, want_arena=False)))
+            head = fp.Header.parse(_recv_exact(sock, fp.HEADER.size))
+            body = _recv_exact(sock, head.length)
+        except (OSError, fp.FrameError) as exc:
+            raise StoreUnavailableError(f"kvstore fast path {self.path} unavailable: {exc}") from exc
+        if head.status != fp.OK:
+            sock.close()
+            _raise_error(body)
+        self.incarnation, _ = fp.decode_hello_reply(body)
+        c = _Conn(sock)
+        self._local.conn = c
+        with self._lock:
+            self._open.add(sock)
+        return c
+
+    def _drop(self, c: _Conn) -> None:
+        self._local.conn = None
+        with self._lock:
+            self._open.discard(c.sock)
+        c.sock.close()
+
+    def call(self, op: int, body: bytes, flags: int = 0) -> bytes:
+        """Send one request and return its reply body; raises the daemon's error as its KVStoreError class."""
+        c = self._conn()
+        rid = next(c.ids) & 0xFFFFFFFF
+        try:
+            c.sock.sendall(fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body)
+            head = fp.Header.parse(_recv_exact(c.sock, fp.HEADER.size))
+            reply = _recv_exact(c.sock, head.length)
+        except (OSError, fp.FrameError) as exc:
+            self._drop(c)
+            raise StoreUnavailableError(f"kvstore fast path {self.path} failed mid-call: {exc}") from exc
+        if head.flags & fp.CLOSING or (head.request_id != rid and head.status == fp.OK):
+            self._drop(c)  # the daemon closes it after this reply (or it is out of step)
+            if head.status == fp.OK:
+                raise StoreUnavailableError(f"fast path reply {head.request_id} to request {rid}: connection reset")
+        if head.status != fp.OK:
+            _raise_error(reply)
+        return reply
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            socks, self._open = list(self._open), set()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def __getstate__(self) -> Any:  # a channel is per process: never pickled along with a client
+        raise TypeError("FastChannel cannot be pickled")

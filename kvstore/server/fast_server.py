@@ -1,0 +1,294 @@
+"""The daemon's same-node socket: hands out arena files and answers the fast path's hot operations.
+
+One unix socket, `<unix_socket>.arena`, mode 0600 beside the gRPC socket. A connection starts with HELLO
+(kvstore/fastpath/protocol.py): the token is checked (the same table as the gRPC interceptor, reloaded in place),
+and the reply carries the daemon's incarnation and, if asked, the caller's arena file as an SCM_RIGHTS
+descriptor (kvstore/arena: with tokens, the token's tenant's file; without, the shared one). Then requests:
+each decoded, run through the same ControlOps as gRPC (ops.py: tenant checks, engine, arena windows) in this
+connection's thread with the caller's tenant set, observed in the same RPC histogram, answered in order.
+
+Bounds and failures:
+- HELLO must arrive whole within `hello_timeout_s` of the connection; a request frame, once its header arrived,
+  within `frame_timeout_s`. An idle connection (between frames) waits as long as the client keeps it.
+- At most `max_connections` at once (one thread each); beyond, a new connection gets an UNAVAILABLE error
+  frame and is closed (the client then uses gRPC).
+- The token is checked again on every request, so a revoked one is refused at once (UNAUTHENTICATED, closed).
+- A frame that breaks the format gets an invalid_request error frame and the connection is closed (the stream
+  may be out of step); a KVStoreError is an error frame and the connection goes on; EOF mid-frame just closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
+from kvstore.errors import ConfigError, KVStoreError
+from kvstore.fastpath import protocol as fp
+from kvstore.server.auth import current_tenant
+from kvstore.server.ops import ControlOps
+
+__all__ = ["FastServer", "fast_socket_path"]
+
+log = logging.getLogger(__name__)
+
+
+def fast_socket_path(unix_socket: str) -> str:
+    """Where the daemon listens for arena requests and fast-path calls: beside its gRPC socket."""
+    return unix_socket + ".arena" if unix_socket else ""
+
+
+class _Closed(Exception):
+    """The client closed the connection."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, pos = memoryview(buf), 0
+    while pos < n:
+        got = sock.recv_into(view[pos:], n - pos)
+        if not got:
+            raise _Closed()
+        pos += got
+    return bytes(buf)
+
+
+class FastServer:
+    """`tenant_of(token)` -> tenant or None when unknown; pass None itself when tokens are off."""
+
+    def __init__(self, path: str, backing: ArenaBacking, ops: ControlOps, incarnation: int, max_batch_keys: int,
+                 tenant_of: Callable[[str], str | None] | None,
+                 observe: Callable[[str, float], None] = lambda method, seconds: None, *,
+                 hello_timeout_s: float = 2.0, frame_timeout_s: float = 5.0, max_connections: int = 256) -> None:
+        self.path = path
+        self._backing = backing
+        self._ops = ops
+        self._incarnation = incarnation
+        self._max_batch_keys = max_batch_keys
+        self._tenant_of = tenant_of
+        self._observe = observe
+        self._hello_timeout = hello_timeout_s
+        self._frame_timeout = frame_timeout_s
+        self._max_connections = max_connections
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self.handed = 0        # arena files handed out
+        self.refused = 0       # connections refused (bad hello, bad token, full)
+        self.requests = 0      # fast-path requests answered (errors included)
+        self.frame_errors = 0  # connections closed for a malformed frame
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    def status(self) -> dict[str, int]:
+        """Counters for Stats (ControlPlaneStats) and metrics."""
+        return {"fast_connections": len(self._conns), "fast_requests": self.requests, "fast_refused": self.refused,
+                "fast_frame_errors": self.frame_errors, "arena_files_handed": self.handed}
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        _clear_stale_socket(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._accept_loop, name="kvstore-fast-accept", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:  # wakes their threads: recv returns EOF
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed by stop()
+            with self._lock:
+                full = len(self._conns) >= self._max_connections
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                self.refused += 1
+                _send_error(conn, 0, fp.HELLO, "unavailable", f"{self._max_connections} fast-path connections "
+                            "already: use gRPC (the client does so by itself)")
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="kvstore-fast-conn", daemon=True).start()
+
+    # -- one connection -----------------------------------------------------------------------------------
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            token = self._hello(conn)
+            if token is not None:
+                self._requests(conn, token)
+        except (_Closed, OSError):
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _hello(self, conn: socket.socket) -> str | None:
+        """The caller's token when the hello was accepted (the reply is sent); None when refused."""
+        conn.settimeout(self._hello_timeout)
+        try:
+            head = fp.Header.parse(_recv_exact(conn, fp.HEADER.size))
+            if head.op != fp.HELLO:
+                raise fp.FrameError("the first frame must be HELLO")
+            token, want_arena = fp.decode_hello(_recv_exact(conn, head.length))
+        except (fp.FrameError, TimeoutError) as exc:
+            self.refused += 1
+            if not isinstance(exc, TimeoutError):
+                _send_error(conn, 0, fp.HELLO, "invalid_request", str(exc))
+            return None
+        domain = SHARED_DOMAIN
+        if self._tenant_of is not None:
+            tenant = self._tenant_of(token) if token else None
+            if not tenant:
+                why = "missing bearer token" if not token else "invalid bearer token (not in the daemon's tokens_file)"
+                log.warning("refused a fast-path connection: %s", why)
+                self.refused += 1
+                _send_error(conn, head.request_id, fp.HELLO, "unauthenticated", why)
+                return None
+            domain = tenant
+            current_tenant.set(tenant)  # this thread serves only this caller
+        reply = fp.frame(fp.HELLO, fp.encode_hello_reply(self._incarnation, self._max_batch_keys), head.request_id)
+        if want_arena:
+            try:
+                fd = self._backing.file_of(domain).fd
+            except (OSError, ConfigError) as exc:
+                _send_error(conn, head.request_id, fp.HELLO, "unavailable", f"cannot create the arena file: {exc}")
+                return None
+            socket.send_fds(conn, [reply], [fd])
+            self.handed += 1
+        else:
+            conn.sendall(reply)
+        return token
+
+    def _requests(self, conn: socket.socket, token: str) -> None:
+        while not self._stopping.is_set():
+            conn.settimeout(None)  # idle between frames: as long as the client keeps the connection
+            raw = _recv_exact(conn, fp.HEADER.size)
+            conn.settimeout(self._frame_timeout)
+            try:
+                head = fp.Header.parse(raw)
+                body = _recv_exact(conn, head.length)
+            except fp.FrameError as exc:
+                self.frame_errors += 1
+                _send_error(conn, 0, 0, "invalid_request", f"bad frame: {exc}")
+                return
+            except TimeoutError:
+                self.frame_errors += 1
+                return
+            if self._tenant_of is not None and not self._tenant_of(token):
+                _send_error(conn, head.request_id, head.op, "unauthenticated",
+                            "the bearer token of this connection was revoked (tokens_file changed)")
+                return
+            if not self._answer(conn, head, body):
+                return
+
+    def _answer(self, conn: socket.socket, head: fp.Header, body: bytes) -> bool:
+        """Run one request and send its reply; False when the connection must close (a malformed body)."""
+        name = fp.OP_NAMES[head.op]
+        t0 = time.perf_counter()
+        keep = True
+        try:
+            out = fp.frame(head.op, self._dispatch(head, body), head.request_id)
+        except KVStoreError as exc:
+            out = _error_frame(head.request_id, head.op, exc.reason, exc.message)
+        except fp.FrameError as exc:
+            self.frame_errors += 1
+            out, keep = _error_frame(head.request_id, head.op, "invalid_request", f"bad {name} frame: {exc}",
+                                     closing=True), False
+        except Exception:  # a bug must not take the connection thread down silently
+            log.exception("internal error in fast-path %s", name)
+            out = _error_frame(head.request_id, head.op, "internal", f"internal error in {name}; see the daemon log")
+        self.requests += 1
+        conn.sendall(out)
+        self._observe(name, time.perf_counter() - t0)
+        return keep
+
+    def _dispatch(self, head: fp.Header, body: bytes) -> bytes:
+        ops, op = self._ops, head.op
+        if op == fp.LOOKUP:
+            ns, keys = fp.decode_lookup(body)
+            r = ops.lookup(ns, keys, bool(head.flags & fp.LOOKUP_PREFIX), bool(head.flags & fp.LOOKUP_LEASE))
+            return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
+                                          self._incarnation, r.offsets, r.sizes, r.generations, r.checksums)
+        if op == fp.RESERVE:
+            ns, keys, sizes = fp.decode_reserve(body)
+            res = ops.reserve(ns, keys, sizes)
+            return fp.encode_reserve_reply(res.reservation_id, res.expires_in_ms, self._incarnation, res.outcomes,
+                                           res.offsets)
+        if op == fp.COMMIT:
+            rid, checksums = fp.decode_commit(body)
+            return fp.encode_count(ops.commit(rid, checksums))
+        if op == fp.ABORT:
+            return fp.encode_count(ops.abort(fp.decode_u64(body)))
+        if op == fp.RELEASE:
+            return fp.encode_count(ops.release(fp.decode_release(body)))
+        if op == fp.EXISTS:
+            ns, keys = fp.decode_exists(body)
+            return fp.encode_bools(ops.exists(ns, keys))
+        if op == fp.ECHO:
+            if len(body) > fp.MAX_ECHO:
+                raise fp.FrameError(f"echo of {len(body)} bytes (at most {fp.MAX_ECHO})")
+            return body
+        raise fp.FrameError("HELLO again on an open connection")
+
+
+def _error_frame(request_id: int, op: int, reason: str, message: str, closing: bool = False) -> bytes:
+    return fp.frame(op or fp.HELLO, fp.encode_error(reason, message), request_id, status=fp.ERROR,
+                    flags=fp.CLOSING if closing else 0)
+
+
+def _send_error(conn: socket.socket, request_id: int, op: int, reason: str, message: str) -> None:
+    """An error after which the connection is closed."""
+    try:
+        conn.sendall(_error_frame(request_id, op, reason, message, closing=True))
+    except OSError:
+        pass
+
+
+def _clear_stale_socket(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: left by a dead daemon
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"arena socket {path} is in use by a running process: stop it or choose another unix_socket")

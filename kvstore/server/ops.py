@@ -1,0 +1,61 @@
+"""The hot operations' semantics, once: tenant checks, the engine call, arena transfer windows.
+
+Two front ends call these: the gRPC service (service.py) and the same-node fast path (fast_server.py). Each only
+translates its wire format to these calls and their results or KVStoreErrors back; nothing here knows either
+format. The caller's tenant is the `current_tenant` context variable (auth.py), set by the front end once it
+has checked the caller's token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvstore.engine.engine import Engine
+from kvstore.engine.results import RESERVED, LookupResult, ReserveResult
+from kvstore.server.arena_windows import ArenaWindows
+from kvstore.server.tenancy import TenantGuard
+from kvstore.validation import MAX_RELEASE_IDS, check_count
+
+__all__ = ["ControlOps"]
+
+
+class ControlOps:
+    def __init__(self, engine: Engine, guard: TenantGuard, windows: ArenaWindows) -> None:
+        self.engine = engine
+        self.guard = guard
+        self.windows = windows
+
+    def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
+        self.guard.namespace(namespace)
+        r = self.engine.reserve(namespace, keys, sizes)
+        self.windows.reserved(r.reservation_id, sum(s for s, o in zip(sizes, r.outcomes) if o == RESERVED))
+        return r
+
+    def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
+        self.guard.reservation(reservation_id)
+        committed = self.engine.commit(reservation_id, checksums)
+        self.windows.committed(reservation_id)
+        return committed
+
+    def abort(self, reservation_id: int) -> int:
+        self.guard.reservation(reservation_id)
+        aborted = self.engine.abort(reservation_id)
+        self.windows.aborted(reservation_id)
+        return aborted
+
+    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool) -> LookupResult:
+        self.guard.namespace(namespace)
+        r = self.engine.lookup(namespace, keys, prefix, lease)
+        self.windows.leased(r.lease_id, sum(r.sizes))
+        return r
+
+    def release(self, lease_ids: Sequence[int]) -> int:
+        check_count("lease ids", len(lease_ids), MAX_RELEASE_IDS)
+        own = self.guard.own_leases(list(lease_ids))
+        released = self.engine.release(own)
+        self.windows.released(own)
+        return released
+
+    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        self.guard.namespace(namespace)
+        return self.engine.exists(namespace, keys)
