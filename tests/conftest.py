@@ -46,3 +46,15 @@ def make_daemon() -> Iterator:
     yield make
     for d in started:
         d.close()
+
+
+@pytest.fixture(scope="module", params=["fast", "grpc"])
+def control_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a module once per control path: every Client (also in subprocesses, which inherit the environment)
+    reads KVSTORE_CONTROL. Modules opt in with `pytestmark = pytest.mark.usefixtures("control_path")` and, when
+    they use the shared `daemon`, `daemon = per_path_daemon()` (tests/control_paths.py) so that each path gets
+    a daemon of its own (the tests store fixed keys)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVSTORE_CONTROL", request.param)
+    yield str(request.param)
+    mp.undo()

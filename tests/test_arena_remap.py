@@ -7,6 +7,8 @@ remapped (a daemon restart) segfaulted the process (exit -11). Both stress runs 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -20,6 +22,8 @@ import numpy as np
 from kvstore.arena.layout import ArenaLayout
 from kvstore.client.arena_map import ArenaMap
 from kvstore.testing import DaemonProcess
+
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
 
 STRESS = Path(__file__).with_name("remap_stress.py")
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}

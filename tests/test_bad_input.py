@@ -19,7 +19,11 @@ from kvstore import (
     UnknownReservationError,
 )
 from kvstore._proto import kvstore_pb2 as pb
+from tests.control_paths import per_path_daemon
 from kvstore.testing import DaemonProcess, raw_stub, wait_until
+
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
+daemon = per_path_daemon()
 
 NS = "bad/ns"
 TOK = "bad/tokens"  # registered with tokens_per_block=16

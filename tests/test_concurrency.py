@@ -15,6 +15,8 @@ import pytest
 
 from kvstore.testing import DaemonProcess
 
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
+
 NS = "conc/ns"
 SIZES = (4096, 64 << 10, 256 << 10)
 

@@ -22,8 +22,12 @@ from connector.worker import WorkerSide
 from kvstore._native import copy_addrs
 from kvstore.client import Client
 from kvstore.errors import ConfigError
+from tests.control_paths import per_path_daemon
 from kvstore.testing import free_port
 from tests.peer_helpers import Cluster, needs_etcd
+
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
+daemon = per_path_daemon()
 
 BS, LAYERS, HEADS, HD, NBLOCKS = 4, 3, 2, 8, 64
 SPEC = KVLayoutSpec(model="org/tiny", dtype="float16", block_size=BS, num_layers=LAYERS, num_kv_heads=HEADS,

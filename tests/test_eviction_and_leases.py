@@ -18,6 +18,8 @@ import pytest
 from kvstore import StoreFullError
 from kvstore.testing import DaemonProcess, wait_until
 
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
+
 BLOCK = 4 << 20
 NS = "ev/ns"
 

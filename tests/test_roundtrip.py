@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import hashlib
 import os
 import random
@@ -9,7 +11,11 @@ import random
 import numpy as np
 
 from kvstore import Client
+from tests.control_paths import per_path_daemon
 from kvstore.testing import DaemonProcess
+
+pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
+daemon = per_path_daemon()
 
 
 # KV blocks come in a few sizes per deployment; the odd ones check that payload != slot size works.
