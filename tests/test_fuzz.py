@@ -1,5 +1,5 @@
-"""Property-based fuzzing against a live daemon: random and malformed requests on every RPC of the proto, and
-random / truncated / oversized / lying frames on the peer data port. Afterwards: the process is alive, Health
+"""Property-based fuzzing against a live daemon: random and malformed requests on every RPC of the proto,
+random / truncated / oversized / lying frames on the peer data port and on the same-node fast path. Afterwards: the process is alive, Health
 answers, no request got INTERNAL, and no slot leaked (reservations and leases expire or are released, then a
 clear of every namespace brings the arena back to zero allocated bytes).
 
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
+from kvstore.fuzz_fast import FastFuzzer
 from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.testing import DaemonProcess, raw_stub, wait_until
 from tests.required import missing
@@ -115,6 +116,38 @@ def test_fuzz_peer_frames(target) -> None:
     counters = stub.Stats(pb.StatsRequest(), timeout=5).peers.counters
     assert counters["frame_errors"] > 0
     print(f"\nfuzzed {STATS.frames} frames; frame_errors={counters['frame_errors']}")
+
+
+FAST: list[FastFuzzer] = []
+
+
+@settings(max_examples=FRAME_EXAMPLES * 2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def _fast_property(target, data) -> None:
+    FAST[0].step(HypoSource(data), target[3], STATS)
+
+
+def test_fuzz_fast_path_frames(target) -> None:
+    """Frames on the same-node socket: well-formed and not, on one connection re-dialled when the daemon closes it
+    (it may close only after an error flagged CLOSING, or when the client itself vanished mid-frame)."""
+    d, _, stub, pools = target
+    FAST.append(FastFuzzer(d.socket_path + ".arena"))
+    src = RandomSource(9)
+    for _ in range(300):  # a sweep first, so every op and mutation is hit whatever hypothesis favours
+        FAST[0].step(src, pools, STATS)
+    _fast_property(target)
+    FAST[0].close()
+    assert d.proc.poll() is None, d.log()[-3000:]
+    assert FAST[0].unexpected_closes == []
+    assert not STATS.internal, STATS.internal[:5]
+    ops = {k for k in STATS.calls if k.startswith("fast:")}
+    assert {"fast:Lookup", "fast:Reserve", "fast:Commit", "fast:Abort", "fast:Release", "fast:Exists",
+            "fast:Echo", "fast:Hello", "fast:unknown"} <= ops
+    assert STATS.codes["fast:ok"] > 0 and STATS.codes["fast:invalid_request"] > 0
+    control = stub.Stats(pb.StatsRequest(), timeout=5).control
+    assert control.fast_frame_errors > 0
+    print(f"\nfuzzed {sum(v for k, v in STATS.calls.items() if k.startswith('fast:'))} fast-path frames; "
+          f"{ {k: v for k, v in STATS.codes.items() if k.startswith('fast:')} }")
 
 
 def test_after_fuzzing_alive_healthy_and_no_slot_leaked(target) -> None:
