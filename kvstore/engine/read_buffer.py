@@ -32,10 +32,10 @@ class ReadBuffer:
                 self.apply()
 
     def apply(self) -> None:
+        """Replay the buffered hits in one call (the policy does its work for all of them in a few numpy calls,
+        and skips what later hits make moot: see `on_access_batches`)."""
         if self._batches:
-            on_access = self._policy.on_access_many
-            for ids in self._batches:
-                on_access(ids)
+            self._policy.on_access_batches(self._batches)
             self._batches.clear()
             self._pending = 0
 

@@ -28,6 +28,11 @@ Primitives and their contracts:
     A hit on ``eid``.  Ignored if ``eid`` is not tracked (e.g. a hit on an
     entry whose write has not committed yet).  O(1).
 
+``on_access_batches(batches) -> None``
+    The hits of several arrays of ids, in order: the same as ``on_access_many``
+    of each in turn (the engine's deferred read buffer replays through this).
+    One call lets a policy skip work the later batches make moot.
+
 ``on_remove(eid) -> None``
     ``eid`` was deleted, or evicted by someone other than the policy; forget
     it.  Ignored if not tracked (idempotent, so a delete racing an eviction
@@ -84,6 +89,11 @@ class EvictionPolicy(abc.ABC):
         on_access = self.on_access
         for eid in (eids.tolist() if isinstance(eids, np.ndarray) else eids):
             on_access(eid)
+
+    def on_access_batches(self, batches: Sequence[np.ndarray]) -> None:
+        """Record several batches of hits in order; by ``on_access_many``'s contract, one concatenated call."""
+        if batches:
+            self.on_access_many(batches[0] if len(batches) == 1 else np.concatenate(batches))
 
     @abc.abstractmethod
     def on_remove(self, eid: int) -> None:

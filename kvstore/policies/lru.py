@@ -13,7 +13,7 @@ tracked id even right after a doubling.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,6 +26,18 @@ from kvstore.policies.base import (
 
 _NIL = -1  # end of list
 _UNTRACKED = -2  # in _prev: slot holds no tracked entry
+_BATCH_MIN = 16  # on_access_many: below this, the per-id loop beats the fixed cost of the numpy calls
+_RUN_COST = 4    # on_access_many: one run costs about as much as this many ids of the per-id loop
+
+
+def _last_occurrences_reversed(ids: np.ndarray) -> np.ndarray:
+    """Each id once, ordered by its last occurrence in `ids`, latest first."""
+    recent = ids[::-1]
+    ordered = np.sort(recent)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return recent
+    _, first = np.unique(recent, return_index=True)
+    return recent[np.sort(first)]
 
 
 class LRUPolicy(EvictionPolicy):
@@ -99,10 +111,93 @@ class LRUPolicy(EvictionPolicy):
             self._unlink(eid)
             self._push_head(eid)
 
-    def on_access_many(self, eids) -> None:  # type: ignore[override]
-        on_access = self.on_access
-        for eid in (eids.tolist() if isinstance(eids, np.ndarray) else eids):
-            on_access(eid)
+    def on_access_many(self, eids: Sequence[int] | np.ndarray) -> None:
+        """The same end state as ``on_access`` of each id in order, in O(1) numpy calls for the common batch.
+
+        Move-to-front has a closed form: after accesses a_1..a_m, the distinct tracked ids sit at the head in
+        order of their last access (most recent first), followed by every other entry in its old order. So the
+        batch is reduced to that order (``recent``), the stretches of it that already lie in the list in that
+        order (runs: a chain committed together and read together is one) are cut out, and ``recent`` is linked
+        in at the head. That costs one Python step per run; a batch of scattered ids (many short runs) takes
+        the per-id loop instead, which is cheaper there.
+        """
+        ids = np.asarray(eids, dtype=np.int64)
+        if ids.shape[0] < _BATCH_MIN:
+            self._access_each(ids.tolist())
+            return
+        prev = np.frombuffer(self._prev, dtype=np.int32)  # views of the link arrays, dropped before returning:
+        nxt = np.frombuffer(self._next, dtype=np.int32)   # array.extend (on_insert) refuses while one is held
+        ids = ids[(ids >= 0) & (ids < prev.shape[0])]
+        ids = ids[prev[ids] != _UNTRACKED]
+        recent = _last_occurrences_reversed(ids)
+        k = recent.shape[0]
+        if k == 0:
+            return
+        ends = np.flatnonzero(nxt[recent[:-1]] != recent[1:])  # index of the last id of each run but the last
+        if (ends.shape[0] + 1) * _RUN_COST > k:
+            self._access_each(ids.tolist())
+            return
+        starts = recent[np.concatenate(([0], ends + 1))].tolist()
+        lasts = recent[np.concatenate((ends, [k - 1]))].tolist()
+        aprev, anext = self._prev, self._next
+        head, tail = self._head, self._tail
+        for first, last in zip(starts, lasts):  # cut each run out (its inner links stay as they are)
+            before, after = aprev[first], anext[last]
+            if before != _NIL:
+                anext[before] = after
+            else:
+                head = after
+            if after != _NIL:
+                aprev[after] = before
+            else:
+                tail = before
+        nxt[recent[:-1]] = recent[1:]  # link `recent` as one chain in front of what is left
+        prev[recent[1:]] = recent[:-1]
+        first, last = int(recent[0]), int(recent[-1])
+        aprev[first] = _NIL
+        anext[last] = head
+        if head != _NIL:
+            aprev[head] = last
+        else:
+            tail = last
+        self._head, self._tail = first, tail
+
+    def on_access_batches(self, batches: Sequence[np.ndarray]) -> None:
+        """Skips each batch that is a prefix of the next one kept (a Lookup repeated, or one of a longer chain):
+        every id in it is read again later, and only an id's last read decides its place."""
+        kept: list[np.ndarray] = []
+        later: np.ndarray | None = None
+        for ids in reversed(batches):
+            n = ids.shape[0]
+            if later is not None and n <= later.shape[0] and np.array_equal(ids, later[:n]):
+                continue
+            kept.append(ids)
+            later = ids
+        if kept:
+            kept.reverse()
+            self.on_access_many(kept[0] if len(kept) == 1 else np.concatenate(kept))
+
+    def _access_each(self, eids: list[int]) -> None:
+        """``on_access`` of each id in order, with the list primitives inlined."""
+        aprev, anext = self._prev, self._next
+        head, tail, cap = self._head, self._tail, len(aprev)
+        for eid in eids:
+            if eid == head or not 0 <= eid < cap:
+                continue
+            before = aprev[eid]
+            if before == _UNTRACKED:
+                continue
+            after = anext[eid]  # tracked and not the head: `before` is an entry
+            anext[before] = after
+            if after != _NIL:
+                aprev[after] = before
+            else:
+                tail = before
+            aprev[eid] = _NIL
+            anext[eid] = head
+            aprev[head] = eid
+            head = eid
+        self._head, self._tail = head, tail
 
     def on_remove(self, eid: int) -> None:
         """Forget ``eid`` wherever it is in the list."""

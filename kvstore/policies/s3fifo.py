@@ -34,7 +34,7 @@ O(1) lazy removal on a ghost hit; ``ghost_memory_bytes()`` estimates it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from kvstore.policies.base import (
 _NIL = -1
 _NONE, _SMALL, _MAIN = 0, 1, 2  # values of _queue[eid]
 _MAX_FREQ = 3
+_BATCH_MIN = 8  # on_access_many: below this, per-id calls beat the fixed cost of the numpy calls
 _FP_MASK = (1 << 64) - 1
 DEFAULT_GHOST_CAP = 65536
 
@@ -216,6 +217,23 @@ class S3FIFOPolicy(EvictionPolicy):
         """Bump the 2-bit frequency of ``eid``."""
         if self._tracked(eid) and self._freq[eid] < _MAX_FREQ:
             self._freq[eid] += 1
+
+    def on_access_many(self, eids: Sequence[int] | np.ndarray) -> None:
+        """``on_access`` of each id, in a few numpy calls: bumps commute, so k hits on one id add min(k, room)."""
+        ids = np.asarray(eids, dtype=np.int64)
+        if ids.shape[0] < _BATCH_MIN:
+            on_access = self.on_access
+            for eid in ids.tolist():
+                on_access(eid)
+            return
+        queue, freq = self._queue, self._freq
+        ids = ids[(ids >= 0) & (ids < queue.shape[0])]
+        ids = np.sort(ids[queue[ids] != _NONE])
+        if (ids[1:] == ids[:-1]).any():
+            ids, hits = np.unique(ids, return_counts=True)
+            freq[ids] = np.minimum(freq[ids] + hits, _MAX_FREQ)
+        else:
+            freq[ids] = np.minimum(freq[ids] + 1, _MAX_FREQ)
 
     def on_remove(self, eid: int) -> None:
         """Unlink ``eid`` from its queue; not recorded in the ghost."""
