@@ -42,6 +42,7 @@ from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import ON_DISK, Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.events import MOVED, REMOVED, STORED, EventBus
+from kvstore.engine.generations import GenerationIndex
 from kvstore.engine.results import (
     ALREADY_PRESENT,
     IN_FLIGHT,
@@ -78,6 +79,7 @@ _RESERVED = int(EntryState.RESERVED)
 _DOOMED = int(EntryState.DOOMED)
 _QUARANTINED = int(EntryState.QUARANTINED)
 _RECENT_CLOSED = 8192
+_ONE = np.int32(1)  # the leases column's dtype: np.subtract.at stays on its fast path (~1 us for 280 ids, not ~16)
 
 
 class RemoteHooks(Protocol):
@@ -105,6 +107,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
         self.config = config
         self.layout = layout
         self._gens = generations
+        self._gen_index = GenerationIndex(layout)
         self._alloc = allocator
         self._policy = policy
         self._cat = Catalog()
@@ -324,7 +327,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
     def _free(self, eid: int) -> None:
         """Return an entry's slot. The generation bump is what makes any outstanding copy of it a miss."""
         off = int(self._cat.offset[eid])
-        self._gens[self.layout.generation_index(off)] += 1
+        self._gens[self._gen_index.of(off)] += 1
         self._alloc.free(off)
         self._cat.drop(eid)
 
@@ -421,7 +424,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
 
     def _unlease(self, ids: np.ndarray) -> None:
         cat = self._cat
-        np.subtract.at(cat.leases, ids, 1)
+        np.subtract.at(cat.leases, ids, _ONE)
         for eid in ids[cat.state[ids] == _DOOMED].tolist():
             if cat.leases[eid] == 0 and cat.state[eid] == _DOOMED:
                 self._free(eid)
