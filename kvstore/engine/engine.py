@@ -234,15 +234,18 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
             offsets = [0] * len(keys)
             todo: list[int] = []
             keep: set[int] = set()  # ALREADY_PRESENT entries: evicting them here would make the outcome a lie
-            for i, key in enumerate(keys):
-                eid = index.get(key)
-                if eid is None:
-                    todo.append(i)
-                elif cat.state[eid] == _COMMITTED:
-                    outcomes[i] = ALREADY_PRESENT
-                    keep.add(eid)
-                else:
-                    outcomes[i] = IN_FLIGHT
+            known = list(map(index.get, keys))
+            if known.count(None) == len(keys):  # the common case: every key is new
+                todo = list(range(len(keys)))
+            else:
+                for i, eid in enumerate(known):
+                    if eid is None:
+                        todo.append(i)
+                    elif cat.state[eid] == _COMMITTED:
+                        outcomes[i] = ALREADY_PRESENT
+                        keep.add(eid)
+                    else:
+                        outcomes[i] = IN_FLIGHT
             if todo and self._disk is not None:
                 on_disk = self._disk.contains_many(ns.name, [keys[i] for i in todo])
                 for i, length in zip(list(todo), on_disk):
@@ -260,7 +263,10 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
                     self.counters.store_full += 1
                     raise StoreFullError(self._full_message(sum(sizes[j] for j in todo)))
                 offsets[i] = off
-            eids = [cat.add(ns, keys[i], offsets[i], sizes[i]) for i in todo]
+            if len(todo) == len(keys):
+                eids = cat.add_many(ns, keys, offsets, sizes)
+            else:
+                eids = cat.add_many(ns, [keys[i] for i in todo], [offsets[i] for i in todo], [sizes[i] for i in todo])
             rid = self._reservations.add((ns, eids))
             self.counters.reserved_blocks += len(eids)
             return ReserveResult(rid, outcomes, offsets, int(self.config.reservation_ttl_s * 1000))
@@ -283,6 +289,8 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
         slabs is empty and can move."""
         domain = (tenant or "") if self.config.isolate_tenants else ""
         off = self._alloc.allocate(size, domain)
+        if off is not None:
+            return off
         eligible = (lambda eid: eid not in keep and self._evictable(eid)) if keep else self._evictable
         while off is None:
             victim = (self._choose_victim(eligible) if self._quotas is None
@@ -343,19 +351,20 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
                 )
             self._reservations.pop(reservation_id)
             self._close(reservation_id, "committed")
-            cat, policy = self._cat, self._policy
+            cat, policy, keys = self._cat, self._policy, self._cat.keys
             self._touches.apply()  # the policy must see accesses and inserts in their real order
-            now = cat.now()
-            for i, eid in enumerate(eids):
-                cat.state[eid] = _COMMITTED
-                cat.created[eid] = now
-                if checksums:
-                    cat.checksum[eid] = checksums[i]
-                size = int(cat.size[eid])
-                ns.blocks += 1
-                ns.bytes += size
-                self.counters.committed_bytes += size
-                policy.on_insert(eid, hash(cat.keys[eid]) ^ ns.id)
+            ids = np.array(eids, dtype=np.int64)
+            cat.state[ids] = _COMMITTED
+            cat.created[ids] = cat.now()
+            if checksums:
+                cat.checksum[ids] = np.array(checksums, dtype=np.uint64)
+            size = sum(cat.size[ids].tolist())
+            ns.blocks += len(eids)
+            ns.bytes += size
+            self.counters.committed_bytes += size
+            on_insert, ns_id = policy.on_insert, ns.id
+            for eid in eids:
+                on_insert(eid, hash(keys[eid]) ^ ns_id)
             ns.puts += len(eids)
             self.counters.committed_blocks += len(eids)
             if self.events.subscribers:
@@ -363,7 +372,6 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
             if self._remote is not None:  # queues pushes to owners; never blocks
                 self._remote.committed(reservation_id, ns.name, [cat.keys[e] for e in eids])
             if self._disk is not None:
-                ids = np.array(eids, dtype=np.int64)
                 cat.seen[ids] = 1
                 if self._admission.admits(1):
                     self._queue_writes(ids)
