@@ -39,6 +39,11 @@ class Samples:
         return s[min(len(s) - 1, int(0.9 * len(s)))]
 
     @property
+    def p99(self) -> float:
+        s = sorted(self.seconds)
+        return s[min(len(s) - 1, int(0.99 * len(s)))]
+
+    @property
     def mean(self) -> float:
         return statistics.fmean(self.seconds)
 
@@ -65,11 +70,16 @@ class Case:
 
 
 def interleave(cases: dict[str, Case], *, warmup: int = 3, min_iters: int = 5, max_iters: int = 10_000,
-               budget_s: float = 1.0) -> dict[str, Samples]:
-    """Time several cases round-robin, one iteration of each per round.
+               budget_s: float = 1.0, block: int = 1, untimed_in_block: int = 0) -> dict[str, Samples]:
+    """Time several cases round-robin: per round, `block` consecutive iterations of each case, the first
+    `untimed_in_block` of them untimed.
 
     Why round-robin: on a noisy box a burst of foreign load lands on every case alike, so ratios between
     cases (store over memcpy) stay meaningful even when absolute numbers swing 2x between minutes.
+    Why blocks (block > 1): a call that follows a pause (here: the other cases of the round) finds its peer
+    process idle, and waking an idle process on this VM costs 50-200 us, more than a whole hot round trip;
+    consecutive calls measure every case under the same hot condition, and the untimed head of each block
+    absorbs the one cold call.
     Stops after `max_iters` rounds, or once `min_iters` rounds ran and every case had `budget_s` on average.
     """
     for _ in range(warmup):
@@ -79,9 +89,11 @@ def interleave(cases: dict[str, Case], *, warmup: int = 3, min_iters: int = 5, m
     spent, rounds = 0.0, 0
     while rounds < max_iters and (rounds < min_iters or spent < budget_s * len(cases)):
         for k, c in cases.items():
-            dt = c.once()
-            out[k].append(dt)
-            spent += dt
+            for i in range(block):
+                dt = c.once()
+                if i >= untimed_in_block:
+                    out[k].append(dt)
+                    spent += dt
         rounds += 1
     return {k: Samples(tuple(v)) for k, v in out.items()}
 
