@@ -32,7 +32,7 @@ import numpy as np
 from kvstore.engine.catalog import DISK_DROPPED, ON_DISK, QUEUED, WRITING, EntryState, Namespace
 from kvstore.engine.events import MOVED, REMOVED, STORED
 from kvstore.engine.movement import Promotion
-from kvstore.engine.results import LookupResult
+from kvstore.engine.results import HitColumns, LookupResult
 from kvstore.tiers.disk import DiskStatus, WriteItem
 
 if TYPE_CHECKING:
@@ -164,13 +164,14 @@ class TieringMixin:
         if not limit:
             return LookupResult(0, present, [], [], [], [], 0, 0, tier_list)
         offsets = cat.offset[ids]
-        sizes = cat.size[ids].tolist()
+        cols = HitColumns(offsets, cat.size[ids], self._gens[self._gen_index.of_many(offsets)], cat.checksum[ids])
+        size_list = cols.sizes.tolist()
         if lease:
-            counters.hit_bytes_ram += sum(sizes)
-        gens = self._gens[self._gen_index.of_many(offsets)]
+            counters.hit_bytes_ram += sum(size_list)
         lease_id = self._leases.add(ids) if lease else 0
-        return LookupResult(limit, present, offsets.tolist(), sizes, gens.tolist(), cat.checksum[ids].tolist(),
-                            lease_id, int(self.config.lease_ttl_s * 1000) if lease else 0, tier_list)
+        return LookupResult(limit, present, offsets.tolist(), size_list, cols.generations.tolist(),
+                            cols.checksums.tolist(), lease_id, int(self.config.lease_ttl_s * 1000) if lease else 0,
+                            tier_list, cols)
 
     def _promote(self: Engine, ns: Namespace, keys: Sequence[bytes], eids: np.ndarray, tiers: np.ndarray,
                  limit: int, ram_ids: np.ndarray) -> dict[int, Promotion]:
@@ -247,11 +248,11 @@ class TieringMixin:
             from_disk = tiers[hit_idx] == TIER_DISK
             self.counters.hit_bytes_disk += int(sizes[from_disk].sum())
             self.counters.hit_bytes_ram += int(sizes[~from_disk].sum())
-        gens = self._gens[self._gen_index.of_many(offsets)]
+        cols = HitColumns(offsets, sizes, self._gens[self._gen_index.of_many(offsets)], cat.checksum[ids])
         lease_id = self._leases.add(ids) if lease else 0
-        return LookupResult(n, present, offsets.tolist(), sizes.tolist(), gens.tolist(),
-                            cat.checksum[ids].tolist(), lease_id,
-                            int(self.config.lease_ttl_s * 1000) if lease else 0, tier_list)
+        return LookupResult(n, present, offsets.tolist(), sizes.tolist(), cols.generations.tolist(),
+                            cols.checksums.tolist(), lease_id,
+                            int(self.config.lease_ttl_s * 1000) if lease else 0, tier_list, cols)
 
     # -- admission and write-behind ---------------------------------------------------------------------
     def _note_hits(self: Engine, ids: np.ndarray) -> None:
