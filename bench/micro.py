@@ -42,7 +42,7 @@ SIZES = (256 * KIB, 2 * MIB)
 RSS_BLOCK, RSS_BATCH = 4 * KIB, 4096
 DEFAULT_THREADS: int = inspect.signature(Client).parameters["copy_threads"].default  # what users get
 SINGLE_BLOCK = (8, 2)  # single-block puts/gets: consecutive calls per case and round, the first untimed
-SINGLE_BLOCK_TEXT = f"{SINGLE_BLOCK[0]} calls"
+SINGLE_BLOCK_TEXT = f"{SINGLE_BLOCK[0]} calls (the first {SINGLE_BLOCK[1]} untimed)"
 ISSUE = "issue 14 (same-node control plane)"
 TARGETS = (
     Target("fast_lookup280_us_p50", "<=", 150, ISSUE), Target("fast_lookup280_vs_uds", "<=", 3.5, ISSUE),
@@ -62,7 +62,7 @@ EPILOG = f"""measurements (untimed warm-up, then medians; the cases of one secti
             steady-state LRU eviction. get = B stored keys into pre-faulted numpy buffers (Lookup, copy, async
             Release; B=1 is client.get_into). Headline: copy_threads={DEFAULT_THREADS}; put_256k_gbs, put_2m_gbs, get_* are
             B=1 on the fast path, arena_*_ratio B=32 of 2 MiB over the limit; the _grpc fields the gRPC client.
-            B=1 runs in blocks of {SINGLE_BLOCK_TEXT} per case and round (the first untimed): a call after a pause
+            B=1 runs in blocks of {SINGLE_BLOCK_TEXT} per case and round: a call after a pause
             pays for waking the idle daemon (bench/control_plane.py), which is no part of a put.
   phases    extra runs of 2 MiB x 32 and 256 KiB x 1 (copy_threads=1, fast path; and 256 KiB x 1 over gRPC) with
             the control calls and copies timed separately, plus daemon and client CPU per call (schedstat).
