@@ -38,3 +38,19 @@ def test_add_many_equals_add_of_each_through_reuse_and_growth() -> None:
         assert _state(many, 2) == _state(one, 2), f"step {step}"
     assert len(one.keys) > 128 and one._capacity == many._capacity >= 256  # grew several times
     assert np.all(many.created[live] > 0)
+
+
+def test_mark_committed_sets_state_time_checksums_and_sums_sizes_for_small_and_large_batches() -> None:
+    cat = Catalog()
+    ns = cat.add_namespace("a", "", "", "")
+    for n in (1, 7, 8, 40):
+        keys = [b"%d-%d" % (n, i) for i in range(n)]
+        eids = cat.add_many(ns, keys, [4096 * i for i in range(n)], [100 + i for i in range(n)])
+        before = cat.now()
+        sums = [2**64 - 1 - i for i in range(n)]
+        assert cat.mark_committed(eids, sums) == sum(100 + i for i in range(n))
+        assert cat.state[eids].tolist() == [2] * n  # EntryState.COMMITTED
+        assert cat.checksum[eids].tolist() == sums
+        assert np.all(cat.created[eids] >= np.float32(before))
+        other = cat.add_many(ns, [k + b"x" for k in keys], [0] * n, [5] * n)
+        assert cat.mark_committed(other) == 5 * n and cat.checksum[other].tolist() == [0] * n

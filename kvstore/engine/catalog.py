@@ -80,6 +80,9 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
     ("seen", np.uint8),
 )
 
+_RESERVED, _COMMITTED = int(EntryState.RESERVED), int(EntryState.COMMITTED)  # plain ints: cheaper numpy writes
+_BATCH_MIN = 8  # add_many, mark_committed: from this many entries on, one numpy call per column is cheaper
+
 ON_DISK = 1
 QUEUED = 2
 WRITING = 4
@@ -143,7 +146,7 @@ class Catalog:
         self.leases[eid] = 0
         self.pins[eid] = 0
         self.ns[eid] = ns.id
-        self.state[eid] = EntryState.RESERVED
+        self.state[eid] = _RESERVED
         self.flags[eid] = 0
         self.seen[eid] = 0
         self.created[eid] = self.now()
@@ -154,8 +157,11 @@ class Catalog:
         """`add` of each (key, offset, size) in order: the same ids, columns and index, one numpy call a column.
 
         The ids are the ones successive `add` calls would hand out: reused ids from the end of the free list
-        first, then new ones; `keys` must be distinct (a write batch)."""
+        first, then new ones; `keys` must be distinct (a write batch). Below a few items, `add` of each is
+        cheaper (a numpy scalar write costs a fraction of a call with an index array)."""
         free, n = self._free_ids, len(keys)
+        if n < _BATCH_MIN:
+            return [self.add(ns, key, off, size) for key, off, size in zip(keys, offsets, sizes)]
         reused = min(n, len(free))
         eids = free[len(free) - reused:][::-1]
         del free[len(free) - reused:]
@@ -173,10 +179,29 @@ class Catalog:
         for name in ("checksum", "leases", "pins", "flags", "seen"):
             getattr(self, name)[ids] = 0
         self.ns[ids] = ns.id
-        self.state[ids] = EntryState.RESERVED
+        self.state[ids] = _RESERVED
         self.created[ids] = self.now()
         ns.index.update(zip(keys, eids))
         return eids
+
+    def mark_committed(self, eids: list[int], checksums: Sequence[int] = ()) -> int:
+        """Set entries COMMITTED, created now, with their checksums (if given, one per entry); their total size."""
+        now = self.now()
+        if len(eids) < _BATCH_MIN:
+            total = 0
+            for i, eid in enumerate(eids):
+                self.state[eid] = _COMMITTED
+                self.created[eid] = now
+                if checksums:
+                    self.checksum[eid] = checksums[i]
+                total += int(self.size[eid])
+            return total
+        ids = np.array(eids, dtype=np.int64)
+        self.state[ids] = _COMMITTED
+        self.created[ids] = now
+        if checksums:
+            self.checksum[ids] = np.array(checksums, dtype=np.uint64)
+        return sum(self.size[ids].tolist())
 
     def unindex(self, eid: int) -> None:
         """Make the entry invisible to lookups (its slot stays allocated)."""

@@ -265,7 +265,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
                 offsets[i] = off
             if len(todo) == len(keys):
                 eids = cat.add_many(ns, keys, offsets, sizes)
-            else:
+            else:  # the keys to add, in order
                 eids = cat.add_many(ns, [keys[i] for i in todo], [offsets[i] for i in todo], [sizes[i] for i in todo])
             rid = self._reservations.add((ns, eids))
             self.counters.reserved_blocks += len(eids)
@@ -353,12 +353,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
             self._close(reservation_id, "committed")
             cat, policy, keys = self._cat, self._policy, self._cat.keys
             self._touches.apply()  # the policy must see accesses and inserts in their real order
-            ids = np.array(eids, dtype=np.int64)
-            cat.state[ids] = _COMMITTED
-            cat.created[ids] = cat.now()
-            if checksums:
-                cat.checksum[ids] = np.array(checksums, dtype=np.uint64)
-            size = sum(cat.size[ids].tolist())
+            size = cat.mark_committed(eids, checksums)
             ns.blocks += len(eids)
             ns.bytes += size
             self.counters.committed_bytes += size
@@ -372,6 +367,7 @@ class Engine(TieringMixin, InspectionMixin, TenancyMixin, ManagementMixin):
             if self._remote is not None:  # queues pushes to owners; never blocks
                 self._remote.committed(reservation_id, ns.name, [cat.keys[e] for e in eids])
             if self._disk is not None:
+                ids = np.array(eids, dtype=np.int64)
                 cat.seen[ids] = 1
                 if self._admission.admits(1):
                     self._queue_writes(ids)
