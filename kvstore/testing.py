@@ -120,8 +120,17 @@ class DaemonProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> DaemonProcess:
+        """Start and wait for Health; on any failure the process is stopped before the error propagates."""
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        try:
+            return self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> DaemonProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

@@ -14,6 +14,15 @@ U64_MAX = 2**64 - 1
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def small_thread_shares() -> object:
+    """Threads split at 512 KiB per thread here (12 MiB in production), so these small copies really run on
+    several threads and exercise the byte-range split."""
+    old = _copy._set_min_share(512 * 1024)
+    yield
+    _copy._set_min_share(old)
+
+
 def _rand_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.integers(0, 256, size=n, dtype=np.uint8)
 

@@ -57,7 +57,7 @@ def copy_batch(
     read-only ``dst`` or a non-uint64 index array raises ``TypeError``; unequal index lengths, an
     out-of-bounds range or offset+length overflow raises ``ValueError`` naming the triple index.
     The copy runs with the GIL released; ``threads`` (clamped to 1..64) splits the work by bytes and
-    is ignored below 512 KiB per thread. ``stream``: -1 (auto) writes pieces of >= 4 KiB of a call of >= 1 MiB
+    is ignored below 12 MiB per thread (under ~24 MiB one thread copying from cache is faster than two). ``stream``: -1 (auto) writes pieces of >= 4 KiB of a call of >= 1 MiB
     with non-temporal stores on x86-64 (the destination of a KV transfer is not read back soon, and skipping
     the read-for-ownership is 1.4-1.6x faster here); 0 never; 1 always. The bytes copied are the same.
 
