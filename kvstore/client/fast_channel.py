@@ -2,10 +2,12 @@
 
 `FastChannel` keeps one connection per calling thread (so threads never wait for each other's replies, and no
 lock is held across a round trip); each connection says HELLO with the client's token once. A call is one
-`sendall` of the request frame and a read of the reply frame: no other work on the way. A connection that fails
-(daemon gone, closed for a bad frame, token revoked) is dropped and the error raised as the same exception a
-gRPC call would raise (StoreUnavailableError, UnauthenticatedError, ...); the next call on that thread dials a
-new one, which also finds a restarted daemon (its incarnation comes back in the replies).
+`sendall` of the request frame and a read of the reply frame: no other work on the way. A connection found
+dead when sending (it died while idle: a daemon restart) is replaced and the request sent again, since the
+daemon never read it. A connection that fails later (daemon gone mid-call, closed for a bad frame, token
+revoked) is dropped and the error raised as the same exception a gRPC call would raise
+(StoreUnavailableError, UnauthenticatedError, ...): the request may have been applied, so it is not repeated.
+The next call dials anew, which also finds a restarted daemon (its incarnation comes back in the replies).
 
 `request_arena` is the one-shot exchange that hands a process its arena file (HELLO asking for it).
 """
@@ -137,8 +139,20 @@ class FastChannel:
         """Send one request and return its reply body; raises the daemon's error as its KVStoreError class."""
         c = self._conn()
         rid = next(c.ids) & 0xFFFFFFFF
+        request = fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body
         try:
-            c.sock.sendall(fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body)
+            c.sock.sendall(request)
+        except OSError:
+            # The connection died while idle (the daemon restarted or closed it): the daemon never read this
+            # request, so sending it once more on a fresh connection cannot apply it twice.
+            self._drop(c)
+            c = self._conn()
+            try:
+                c.sock.sendall(request)
+            except OSError as exc:
+                self._drop(c)
+                raise StoreUnavailableError(f"kvstore fast path {self.path} failed: {exc}") from exc
+        try:
             head = fp.Header.parse(_recv_exact(c.sock, fp.HEADER.size))
             reply = _recv_exact(c.sock, head.length)
         except (OSError, fp.FrameError) as exc:
