@@ -129,6 +129,13 @@ class LRUPolicy(EvictionPolicy):
         nxt = np.frombuffer(self._next, dtype=np.int32)   # array.extend (on_insert) refuses while one is held
         ids = ids[(ids >= 0) & (ids < prev.shape[0])]
         ids = ids[prev[ids] != _UNTRACKED]
+        if ids.shape[0] < 2:
+            self._access_each(ids.tolist())
+            return
+        latest_first = ids[::-1]
+        if (np.count_nonzero(nxt[latest_first[:-1]] != latest_first[1:]) + 1) * _RUN_COST > ids.shape[0]:
+            self._access_each(ids.tolist())  # scattered: not worth finding each id's last read first
+            return
         recent = _last_occurrences_reversed(ids)
         k = recent.shape[0]
         if k == 0:
