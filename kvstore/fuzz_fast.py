@@ -110,8 +110,9 @@ class FastFuzzer:
             return [src.choice(pools.keys) if src.int(0, 9) < 8 else src.bytes(70) for _ in range(src.int(0, 6))]
 
         def rid(pool: list[int]) -> int:
-            use, idx = src.int(0, 2), src.int(0, 63)
-            return pool[idx % len(pool)] if use and pool else src.int(0, 2**64 - 1)
+            # the same draws whatever the pool holds: hypothesis replays draws and needs their shape to repeat
+            anything, use, idx = src.int(0, 2**64 - 1), src.int(0, 2), src.int(0, 63)
+            return pool[idx % len(pool)] if use and pool else anything
 
         try:
             if op in (fp.LOOKUP, fp.EXISTS):
