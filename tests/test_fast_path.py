@@ -301,3 +301,23 @@ def test_stats_health_and_metrics_say_what_went_over_the_fast_path() -> None:
         text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
         assert "kvstore_fast_connections 1.0" in text and "kvstore_arena_files_handed_total 2.0" in text
         assert 'kvstore_rpc_duration_seconds_count{method="Exists"} 1.0' in text   # same histogram as gRPC
+
+
+def test_a_summary_lookup_counts_without_hit_columns(daemon) -> None:
+    """The scheduler's prefix probe (Client.lookup_prefix) asks for counts only: the reply carries num_prefix,
+    present and tiers, and none of the four hit columns (on gRPC, the same counts)."""
+    with daemon.client() as c, daemon.client(control="grpc") as g:
+        c.register_namespace("sum/ns")
+        keys = [b"s%02d" % i for i in range(6)]
+        c.put_many("sum/ns", keys[:4], [bytes([i]) * 5000 for i in range(4)])
+        assert c.lookup_prefix("sum/ns", keys) == g.lookup_prefix("sum/ns", keys) == 4
+        r = Raw(daemon.socket_path + ".arena")
+        assert r.hello()[0].status == fp.OK
+        r.send(fp.frame(fp.LOOKUP, fp.encode_lookup("sum/ns", keys), 3, flags=fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY))
+        head, body, _ = r.reply()
+        rep = fp.decode_lookup_reply(body)
+        assert (rep.num_prefix, rep.present, rep.tiers, rep.lease_id) == (4, [True] * 4 + [False], [1] * 4 + [0], 0)
+        assert (rep.offsets, rep.sizes, rep.generations, rep.checksums) == ([], [], [], [])
+        full = c.lookup("sum/ns", keys, prefix=True, lease=False)
+        assert full.num_prefix == 4 and full.sizes == [5000] * 4   # without the flag: every column
+        r.close()

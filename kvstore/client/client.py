@@ -383,7 +383,9 @@ class Client:
         """How many leading keys of a chain are stored (no lease taken)."""
         total = 0
         for part in _chunks(len(keys), self.max_batch_keys):
-            n = self.lookup(namespace, list(keys[part]), prefix=True, lease=False).num_prefix
+            r = self._control.lookup(namespace, list(keys[part]), True, False, summary=True)
+            self._check_incarnation(r.incarnation)
+            n = r.num_prefix
             total += n
             if n < part.stop - part.start:
                 break

@@ -30,7 +30,8 @@ class ControlPlane(Protocol):
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation: ...
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int: ...
     def abort(self, reservation_id: int) -> int: ...
-    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool) -> Lease: ...
+    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
+               summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
     def close(self) -> None: ...
@@ -52,7 +53,8 @@ class GrpcControl:
     def abort(self, reservation_id: int) -> int:
         return self._rpc.call("Abort", pb.AbortRequest(reservation_id=reservation_id)).aborted
 
-    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool) -> Lease:
+    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
+               summary: bool = False) -> Lease:
         r = self._rpc.call("Lookup", pb.LookupRequest(namespace=namespace, keys=keys, prefix=prefix, lease=lease))
         return Lease(namespace, r.num_prefix, list(r.present), list(r.offsets), list(r.sizes), list(r.generations),
                      list(r.checksums), r.lease_id, r.incarnation, list(r.tiers))
@@ -103,12 +105,15 @@ class FastControl:
             return self._grpc.abort(reservation_id)
         return _decoded(fp.decode_count, self.channel.call(fp.ABORT, body))
 
-    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool) -> Lease:
+    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
+               summary: bool = False) -> Lease:
+        """`summary` (without lease): counts only; the Lease comes back without hit columns."""
         try:
             body = fp.encode_lookup(namespace, keys)
         except _ENCODE_ERRORS:
             return self._grpc.lookup(namespace, keys, prefix, lease)
-        flags = (fp.LOOKUP_PREFIX if prefix else 0) | (fp.LOOKUP_LEASE if lease else 0)
+        flags = ((fp.LOOKUP_PREFIX if prefix else 0) | (fp.LOOKUP_LEASE if lease else 0)
+                 | (fp.LOOKUP_SUMMARY if summary and not lease else 0))
         r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)

@@ -53,8 +53,11 @@ _ONE = np.int32(1)  # the leases column's dtype: np.add.at stays on its fast pat
 class TieringMixin:
     # -- lookup -----------------------------------------------------------------------------------------
     def lookup(self: Engine, ns_name: str, keys: Sequence[bytes], prefix: bool = False,
-               lease: bool = True, local_only: bool = False) -> LookupResult:
+               lease: bool = True, local_only: bool = False, summary: bool = False) -> LookupResult:
+        """`summary` (only without lease): the caller wants num_prefix, present and tiers, not where the hits
+        are (a scheduler counting a prefix): the hit columns come back empty and are never built."""
         self._check_keys(keys)
+        summary = summary and not lease
         at_peers = None
         if self._remote is not None and not local_only:  # peer tier first (no lock held)
             if lease:
@@ -72,7 +75,7 @@ class TieringMixin:
                 first = len(keys)
             if first == len(keys) or (prefix and tiers[first] == TIER_NONE):
                 # the common case: the hits are the first `first` keys, all in RAM
-                return self._lookup_ram(ns, keys, prefix, lease, eids, tiers, first)
+                return self._lookup_ram(ns, keys, prefix, lease, eids, tiers, first, summary)
             limit = _prefix_len(tiers) if prefix else len(keys)
             ram = np.flatnonzero(tiers[:limit] == TIER_RAM)
             ram_ids = eids[ram]
@@ -87,7 +90,8 @@ class TieringMixin:
             if not lease:
                 found = (tiers[:limit] == TIER_RAM) | (tiers[:limit] == TIER_PEER)
                 found[list(promos)] = True
-                return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=False, found=found)
+                return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=False, found=found,
+                                    summary=summary)
             if not promos and (not prefix or len(ram) == limit):  # every hit in RAM, already held
                 return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=True)
         deadline = time.monotonic() + self.config.promote_timeout_s
@@ -141,7 +145,7 @@ class TieringMixin:
         return eids, tiers
 
     def _lookup_ram(self: Engine, ns: Namespace, keys: Sequence[bytes], prefix: bool, lease: bool,
-                    eids: np.ndarray, tiers: np.ndarray, limit: int) -> LookupResult:
+                    eids: np.ndarray, tiers: np.ndarray, limit: int, summary: bool = False) -> LookupResult:
         """Lookup when its hits are exactly the first `limit` keys, all in RAM (nothing to promote or wait for).
 
         The same effects, in the same order, as the general path of `lookup` + `_answer` on such a result,
@@ -161,8 +165,8 @@ class TieringMixin:
         counters.hit_keys += limit
         counters.hit_keys_ram += limit
         tier_list = tiers[: limit + misses].tolist()
-        if not limit:
-            return LookupResult(0, present, [], [], [], [], 0, 0, tier_list)
+        if not limit or summary:
+            return LookupResult(limit, present, [], [], [], [], 0, 0, tier_list)
         offsets = cat.offset[ids]
         cols = HitColumns(offsets, cat.size[ids], self._gens[self._gen_index.of_many(offsets)], cat.checksum[ids])
         size_list = cols.sizes.tolist()
@@ -213,7 +217,8 @@ class TieringMixin:
         return p
 
     def _answer(self: Engine, ns: Namespace, keys: Sequence[bytes], prefix: bool, tiers: np.ndarray,
-                hit_idx: np.ndarray, ids: np.ndarray, *, lease: bool, found: np.ndarray | None = None) -> LookupResult:
+                hit_idx: np.ndarray, ids: np.ndarray, *, lease: bool, found: np.ndarray | None = None,
+                summary: bool = False) -> LookupResult:
         """Build the result from the hits (key index + entry id, in order); vectorized: it runs per Lookup."""
         cat = self._cat
         mask = np.zeros(len(keys), dtype=bool)
@@ -240,7 +245,7 @@ class TieringMixin:
         self.counters.hit_keys_disk += hits_disk
         self.counters.hit_keys_peer += hits_peer
         tier_list = tiers[:looked].tolist()
-        if not len(ids):
+        if not len(ids) or summary:
             return LookupResult(n, present, [], [], [], [], 0, 0, tier_list)
         offsets = cat.offset[ids]
         sizes = cat.size[ids]

@@ -20,7 +20,8 @@ reason being an errors.py class's `reason`, so the client raises the same class 
 Bodies (n keys; `ns` = u16 length + UTF-8; `keys` = u32 n | u8 k | the keys' bytes back to back, where k is
 the length of every key, or 0 followed by u8 length[n] when they differ)::
 
-    LOOKUP   req  flags: 1 prefix, 2 lease       ns keys
+    LOOKUP   req  flags: 1 prefix, 2 lease,      ns keys
+                  4 summary (no lease: counts only, the reply has no hit columns)
              rep  u32 num_prefix | u32 n | u32 hits | u8 present[n] | u8 tiers[n] | u64 lease_id |
                   u32 expires_in_ms | u64 incarnation | u64 offsets[hits] sizes[hits] gens[hits] checksums[hits]
     RESERVE  req  ns keys u64 sizes[n]
@@ -63,7 +64,7 @@ HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO = range(1, 9)
 OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commit", ABORT: "Abort",
             RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo"}
 OK, ERROR = 0, 1
-LOOKUP_PREFIX, LOOKUP_LEASE = 1, 2
+LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)
 HELLO_WANT_ARENA = 1
 MAGIC = b"KVFP"

@@ -242,7 +242,12 @@ class FastServer:
         ops, op = self._ops, head.op
         if op == fp.LOOKUP:
             ns, keys = fp.decode_lookup(body)
-            r = ops.lookup(ns, keys, bool(head.flags & fp.LOOKUP_PREFIX), bool(head.flags & fp.LOOKUP_LEASE))
+            r = ops.lookup(ns, keys, bool(head.flags & fp.LOOKUP_PREFIX), bool(head.flags & fp.LOOKUP_LEASE),
+                           summary=bool(head.flags & fp.LOOKUP_SUMMARY))
+            c = r.columns  # the engine's numpy columns: bytes without packing its lists again
+            if c is not None:
+                return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
+                                              self._incarnation, c.offsets, c.sizes, c.generations, c.checksums)
             return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
                                           self._incarnation, r.offsets, r.sizes, r.generations, r.checksums)
         if op == fp.RESERVE:

@@ -43,9 +43,11 @@ class ControlOps:
         self.windows.aborted(reservation_id)
         return aborted
 
-    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool) -> LookupResult:
+    def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
+               summary: bool = False) -> LookupResult:
+        """`summary`: counts only (see Engine.lookup); the fast path's prefix probes ask for it."""
         self.guard.namespace(namespace)
-        r = self.engine.lookup(namespace, keys, prefix, lease)
+        r = self.engine.lookup(namespace, keys, prefix, lease, summary=summary)
         self.windows.leased(r.lease_id, sum(r.sizes))
         return r
 
