@@ -22,19 +22,9 @@ from typing import Any
 
 from kvstore.errors import StoreUnavailableError, error_for_reason
 from kvstore.fastpath import protocol as fp
+from kvstore.fastpath.sockets import recv_exact
 
 __all__ = ["FastChannel", "request_arena"]
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, pos = memoryview(buf), 0
-    while pos < n:
-        got = sock.recv_into(view[pos:], n - pos)
-        if not got:
-            raise ConnectionError("the daemon closed the connection")
-        pos += got
-    return bytes(buf)
 
 
 def _raise_error(body: bytes) -> None:
@@ -68,11 +58,11 @@ def request_arena(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, i
         sock.sendall(hello)
         data, fds, _, _ = socket.recv_fds(sock, 4096, 1)
         if len(data) < fp.HEADER.size:
-            data += _recv_exact(sock, fp.HEADER.size - len(data))
+            data += recv_exact(sock, fp.HEADER.size - len(data))
         head = fp.Header.parse(data[:fp.HEADER.size])
         body = data[fp.HEADER.size:]
         if len(body) < head.length:
-            body += _recv_exact(sock, head.length - len(body))
+            body += recv_exact(sock, head.length - len(body))
         if head.status != fp.OK:
             _raise_error(body)
         incarnation, _ = fp.decode_hello_reply(body)
@@ -115,8 +105,8 @@ class FastChannel:
         try:
             sock = _dial(self.path, self._timeout)
             sock.sendall(fp.frame(fp.HELLO, fp.encode_hello(self._token, want_arena=False)))
-            head = fp.Header.parse(_recv_exact(sock, fp.HEADER.size))
-            body = _recv_exact(sock, head.length)
+            head = fp.Header.parse(recv_exact(sock, fp.HEADER.size))
+            body = recv_exact(sock, head.length)
         except (OSError, fp.FrameError) as exc:
             raise StoreUnavailableError(f"kvstore fast path {self.path} unavailable: {exc}") from exc
         if head.status != fp.OK:
@@ -153,8 +143,8 @@ class FastChannel:
                 self._drop(c)
                 raise StoreUnavailableError(f"kvstore fast path {self.path} failed: {exc}") from exc
         try:
-            head = fp.Header.parse(_recv_exact(c.sock, fp.HEADER.size))
-            reply = _recv_exact(c.sock, head.length)
+            head = fp.Header.parse(recv_exact(c.sock, fp.HEADER.size))
+            reply = recv_exact(c.sock, head.length)
         except (OSError, fp.FrameError) as exc:
             self._drop(c)
             raise StoreUnavailableError(f"kvstore fast path {self.path} failed mid-call: {exc}") from exc

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
+from kvstore.fastpath.sockets import clear_stale_socket, recv_exact
 from kvstore.server.auth import current_tenant
 from kvstore.server.ops import ControlOps
 
@@ -40,21 +41,6 @@ log = logging.getLogger(__name__)
 def fast_socket_path(unix_socket: str) -> str:
     """Where the daemon listens for arena requests and fast-path calls: beside its gRPC socket."""
     return unix_socket + ".arena" if unix_socket else ""
-
-
-class _Closed(Exception):
-    """The client closed the connection."""
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, pos = memoryview(buf), 0
-    while pos < n:
-        got = sock.recv_into(view[pos:], n - pos)
-        if not got:
-            raise _Closed()
-        pos += got
-    return bytes(buf)
 
 
 class FastServer:
@@ -95,7 +81,7 @@ class FastServer:
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
-        _clear_stale_socket(self.path)
+        clear_stale_socket(self.path, "arena socket")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         os.chmod(self.path, 0o600)
@@ -151,7 +137,7 @@ class FastServer:
             token = self._hello(conn)
             if token is not None:
                 self._requests(conn, token)
-        except (_Closed, OSError):
+        except OSError:  # ConnectionError too: the client went away
             pass
         finally:
             with self._lock:
@@ -162,10 +148,10 @@ class FastServer:
         """The caller's token when the hello was accepted (the reply is sent); None when refused."""
         conn.settimeout(self._hello_timeout)
         try:
-            head = fp.Header.parse(_recv_exact(conn, fp.HEADER.size))
+            head = fp.Header.parse(recv_exact(conn, fp.HEADER.size))
             if head.op != fp.HELLO:
                 raise fp.FrameError("the first frame must be HELLO")
-            token, want_arena = fp.decode_hello(_recv_exact(conn, head.length))
+            token, want_arena = fp.decode_hello(recv_exact(conn, head.length))
         except (fp.FrameError, TimeoutError) as exc:
             self.refused += 1
             if not isinstance(exc, TimeoutError):
@@ -198,11 +184,11 @@ class FastServer:
     def _requests(self, conn: socket.socket, token: str) -> None:
         while not self._stopping.is_set():
             conn.settimeout(None)  # idle between frames: as long as the client keeps the connection
-            raw = _recv_exact(conn, fp.HEADER.size)
+            raw = recv_exact(conn, fp.HEADER.size)
             conn.settimeout(self._frame_timeout)
             try:
                 head = fp.Header.parse(raw)
-                body = _recv_exact(conn, head.length)
+                body = recv_exact(conn, head.length)
             except fp.FrameError as exc:
                 self.frame_errors += 1
                 _send_error(conn, 0, 0, "invalid_request", f"bad frame: {exc}")
@@ -283,17 +269,3 @@ def _send_error(conn: socket.socket, request_id: int, op: int, reason: str, mess
         conn.sendall(_error_frame(request_id, op, reason, message, closing=True))
     except OSError:
         pass
-
-
-def _clear_stale_socket(path: str) -> None:
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)  # nobody listens: left by a dead daemon
-        return
-    finally:
-        probe.close()
-    raise ConfigError(f"arena socket {path} is in use by a running process: stop it or choose another unix_socket")

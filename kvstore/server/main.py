@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from concurrent import futures
@@ -36,6 +35,7 @@ from kvstore.server.logs import setup_logging
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
+from kvstore.fastpath.sockets import clear_stale_socket
 from kvstore.server.fast_server import FastServer, fast_socket_path
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
@@ -284,19 +284,8 @@ def _check_state_dirs(cfg: ServerConfig) -> None:
 
 
 def _prepare_socket_dir(path: str) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)  # nobody listens: a socket left by a dead daemon
-        return
-    finally:
-        probe.close()
-    raise ConfigError(f"unix socket {path} is in use by a running process: stop it or choose another unix_socket")
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    clear_stale_socket(path, "unix socket")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
