@@ -13,7 +13,10 @@
    save, not the overwrite: CudaCopier.fence orders the compute stream after the gather. Each round checks
    that the gather was still in flight when the overwrite was issued (else the round proves nothing and the
    run fails); one more round with the fence disabled says whether the check would catch a missing fence.
-4. Optional (--e2e, when `import vllm` works): the end-to-end suite tests/vllm_e2e with this interpreter.
+4. Per-tenant arena files (tokens on): the GPU pins a tenant's sparse file slab by slab; after its slabs
+   moved to another tenant and back (new pages in its file), its copier must re-pin them: blocks written from
+   the GPU before and after must read back exactly through the daemon.
+5. Optional (--e2e, when `import vllm` works): the end-to-end suite tests/vllm_e2e with this interpreter.
 
 Without CUDA (torch.cuda.is_available() is False) it prints why it skipped and exits 0. Exit 1 when a check
 fails. The last stdout line is one JSON object.
@@ -28,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -90,7 +94,10 @@ def dma_check(client: Any, torch: Any, device: str) -> dict[str, Any]:
     h2d = CopyPlan(g_addrs, h_addrs, lens)
     d2h = CopyPlan(h_addrs, g_addrs, lens)
     out: dict[str, Any] = {"dma_blocks": N_BLOCKS, "dma_block_bytes": BLOCK}
-    copier = CudaCopier((base, size), device)
+    mapping = client.acquire_arena(res.incarnation)         # held for every copy through it (arena_map.py)
+    if mapping is None:
+        raise RuntimeError("the client has no arena mapping of the reservation's daemon")
+    copier = CudaCopier(mapping, device)
     sync = torch.cuda.synchronize
     try:
         out["h2d_gbs"] = gbs(nbytes, _median_s(lambda: copier.wait(copier.copy(h2d)), sync))
@@ -112,6 +119,7 @@ def dma_check(client: Any, torch: Any, device: str) -> dict[str, Any]:
         out["arena_memcpy_h2d_gbs"] = gbs(nbytes, _median_s(engine_h2d, sync))
     finally:
         copier.close()                                       # unregisters: the worker below registers again
+        mapping.release()
         client.abort(res)
     # the limit: torch's own pinned buffer, one copy each way
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -122,6 +130,67 @@ def dma_check(client: Any, torch: Any, device: str) -> dict[str, Any]:
     out["d2h_ratio"] = out["d2h_gbs"] / out["torch_d2h_gbs"]
     out["dma_bytes_ok"] = h2d_ok and d2h_ok
     out["dma_h2d_ok"], out["dma_d2h_ok"] = h2d_ok, d2h_ok
+    return out
+
+
+def tenant_pins_check(torch: Any, device: str, workdir: str) -> dict[str, Any]:
+    """With tokens every tenant's arena is a sparse file of its own and the GPU pins it slab by slab
+    (connector/pinning.py). Alice writes blocks from the GPU, deletes them; bob takes every slab (they leave
+    alice's file and are punched out of it); bob deletes his; alice writes again into slabs that came back with
+    new pages. Her copier must re-pin them (a stale pin would DMA into orphaned pages and the daemon would see
+    zeros): every block read back through the daemon must equal the GPU bytes."""
+    from connector.cuda_copy import CudaCopier
+    from connector.layout import CopyPlan
+    from kvstore.client import Client
+    from kvstore.testing import DaemonProcess
+
+    def secret(name: str, text: str) -> str:
+        path = os.path.join(workdir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return path
+
+    a_tok, b_tok = "alice-" + "a" * 20, "bob-" + "b" * 20
+    tokens = secret("tokens", f"alice {a_tok}\nbob {b_tok}\n")
+    n, slabs = 8, 8
+    out: dict[str, Any] = {}
+    with DaemonProcess(tokens_file=tokens, arena_bytes=slabs * BLOCK, max_block_bytes=BLOCK, high_watermark=1.0,
+                       low_watermark=1.0) as d, \
+            Client(d.address, token_file=secret("a", a_tok)) as alice, \
+            Client(d.address, token_file=secret("b", b_tok)) as bob:
+        alice.register_namespace("pins/alice")
+        bob.register_namespace("pins/bob")
+        gpu = torch.randint(0, 256, (n * BLOCK,), dtype=torch.uint8, device=device)
+        want = gpu.cpu().numpy()
+        copier, mapping, ok_rounds = None, None, []
+        for round_ in range(2):
+            keys = [f"r{round_}-{i}".encode() for i in range(n)]
+            res = alice.reserve("pins/alice", keys, [BLOCK] * n)
+            m = alice.acquire_arena(res.incarnation)
+            if m is None:
+                raise RuntimeError("alice has no arena mapping")
+            if copier is None:
+                copier, mapping = CudaCopier(m, device), m
+            offs = np.uint64(m.address) + np.asarray(res.offsets, dtype=np.uint64)
+            g = np.uint64(gpu.data_ptr()) + np.arange(n, dtype=np.uint64) * np.uint64(BLOCK)
+            copier.wait(copier.copy(CopyPlan(offs, g, np.full(n, BLOCK, dtype=np.uint64))))
+            m.release()
+            alice.commit(res)
+            got = alice.get_many("pins/alice", keys)
+            ok_rounds.append(all(b is not None and np.array_equal(np.frombuffer(b, np.uint8),
+                                                                  want[i * BLOCK:(i + 1) * BLOCK])
+                                 for i, b in enumerate(got)))
+            alice.delete("pins/alice", keys)
+            if round_ == 0:   # bob takes every slab, then gives them back empty
+                bkeys = [f"b{i}".encode() for i in range(slabs)]
+                bob.put_many("pins/bob", bkeys, [b"\x00" * BLOCK] * slabs)
+                bob.delete("pins/bob", bkeys)
+        assert copier is not None and mapping is not None
+        out["tenant_pins_registrations"] = copier.pins.registrations
+        out["tenant_pins_slab_binds"] = alice.stats().counters["slab_binds"]
+        out["tenant_pins_ok"] = all(ok_rounds) and copier.pins.registrations > n
+        copier.close()
     return out
 
 
@@ -375,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             out.update(dma_check(c, torch, device))
             out.update(save_load_check(d.address, torch, device))
             out.update(overwrite_during_save_check(d.address, torch, device))
+        with tempfile.TemporaryDirectory(prefix="kvstore-gpu-pins-") as work:
+            out.update(tenant_pins_check(torch, device, work))
     except Exception as exc:  # noqa: BLE001 - report it as the run's result, with the JSON line last
         traceback.print_exc()
         print(f"FAILED: {exc.__class__.__name__}: {exc} (a RawKernel compile error means NVRTC is missing: "
@@ -403,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
                  ["without the fence: layers that differ (informational)",
                   out.get("overwrite_unfenced_mismatched_layers", "")],
                  ["stored bytes are the pre-overwrite bytes", out["overwrite_ok"]]])
-    ok = (out["dma_bytes_ok"] and out["save_load_ok"] and out["overwrite_ok"]
+    print_table("Per-tenant arena files: GPU pins follow slabs that move between tenants", ["check", "value"],
+                [["blocks written from the GPU read back exactly, before and after the slabs moved",
+                  out["tenant_pins_ok"]], ["slab registrations (re-pins included)", out["tenant_pins_registrations"]],
+                 ["slab moves between tenants' files", out["tenant_pins_slab_binds"]]])
+    ok = (out["dma_bytes_ok"] and out["save_load_ok"] and out["overwrite_ok"] and out["tenant_pins_ok"]
           and not out["e2e"].startswith("FAILED"))
     print("OK: every check passed" if ok else "FAILED: see the tables above")
     print(json.dumps(out, sort_keys=True), flush=True)
