@@ -22,7 +22,7 @@ from typing import Any
 
 from kvstore.errors import StoreUnavailableError, error_for_reason
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.sockets import recv_exact
+from kvstore.fastpath.sockets import FrameReader, recv_exact, set_kernel_timeouts
 
 __all__ = ["FastChannel", "request_arena"]
 
@@ -78,11 +78,13 @@ def request_arena(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, i
 
 
 class _Conn:
-    __slots__ = ("sock", "ids")
+    __slots__ = ("sock", "ids", "reader")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        set_kernel_timeouts(sock, timeout_s)
         self.sock = sock
         self.ids = itertools.count(1)
+        self.reader = FrameReader(sock, fp.HEADER.size, lambda h: fp.Header.parse(h).length)
 
 
 class FastChannel:
@@ -113,7 +115,7 @@ class FastChannel:
             sock.close()
             _raise_error(body)
         self.incarnation, _ = fp.decode_hello_reply(body)
-        c = _Conn(sock)
+        c = _Conn(sock, self._timeout)
         self._local.conn = c
         with self._lock:
             self._open.add(sock)
@@ -143,9 +145,9 @@ class FastChannel:
                 self._drop(c)
                 raise StoreUnavailableError(f"kvstore fast path {self.path} failed: {exc}") from exc
         try:
-            head = fp.Header.parse(recv_exact(c.sock, fp.HEADER.size))
-            reply = recv_exact(c.sock, head.length)
-        except (OSError, fp.FrameError) as exc:
+            raw, reply = c.reader.frame()
+            head = fp.Header.parse(raw)
+        except (OSError, fp.FrameError) as exc:  # BlockingIOError: the kernel's timeout (set_kernel_timeouts)
             self._drop(c)
             raise StoreUnavailableError(f"kvstore fast path {self.path} failed mid-call: {exc}") from exc
         if head.flags & fp.CLOSING or (head.request_id != rid and head.status == fp.OK):

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.sockets import clear_stale_socket, recv_exact
+from kvstore.fastpath.sockets import FrameReader, clear_stale_socket, recv_exact
 from kvstore.server.auth import current_tenant
 from kvstore.server.ops import ControlOps
 
@@ -182,13 +182,13 @@ class FastServer:
         return token
 
     def _requests(self, conn: socket.socket, token: str) -> None:
+        # idle between frames as long as the client keeps the connection; a frame's rest within frame_timeout
+        conn.settimeout(None)
+        reader = FrameReader(conn, fp.HEADER.size, lambda h: fp.Header.parse(h).length, self._frame_timeout)
         while not self._stopping.is_set():
-            conn.settimeout(None)  # idle between frames: as long as the client keeps the connection
-            raw = recv_exact(conn, fp.HEADER.size)
-            conn.settimeout(self._frame_timeout)
             try:
+                raw, body = reader.frame()
                 head = fp.Header.parse(raw)
-                body = recv_exact(conn, head.length)
             except fp.FrameError as exc:
                 self.frame_errors += 1
                 _send_error(conn, 0, 0, "invalid_request", f"bad frame: {exc}")
@@ -221,7 +221,7 @@ class FastServer:
             out = _error_frame(head.request_id, head.op, "internal", f"internal error in {name}; see the daemon log")
         self.requests += 1
         conn.sendall(out)
-        self._observe(name, time.perf_counter() - t0)
+        self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
         return keep
 
     def _dispatch(self, head: fp.Header, body: bytes) -> bytes:

@@ -58,6 +58,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
@@ -338,6 +339,7 @@ class MetricsServer:
         self.registry.register(_Static([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",
                                      ["method"], buckets=RPC_BUCKETS, registry=self.registry)
+        self._rpc_children: dict[str, Any] = {}
         metrics_app = make_wsgi_app(self.registry)
 
         def app(environ, start_response):  # type: ignore[no-untyped-def]
@@ -356,7 +358,10 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kvstore-metrics", daemon=True)
 
     def observe(self, method: str, seconds: float) -> None:
-        self.rpc_seconds.labels(method).observe(seconds)
+        child = self._rpc_children.get(method)
+        if child is None:  # labels() takes a lock and builds a key each time: once per method is enough
+            child = self._rpc_children[method] = self.rpc_seconds.labels(method)
+        child.observe(seconds)
 
     def start(self) -> None:
         self._thread.start()
