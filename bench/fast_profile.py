@@ -49,10 +49,9 @@ EVENTS: list[Event] = []  # list.append is atomic under the GIL: threads may rec
 
 
 def _wrap(owner: Any, name: str, label: str | Callable[[tuple[Any, ...]], str], static: bool = False) -> None:
-    """Record each call of owner.name; silently skipped when the owner lacks it (code under change)."""
-    orig = getattr(owner, name, None)
-    if orig is None:
-        return
+    """Record each call of owner.name. A missing name is an error: a profile that silently stops following a
+    stage (code renamed under it) reports requests it cannot attribute instead of saying why."""
+    orig = getattr(owner, name)
     clock, events, tid = time.perf_counter, EVENTS, threading.get_ident
 
     def timed(*a: Any, **kw: Any) -> Any:
@@ -76,13 +75,15 @@ def instrument_daemon() -> None:
     from kvstore.engine.engine import Engine
     from kvstore.engine.read_buffer import ReadBuffer
     from kvstore.fastpath import protocol as fp
+    from kvstore.fastpath.sockets import FrameReader
     from kvstore.server import fast_server
     from kvstore.server.arena_windows import ArenaWindows
     from kvstore.server.metrics import MetricsServer
     from kvstore.server.ops import ControlOps
     from kvstore.server.tenancy import TenantGuard
     _common()
-    _wrap(fast_server, "_recv_exact", "recv")  # the header's or the body's: the order on the thread tells
+    # a whole frame (header and body, usually one recv_into); its end is the daemon thread's wake-up
+    _wrap(FrameReader, "frame", "recv")
     _wrap(fast_server.FastServer, "_answer", lambda a: "answer " + fp.OP_NAMES.get(a[2].op, "?"))
     for name in ("decode_lookup", "decode_reserve", "decode_commit", "decode_release", "decode_u64"):
         _wrap(fp, name, "decode request")
@@ -105,8 +106,9 @@ def instrument_daemon() -> None:
 def instrument_client() -> None:
     from kvstore.client import client, control, fast_channel
     from kvstore.fastpath import protocol as fp
+    from kvstore.fastpath.sockets import FrameReader
     _common()
-    _wrap(fast_channel, "_recv_exact", "recv")
+    _wrap(FrameReader, "frame", "recv")  # the reply's header and body: its end is the client's wake-up
     _wrap(fast_channel.FastChannel, "call", lambda a: "call " + fp.OP_NAMES.get(a[1], "?"))
     for name in ("encode_lookup", "encode_reserve", "encode_commit", "encode_release"):
         _wrap(fp, name, "encode request")
