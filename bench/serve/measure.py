@@ -1,0 +1,68 @@
+"""One configuration measured: vLLM's prefix cache reset, counters read around the agentic pass (TTFT, hits,
+prefill tokens) and the saturated pass (throughput), both over the same sessions as every other configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httpx
+
+from bench.serve.driver import RunResult, round_robin, run_workload
+from bench.serve.http_client import reset_prefix_cache
+from bench.serve.scrape import VLLM_COUNTERS, delta, scrape
+from bench.serve.workload import Workload
+
+__all__ = ["ConfigRun", "measure_config", "reset_all"]
+
+
+@dataclass
+class ConfigRun:
+    key: str
+    label: str
+    agentic: RunResult
+    saturated: RunResult | None
+    vllm: dict[str, float] = field(default_factory=dict)  # counter deltas over the agentic pass, all servers
+    store_served_bytes: dict[str, float] = field(default_factory=dict)  # by tier, agentic pass
+
+
+def reset_all(urls: list[str]) -> None:
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            for u in urls:
+                await reset_prefix_cache(http, u)
+    asyncio.run(go())
+
+
+def _vllm_counters(urls: list[str]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for u in urls:
+        for k, v in scrape(u + "/metrics", VLLM_COUNTERS).items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def _store_counters(metrics_urls: list[str]) -> dict[str, float]:
+    """Bytes the daemons handed to readers (leased Lookups: the loads), by tier. Not kvstore_hit_tokens: that
+    counts every Lookup's hits, and the connector looks a prefix up twice (the scheduler's probe, the load)."""
+    total: dict[str, float] = {}
+    for u in metrics_urls:
+        for k, v in scrape(u, ("kvstore_hit_bytes_total",), by_label="tier").items():
+            tier = k.split("tier=")[-1].rstrip("]")
+            total[tier] = total.get(tier, 0.0) + v
+    return total
+
+
+def measure_config(key: str, label: str, urls: list[str], store_metrics: list[str], agentic: Workload,
+                   saturated: Workload | None, tick: object) -> ConfigRun:
+    route = round_robin if len(urls) > 1 else None
+    reset_all(urls)
+    v0, s0 = _vllm_counters(urls), _store_counters(store_metrics)
+    a = run_workload(agentic, urls, route, tick=tick)  # type: ignore[arg-type]
+    v1, s1 = _vllm_counters(urls), _store_counters(store_metrics)
+    sat = None
+    if saturated is not None:
+        reset_all(urls)
+        sat = run_workload(saturated, urls, route, tick=tick)  # type: ignore[arg-type]
+    return ConfigRun(key, label, a, sat, delta(v0, v1), delta(s0, s1))

@@ -1,0 +1,37 @@
+"""The benchmark's model: a Llama config.json with dummy weights (nothing is downloaded).
+
+Why this shape: prefill must be expensive next to loading the prompt's KV, as it is for a real model on a GPU
+(a 70B prefill costs ~1 ms per token; loading its KV from host memory ~0.05 ms). On this machine's CPU a
+1024-wide Llama with grouped-query attention (4 KV heads of 128) has the same kind of ratio: its prefill runs
+at a few thousand tokens a second while a token's KV is 4 KiB per layer. Fewer layers make every run quicker
+without changing that ratio much (both sides scale with the layer count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+__all__ = ["write_model", "kv_bytes_per_token"]
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 1024, 8, 4, 128, 2816, 8192
+
+
+def write_model(directory: str, layers: int, max_len: int) -> str:
+    """Write config.json into `directory` (created) and return the directory."""
+    if not 1 <= layers <= 64:
+        raise ValueError(f"layers={layers}: use 1..64")
+    os.makedirs(directory, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
+           "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+           "head_dim": HEAD_DIM, "num_hidden_layers": layers, "vocab_size": VOCAB,
+           "max_position_embeddings": max(max_len, 4096), "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return directory
+
+
+def kv_bytes_per_token(layers: int) -> int:
+    """K and V, all KV heads, bf16."""
+    return layers * 2 * KV_HEADS * HEAD_DIM * 2

@@ -1,0 +1,130 @@
+"""The serving benchmark's report: a table per configuration, two plots (TTFT by turn, TTFT CDF), the
+greedy-output check against the reference configuration, and the JSON line with the issue's ratios."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+from bench._common import print_table
+from bench.serve.driver import CallResult, RunResult
+from bench.serve.measure import ConfigRun
+
+__all__ = ["summarize", "mismatches", "print_report", "plot", "json_line"]
+
+
+def _q(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def _tok_s(r: RunResult | None) -> float:
+    return r.output_tokens / r.wall_s if r is not None and r.wall_s > 0 else float("nan")
+
+
+def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
+    """The configuration's figures; `bpt` = KV bytes per token (turns the store's served bytes into tokens)."""
+    calls = c.agentic.calls
+    ttft = [x.ttft_s for x in calls]
+    prompt = sum(x.prompt_tokens for x in calls)
+    cached = sum(x.cached_tokens for x in calls)
+    return {"label": c.label, "calls": len(calls), "ttft_p50_s": statistics.median(ttft), "ttft_p90_s": _q(ttft, 0.9),
+            "ttft_p99_s": _q(ttft, 0.99), "session_s_mean": statistics.fmean(c.agentic.session_s.values()),
+            "agentic_wall_s": c.agentic.wall_s, "output_tok_s": _tok_s(c.saturated),
+            "saturated_wall_s": c.saturated.wall_s if c.saturated else float("nan"),
+            "prompt_tokens": prompt, "cached_tokens": cached, "prefill_tokens": prompt - cached,
+            "vllm_local_hit_tokens": c.vllm.get("vllm:prefix_cache_hits_total", 0.0),
+            "vllm_external_hit_tokens": c.vllm.get("vllm:external_prefix_cache_hits_total", 0.0),
+            "store_served_tokens": {k: round(v / bpt) for k, v in c.store_served_bytes.items() if v}}
+
+
+def mismatches(ref: RunResult, other: RunResult) -> int:
+    """Calls whose greedy output differs from the reference's same call (session, agent, turn)."""
+    want = {(x.sid, x.agent, x.turn): x.output_ids for x in ref.calls}
+    return sum(1 for x in other.calls if want.get((x.sid, x.agent, x.turn)) != x.output_ids)
+
+
+def print_report(runs: dict[str, ConfigRun], sums: dict[str, dict[str, Any]], bad: dict[str, int]) -> None:
+    rows = []
+    for k, s in sums.items():
+        hits = ", ".join(f"{t} {int(v)}" for t, v in sorted(s["store_served_tokens"].items())) or "-"
+        rows.append((k, s["label"], s["calls"], f"{s['ttft_p50_s']:.3f}", f"{s['ttft_p90_s']:.3f}",
+                     f"{s['ttft_p99_s']:.3f}", f"{s['session_s_mean']:.1f}", f"{s['output_tok_s']:.1f}",
+                     s["prefill_tokens"], f"{s['cached_tokens'] / max(1, s['prompt_tokens']):.0%}", hits,
+                     bad.get(k, 0)))
+    print_table("agent sessions through vLLM's OpenAI server (TTFT: agentic pass; tok/s: saturated pass)",
+                ("cfg", "configuration", "calls", "TTFT p50 s", "p90", "p99", "session s", "out tok/s",
+                 "prefill tok", "cached", "store served tokens", "mismatch"), rows)
+
+
+def _by_turn(calls: tuple[CallResult, ...]) -> tuple[list[int], list[float]]:
+    turns: dict[int, list[float]] = {}
+    for x in calls:
+        if x.agent == 0:
+            turns.setdefault(x.turn, []).append(x.ttft_s)
+    ks = sorted(turns)
+    return ks, [statistics.median(turns[k]) for k in ks]
+
+
+def plot(runs: dict[str, ConfigRun], out_dir: str) -> list[str]:
+    """ttft_by_turn.png (median TTFT of the main agents' k-th turn) and ttft_cdf.png; the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "serve_ttft_by_turn.png"), os.path.join(out_dir, "serve_ttft_cdf.png")]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, r in runs.items():
+        xs, ys = _by_turn(r.agentic.calls)
+        ax.plot(xs, ys, marker="o", label=f"({k}) {r.label}")
+    ax.set(xlabel="turn of the main agent", ylabel="median TTFT (s)", yscale="log",
+           title="Time to first token by turn: the context grows, the store keeps it")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, r in runs.items():
+        xs = sorted(x.ttft_s for x in r.agentic.calls)
+        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"({k}) {r.label}")
+    ax.set(xlabel="TTFT (s)", ylabel="share of calls", xscale="log", title="TTFT distribution, every call")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b != b or a != a or b == 0:
+        return None
+    return round(a / b, 3)
+
+
+def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: dict[str, float] | None,
+              meta: dict[str, Any]) -> dict[str, Any]:
+    def get(k: str, f: str) -> float | None:
+        return sums[k][f] if k in sums else None
+    p50, tps = "ttft_p50_s", "output_tok_s"
+    out: dict[str, Any] = {"bench": "serve", **meta,
+                           "ttft_p50_s": {k: round(s[p50], 4) for k, s in sums.items()},
+                           "output_tok_s": {k: round(s[tps], 2) for k, s in sums.items()},
+                           "ttft_p50_speedup": _ratio(get("a", p50), get("b", p50)),
+                           "ttft_p50_speedup_disk": _ratio(get("a", p50), get("c", p50)),
+                           "ttft_p50_speedup_peer": _ratio(get("d0", p50), get("d", p50)),
+                           "throughput_ratio": _ratio(get("b", tps), get("a", tps)),
+                           "ttft_p50_vs_lmcache": _ratio(get("b", p50), get("e", p50)),
+                           "throughput_vs_lmcache": _ratio(get("b", tps), get("e", tps)),
+                           "ttft_p50_vs_limit": _ratio(get("b", p50), get("f", p50)),
+                           "throughput_vs_limit": _ratio(get("b", tps), get("f", tps)),
+                           "mismatched_turns": sum(bad.values()), "mismatched_by_config": bad}
+    if "a" in sums and "b" in sums:
+        out["prefill_tokens_saved_share"] = round(1 - sums["b"]["prefill_tokens"] / max(1, sums["a"]["prefill_tokens"]), 3)
+    if no_reuse:
+        out["no_reuse_tok_s"] = no_reuse
+        out["zero_reuse_overhead"] = round(1 - no_reuse["with_connector"] / no_reuse["without"], 4)
+    return out

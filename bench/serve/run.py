@@ -1,0 +1,175 @@
+"""The composition root of `python -m bench.serve`: sizes, workload, servers, the configurations in order,
+the no-reuse run, the report. Every server it starts is stopped at the end, on failure and on Ctrl-C too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench._common import progress
+from bench.serve.configs import CONFIGS, Servers, Sizes
+from bench.serve.driver import run_workload
+from bench.serve.measure import ConfigRun, measure_config, reset_all
+from bench.serve.model import kv_bytes_per_token, write_model
+from bench.serve.report import json_line, mismatches, plot, print_report, summarize
+from bench.serve.servers import vllm_python
+from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
+
+__all__ = ["main"]
+
+ORDER = ("a", "b", "c", "f", "e", "d0", "d")
+QUICK = ("a", "b", "c", "f")
+MAX_SERVERS = 4  # vLLM servers up at once (~3.5 GiB each here)
+
+
+def sizes_for(w: Workload, layers: int, kv_share: float) -> Sizes:
+    """vLLM's KV memory holds `kv_share` of the sessions' final contexts (a busy GPU); the limit config holds
+    all of them; the store's RAM holds everything for (b), a quarter of it for (c) (the rest on disk)."""
+    final = sum(_final_tokens(s.main) + sum(_final_tokens(a) for a in s.subagents) for s in w.sessions)
+    max_len = 1 << (w.max_prompt_tokens - 1).bit_length()
+    blocks = max(-(-max_len // 64) + 1, int(final * kv_share / 64))
+    stored = final * kv_bytes_per_token(layers) * 3  # two passes plus slack
+    mib = 1 << 20
+    return Sizes(layers, max_len, blocks, max(blocks, 2 * final // 64), f"{max(256, stored // mib)}MiB",
+                 f"{max(32, stored // 4 // mib)}MiB", f"{max(512, 2 * stored // mib)}MiB")
+
+
+def _final_tokens(a: Any) -> int:
+    return sum(len(t.new_tokens) + t.output_tokens for t in a.turns)
+
+
+def _plan_boot(keys: list[str], i: int, running: set[str]) -> list[str]:
+    """The servers of config i, plus those of later configs while fewer than MAX_SERVERS run (boots overlap)."""
+    want = list(CONFIGS[keys[i]].servers)
+    for k in keys[i + 1:]:
+        for s in CONFIGS[k].servers:
+            if s not in want and len(running | set(want)) < MAX_SERVERS:
+                want.append(s)
+    return want
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    t_start = time.monotonic()
+    keys = [k for k in ORDER if k in args.configs]
+    w = agent_sessions("quick" if args.quick else "full", seed=args.seed)
+    sat = saturated(agent_sessions("quick" if args.quick else "full", seed=args.seed + 1))
+    # a fresh prompt set per round (the same for both servers in a round): a repeat would hit the store
+    nr = [unique_prompts(args.no_reuse_prompts, args.no_reuse_tokens, 16, seed=args.seed + 2 + r) for r in range(2)]
+    sz = sizes_for(w, args.layers, args.kv_share)
+    work = tempfile.mkdtemp(prefix="kvstore-serve-")
+    log_dir = args.log_dir or os.path.join(work, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    model = write_model(os.path.join(work, "model"), args.layers, sz.max_model_len)
+    print(f"{len(w.sessions)} sessions, {w.calls} calls, longest prompt {w.max_prompt_tokens} tokens; "
+          f"vLLM KV {sz.kv_blocks} blocks of 64 (limit config {sz.limit_blocks}); store RAM {sz.arena_bytes} "
+          f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); logs {log_dir}", flush=True)
+    servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python())
+    runs: dict[str, ConfigRun] = {}
+    no_reuse: dict[str, float] | None = None
+    total = len(keys) * (w.calls + sat.calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
+    try:
+        with progress(total) as bar:
+            for i, k in enumerate(keys):
+                cfg = CONFIGS[k]
+                bar.step(f"booting {'/'.join(cfg.servers)}")
+                if cfg.store:
+                    servers.set_store(cfg.store)
+                servers.ensure(_plan_boot(keys, i, set(servers.procs)))
+                bar.step(f"({k}) {cfg.label}")
+                runs[k] = measure_config(k, cfg.label, servers.urls(cfg.servers),
+                                         servers.metrics_urls() if cfg.store else [], w, sat, bar.advance)
+                if k == "b" and "a" in keys:
+                    no_reuse = _no_reuse(servers, nr, bar)
+                later = {s for kk in keys[i + 1:] for s in CONFIGS[kk].servers}
+                servers.drop([s for s in list(servers.procs) if s not in later])
+    finally:
+        servers.stop()
+    return _finish(args, runs, no_reuse, sz, w, sat, servers.boot_s, time.monotonic() - t_start)
+
+
+def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, float]:
+    """Unique prompts on A (no connector) and B (kvstore), alternating, a new prompt set each round; output
+    tokens/s, the median of the rounds (the first in the order A, B; the next B, A: neither always goes first)."""
+    servers.ensure(["A", "B"])
+    got: dict[str, list[float]] = {"without": [], "with_connector": []}
+    for i, nr in enumerate(rounds):
+        order = (("A", "without"), ("B", "with_connector"))
+        for name, label in (order if i % 2 == 0 else order[::-1]):
+            reset_all(servers.urls((name,)))
+            r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
+            got[label].append(r.output_tokens / r.wall_s)
+    return {k: round(statistics.median(v), 2) for k, v in got.items()}
+
+
+def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, float] | None, sz: Sizes,
+            w: Workload, sat: Workload, boot_s: dict[str, float], wall_s: float) -> dict[str, Any]:
+    sums = {k: summarize(r, kv_bytes_per_token(sz.layers)) for k, r in runs.items()}
+    ref = next(iter(runs.values()), None)
+    bad = {k: mismatches(ref.agentic, r.agentic) + (mismatches(ref.saturated, r.saturated)
+                                                    if ref.saturated and r.saturated else 0)
+           for k, r in runs.items() if r is not ref} if ref else {}
+    print_report(runs, sums, bad)
+    if no_reuse:
+        print(f"no-reuse workload ({args.no_reuse_prompts} unique prompts of {args.no_reuse_tokens} tokens): "
+              f"{no_reuse['without']:.1f} tok/s without the connector, {no_reuse['with_connector']:.1f} with")
+    if not args.no_plots and runs:
+        for p in plot(runs, args.out):
+            print("plot:", p)
+    meta = {"quick": args.quick, "layers": sz.layers, "sessions": len(w.sessions), "turns": w.calls,
+            "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
+            "store_ram": sz.arena_bytes, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
+            "wall_s": round(wall_s, 1)}
+    out = json_line(sums, bad, no_reuse, meta)
+    out["details"] = {k: {f: (round(v, 4) if isinstance(v, float) else v) for f, v in s.items() if f != "label"}
+                      for k, s in sums.items()}
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.serve",
+        description="Agent sessions (bench.replay.agentx, scaled) through real vLLM OpenAI servers over HTTP with "
+                    "streaming: vLLM alone, with kvstore (RAM; small RAM + disk; two nodes joined by the peer tier), "
+                    "with LMCache, and vLLM with KV memory for everything (the limit). Prints a table, writes "
+                    "plots, and prints one JSON object as its last line. Needs .venv-vllm-cpu (make setup-vllm); "
+                    "(e) needs .venv-lmcache (make setup-lmcache).")
+    ap.add_argument("--quick", action="store_true", help=f"fewer, shorter sessions; configurations {','.join(QUICK)}")
+    ap.add_argument("--configs", default="", help=f"comma-separated subset of {','.join(ORDER)} (default: all; "
+                                                   f"--quick: {','.join(QUICK)})")
+    ap.add_argument("--layers", type=int, default=4, help="model layers (prefill cost; default 4)")
+    ap.add_argument("--kv-share", type=float, default=0.3,
+                    help="share of the sessions' final contexts vLLM's KV memory holds (default 0.3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-reuse-prompts", type=int, default=12, help="prompts per no-reuse round (two rounds)")
+    ap.add_argument("--no-reuse-tokens", type=int, default=1024)
+    ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
+    ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
+    ap.add_argument("--vllm-python", default="", help="python with vllm-cpu (default: this one or .venv-vllm-cpu)")
+    ap.add_argument("--no-plots", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()] or list(QUICK if args.quick else ORDER)
+    unknown = [c for c in chosen if c not in CONFIGS]
+    if unknown:
+        _parser().error(f"--configs: unknown {unknown}; choose from {','.join(ORDER)}")
+    if not 0 < args.kv_share <= 1:
+        _parser().error("--kv-share: use a share in (0, 1]")
+    args.configs = chosen
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        out = run(args)
+    except KeyboardInterrupt:
+        print("interrupted: every server was stopped", file=sys.stderr)
+        return 130
+    print(json.dumps(out))
+    return 0

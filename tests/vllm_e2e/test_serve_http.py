@@ -1,0 +1,70 @@
+"""vLLM's real OpenAI server with KVStoreConnector, driven over HTTP as bench.serve drives it: one agent
+session of three turns, each turn = the previous prompt + the tokens the model generated + a tool's output.
+
+vLLM's own prefix cache is reset before every turn, so every cached token came from the store. With
+save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: the full blocks of
+everything vLLM computed for the turn before (its prompt and all generated tokens but the last). A second
+server without the connector runs the same session: the greedy tokens of every turn must be equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from bench.serve.http_client import complete, reset_prefix_cache
+from bench.serve.model import write_model
+from bench.serve.procs import ProcessSet
+from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vllm
+from kvstore.client import Client
+from kvstore.testing import DaemonProcess
+
+SYSTEM, TOOL, OUT = 300, 100, 8
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + 31 * i) % 8000 + 3 for i in range(n)]
+
+
+async def _session(url: str, reset: bool) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(prompt tokens, cached tokens, output ids) per turn."""
+    out = []
+    context = _tokens(1, SYSTEM)
+    async with httpx.AsyncClient(timeout=600.0) as http:
+        for turn in range(3):
+            if turn:
+                context += _tokens(turn + 1, TOOL)
+            if reset:
+                await reset_prefix_cache(http, url)
+            c = await complete(http, url, context, OUT)
+            out.append((c.prompt_tokens, c.cached_tokens, c.token_ids))
+            context += list(c.token_ids)
+    return out
+
+
+def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> None:
+    model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
+    with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
+        specs = [VllmSpec("with-kvstore", model, 64, 2048,
+                          kvstore_connector(d.address, save="all", blocks_per_key=1), extra_args=["--enforce-eager"]),
+                 VllmSpec("alone", model, 64, 2048, extra_args=["--enforce-eager"])]
+        procs = [ps.add(start_vllm(s, str(tmp_path))) for s in specs]  # both boot at once
+        for p, s in zip(procs, specs):
+            wait_vllm(p, s, timeout_s=600)
+        got = asyncio.run(_session(specs[0].url, reset=True))
+        want = asyncio.run(_session(specs[1].url, reset=False))
+        with Client(d.address) as c:
+            (ns,) = [n for n in c.stats().namespaces if n.name.startswith("vllm/")]
+            blocks, hit_keys = ns.blocks, ns.hit_keys
+
+    prompts = [SYSTEM, SYSTEM + OUT + TOOL, SYSTEM + 2 * (OUT + TOOL)]
+    assert [g[0] for g in got] == prompts
+    # computed before turn k: the previous prompt and all its generated tokens but the last
+    computed = [0, prompts[0] + OUT - 1, prompts[1] + OUT - 1]
+    assert [g[1] for g in got] == [c // 64 * 64 for c in computed] == [0, 256, 384]
+    assert [g[2] for g in got] == [w[2] for w in want]  # identical greedy tokens, turn by turn
+    # each hit is counted twice: by the scheduler's prefix probe and by the worker's leased Lookup (the load)
+    assert hit_keys == 2 * (4 + 6)
+    # stored: every full block vLLM computed over the session (turn 2's prompt + 7 generated: 523 -> 8 blocks)
+    assert blocks == (prompts[2] + OUT - 1) // 64
