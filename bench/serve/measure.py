@@ -44,13 +44,18 @@ def _vllm_counters(urls: list[str]) -> dict[str, float]:
 
 
 def _store_counters(metrics_urls: list[str]) -> dict[str, float]:
-    """Bytes the daemons handed to readers (leased Lookups: the loads), by tier. Not kvstore_hit_tokens: that
-    counts every Lookup's hits, and the connector looks a prefix up twice (the scheduler's probe, the load)."""
+    """What the daemons served: bytes handed to readers by the loads (leased Lookups), by tier ("ram",
+    "disk"), and tokens found on peers ("peer_tokens": found by the scheduler's probe, fetched into the local
+    RAM in the background, then loaded from there). Not kvstore_hit_tokens for RAM and disk: it counts every
+    Lookup's hits, and the connector looks a prefix up twice (the scheduler's probe, then the load)."""
     total: dict[str, float] = {}
     for u in metrics_urls:
         for k, v in scrape(u, ("kvstore_hit_bytes_total",), by_label="tier").items():
             tier = k.split("tier=")[-1].rstrip("]")
             total[tier] = total.get(tier, 0.0) + v
+        for k, v in scrape(u, ("kvstore_hit_tokens_total",), by_label="tier").items():
+            if k.endswith("tier=peer]"):
+                total["peer_tokens"] = total.get("peer_tokens", 0.0) + v
     return total
 
 

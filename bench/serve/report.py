@@ -36,7 +36,8 @@ def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
             "prompt_tokens": prompt, "cached_tokens": cached, "prefill_tokens": prompt - cached,
             "vllm_local_hit_tokens": c.vllm.get("vllm:prefix_cache_hits_total", 0.0),
             "vllm_external_hit_tokens": c.vllm.get("vllm:external_prefix_cache_hits_total", 0.0),
-            "store_served_tokens": {k: round(v / bpt) for k, v in c.store_served_bytes.items() if v}}
+            "store_served_tokens": {(k if k != "peer_tokens" else "from peers"): round(v if k == "peer_tokens" else v / bpt)
+                                    for k, v in c.store_served_bytes.items() if v}}
 
 
 def mismatches(ref: RunResult, other: RunResult) -> int:

