@@ -10,6 +10,12 @@ Keys (all optional)::
                        socket, /tmp/kvstore-$UID/kvstore.sock)
     save               "prompt" (default: full blocks of the prompt), "all" (also generated tokens), "off"
     load               true (default) / false: offer stored prefixes to the scheduler
+    load_mode          "auto" (default): a hit held in this node's RAM loads synchronously, in the step that
+                       schedules the request (a memcpy of its blocks before the forward); a hit on disk or on
+                       a peer loads asynchronously (the request waits in WAITING_FOR_REMOTE_KVS while it is
+                       promoted or fetched, and the steps of other requests go on). "sync", "async": always.
+                       Why: an asynchronous load costs the request at least one more engine step, and a
+                       busy engine's step (other requests' prefill) is far longer than copying a hit from RAM
     lookup_timeout_s   deadline of the scheduler's prefix Lookup; a slow store costs hits, never latency (1.0)
     load_timeout_s     deadline of the worker's load and save RPCs; on expiry the load fails -> recompute (10.0)
     blocks_per_key     vLLM blocks per stored block, or "auto" (default): the fewest whose bytes reach
@@ -29,9 +35,10 @@ from typing import Any
 
 from kvstore.errors import ConfigError
 
-__all__ = ["ConnectorConfig", "SAVE_POLICIES"]
+__all__ = ["ConnectorConfig", "SAVE_POLICIES", "LOAD_MODES"]
 
 SAVE_POLICIES = ("prompt", "all", "off")
+LOAD_MODES = ("auto", "sync", "async")
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -61,6 +68,7 @@ class ConnectorConfig:
     address: str | None = None
     save: str = "prompt"
     load: bool = True
+    load_mode: str = "auto"
     lookup_timeout_s: float = 1.0
     load_timeout_s: float = 10.0
     blocks_per_key: int | None = None  # None = auto
@@ -93,6 +101,11 @@ class ConnectorConfig:
             kw["save"] = extra["save"]
         if "load" in extra:
             kw["load"] = _bool("load", extra["load"])
+        if "load_mode" in extra:
+            if extra["load_mode"] not in LOAD_MODES:
+                raise ConfigError(f"kv_connector_extra_config.load_mode={extra['load_mode']!r}: use one of "
+                                  f"{LOAD_MODES}")
+            kw["load_mode"] = extra["load_mode"]
         for name, lo, hi in (("lookup_timeout_s", 0.01, 60.0), ("load_timeout_s", 0.1, 600.0)):
             if name in extra:
                 kw[name] = _number(name, extra[name], float, lo, hi)

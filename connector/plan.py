@@ -15,12 +15,15 @@ __all__ = ["LoadJob", "SaveJob", "StepPlan", "StoredRecord"]
 
 @dataclass(frozen=True)
 class LoadJob:
-    """Copy the stored blocks ``keys`` into vLLM blocks ``block_ids``; report ``req_id`` as received."""
+    """Copy the stored blocks ``keys`` into vLLM blocks ``block_ids``. Asynchronous: report ``req_id`` as
+    received. Synchronous (``sync``): the request is scheduled in this very step, so the copy completes in
+    start_load_kv, before the forward reads the blocks, and is not reported (vLLM is not waiting for it)."""
 
     req_id: str
     cache_salt: str | None  # the worker derives its own rank's namespace from it
     keys: list[bytes]
     block_ids: list[int]
+    sync: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ step it turns that into a `StepPlan`:
   starts promoting disk-resident blocks into RAM) for the request's full stored blocks; the hit is the
   shortest stage's answer, since every stage must load its own layers of each block (stage s > 0 is asked
   only about the prefix the stages before it hold). The answer is remembered until the request is
-  scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. Loads are
-  asynchronous (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the worker copies.
+  scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. A hit all in RAM
+  loads synchronously by default (load_mode "auto"): the request is scheduled in the same step and the
+  worker copies its blocks before the forward. Other hits load asynchronously (load_kv_async=True): the
+  request waits in WAITING_FOR_REMOTE_KVS while the daemon promotes or fetches and the worker copies.
   No hit is offered when this process's client is in stream mode (the daemon's arena cannot be mapped):
   the workers could not load it, and each offered hit would cost a failed load and a recompute.
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`. Every request vLLM puts
@@ -70,6 +72,10 @@ class _ReqState:
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[int]] | None = None  # in-flight load: (first key, its job's block ids)
+    lookup_in_ram: bool = False  # the remembered lookup's hits are all in this node's RAM
+    sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
+    #                             reach update_connector_output after the step it ran in, which with async
+    #                             scheduling follows the next build)
 
 
 def _mm_hashes(request: Any) -> list[str]:
@@ -138,26 +144,33 @@ class SchedulerSide:
         usable = max(0, len(prompt) - 1) // self.tokens_per_key
         keys = st.chain.extend(prompt)[:usable]
         if st.lookup_keys is None:
-            n = self._lookup(st, keys)
+            n, st.lookup_in_ram = self._lookup(st, keys)
             if keys:
                 self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key, hit_tokens=n * self.tokens_per_key)
             st.lookup_keys = n
             st.stored_keys = max(st.stored_keys, n)
         hit_tokens = st.lookup_keys * self.tokens_per_key
         extra = hit_tokens - num_computed_tokens
-        return (extra, True) if extra > 0 else (0, False)
+        return (extra, not self._sync(st)) if extra > 0 else (0, False)
 
-    def _lookup(self, st: _ReqState, keys: list[bytes]) -> int:
-        """Leading keys every stage holds: one prefix Lookup per stage, each over what the previous ones hold
-        (lookup_prefix splits chains longer than the daemon's max_batch_keys, a 64K+ token prompt)."""
-        n = len(keys)
+    def _sync(self, st: _ReqState) -> bool:
+        mode = self.config.load_mode
+        return mode == "sync" or (mode == "auto" and st.lookup_in_ram)
+
+    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, bool]:
+        """(leading keys every stage holds, whether all of them are in RAM): one prefix probe per stage, each
+        over what the previous ones hold (probe_prefix splits chains longer than the daemon's max_batch_keys,
+        a 64K+ token prompt)."""
+        n, in_ram = len(keys), True
         for ns in st.namespaces:
             if n == 0:
                 break
             part = keys[:n]
-            got = self.link.call(ns, lambda c, ns=ns, part=part: c.lookup_prefix(ns, part))
-            n = min(n, got or 0)  # None: store down or the call failed -> no hit
-        return n
+            got = self.link.call(ns, lambda c, ns=ns, part=part: c.probe_prefix(ns, part))
+            if got is None:  # store down or the call failed -> no hit
+                return 0, False
+            n, in_ram = min(n, got[0]), in_ram and got[1]
+        return n, in_ram
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -178,8 +191,9 @@ class SchedulerSide:
     def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
         """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``.
 
-        Always queues a job when ``num_external_tokens`` > 0: vLLM has put the request in
-        WAITING_FOR_REMOTE_KVS and only the worker's report (loaded or failed) takes it out."""
+        Always queues a job when ``num_external_tokens`` > 0: an asynchronous load put the request in
+        WAITING_FOR_REMOTE_KVS and only the worker's report (loaded or failed) takes it out; a synchronous
+        one is scheduled in this step and must find its blocks loaded when the forward runs."""
         st = self._state(request)
         if num_external_tokens <= 0:
             return
@@ -204,8 +218,10 @@ class SchedulerSide:
             blocks[i] = -1
         st.block_ids = list(block_ids)
         st.loading = (first_key, blocks)
-        self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks))
-        self.counters.add(load_requests=1)
+        sync = self._sync(st)
+        st.sync_builds = 2 if sync else 0
+        self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync))
+        self.counters.add(load_requests=1, load_sync_requests=int(sync))
 
     def on_worker_output(self, finished_recving: Iterable[str], invalid_block_ids: Iterable[int]) -> None:
         """vLLM's update_connector_output: blocks that failed to load are not in the store (evicted since the
@@ -237,7 +253,10 @@ class SchedulerSide:
             if st is None:
                 continue
             st.lookup_keys = None  # scheduled: a later re-lookup (after preemption) must ask again
-            st.loading = None      # a scheduled request's load has been reported
+            if st.sync_builds:     # a synchronous load's failures are reported after its step
+                st.sync_builds -= 1
+            else:
+                st.loading = None  # a scheduled request's asynchronous load has been reported
             if s.block_ids is not None:
                 if s.is_full_table:
                     st.block_ids = list(s.block_ids)

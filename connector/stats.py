@@ -12,6 +12,7 @@ __all__ = ["ConnectorCounters", "COUNTER_NAMES"]
 
 COUNTER_NAMES = (
     "lookup_tokens", "hit_tokens", "load_requests", "save_keys",          # scheduler side
+    "load_sync_requests",     # of load_requests, those loaded in the step that schedules them (RAM hits)
     "lookup_skipped_stream",  # lookups answered 0: the arena cannot be mapped, so no worker could load
     "load_rollback_keys",     # stored blocks to save again because their load failed
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side

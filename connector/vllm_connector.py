@@ -240,7 +240,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._worker.start_loads(plan.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None  # loads are whole-request and asynchronous: the request waits in WAITING_FOR_REMOTE_KVS
+        return None  # loads are whole-request: a synchronous one completed in start_load_kv, an asynchronous
+        #              one's request waits in WAITING_FOR_REMOTE_KVS
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return None  # one stored block spans all layers: gathered once in wait_for_save

@@ -8,9 +8,10 @@ of that many keys, each its own Reserve / gather / Commit (and, for a load, its 
 is done before wait_for_save returns (CPU) or ordered before every later kernel on the compute stream (CUDA:
 cuda_copy.fence right after the launch), so a block vLLM frees and reuses later can never leak into the store.
 
-Load (start_load_kv, for requests waiting in WAITING_FOR_REMOTE_KVS): on a background thread, Lookup with a
-lease, one batched scatter from the leased slots into the request's blocks, check the slots' generations
-(a lease that expired mid-copy means those bytes may be stale), Release. Anything that goes wrong — store
+Load (start_load_kv, for requests waiting in WAITING_FOR_REMOTE_KVS, or scheduled in this step for a
+synchronous load, which start_load_kv waits for): on a background thread, Lookup with a lease, one batched
+scatter from the leased slots into the request's blocks, check the slots' generations (a lease that expired
+mid-copy means those bytes may be stale), Release. Anything that goes wrong — store
 down, a key evicted since the scheduler's lookup, a lease lost, a wrong block size — marks that job's
 vLLM blocks as failed: vLLM (kv_load_failure_policy="recompute") recomputes them instead of failing.
 
@@ -109,7 +110,10 @@ class WorkerSide:
     # -- loads -------------------------------------------------------------------------------------------
     def start_loads(self, jobs: list[LoadJob]) -> None:
         """Called on vLLM's thread: on CUDA, mark its compute stream now so the loads (launched later from
-        the loader thread, whose current stream is another one) run after everything vLLM queued so far."""
+        the loader thread, whose current stream is another one) run after everything vLLM queued so far.
+        Synchronous jobs are waited for here: their requests run in this step's forward. The loader thread
+        did the copy and synchronized its stream, so on CUDA too the blocks hold their bytes before any
+        kernel vLLM queues after this returns. A failed one fails toward recompute like any load."""
         if not jobs:
             return
         after = None
@@ -117,8 +121,12 @@ class WorkerSide:
             from connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
 
             after = compute_marker(self.layout.device)
+        waits = []
         for job in jobs:
-            self._futures.append(self._loader.submit(self._load, job, after))
+            f = self._loader.submit(self._load, job, after)
+            (waits if job.sync else self._futures).append(f)
+        for f in waits:
+            f.result()  # _load never raises: its failures are recorded as failed blocks
 
     def _load(self, job: LoadJob, after: Any = None) -> None:
         t0 = time.perf_counter()
@@ -130,7 +138,8 @@ class WorkerSide:
         with self._lock:
             if not ok:
                 self._failed_blocks.update(b for b in job.block_ids if b >= 0)
-            self._recv_done.add(job.req_id)
+            if not job.sync:  # vLLM waits for the report of an asynchronous load only
+                self._recv_done.add(job.req_id)
         self.counters.add(load_seconds=time.perf_counter() - t0)
         if not ok:
             self.counters.add(load_failed_blocks=sum(1 for b in job.block_ids if b >= 0))

@@ -178,7 +178,9 @@ class Side:
     """One scheduler side and one worker side sharing a daemon, like vLLM's two processes."""
 
     def __init__(self, address: str, caches: dict[str, torch.Tensor], **extra: object) -> None:
-        self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": 2, **extra})
+        # async unless a test asks: most tests follow a load through the report vLLM waits for
+        self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": 2, "load_mode": "async",
+                                                  **extra})
         mk = lambda: StoreLink(address, timeout_s=5.0, namespace_spec=lambda _n: registration(SPEC))  # noqa: E731
         self.sched = SchedulerSide(self.config, SPEC, mk())
         self.worker = WorkerSide(self.config, SPEC, mk())
@@ -229,6 +231,55 @@ def test_save_then_load_into_other_blocks_round_trips_exact_bytes(daemon) -> Non
     assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
     assert b.worker.counters.totals["loaded_blocks"] == 12
     assert b.worker.counters.totals.get("saved_blocks", 0) == 0  # nothing new: the tail is a partial key
+    a.close(), b.close()
+
+
+def test_a_ram_hit_loads_in_the_step_that_schedules_it(daemon) -> None:
+    """load_mode "auto" (the default), every hit in RAM: the scheduler offers a synchronous load (False), the
+    request's job is marked sync, and start_loads returns only when the exact bytes are in vLLM's blocks
+    (no drain); nothing is reported received, since vLLM is not waiting for it."""
+    a = Side(daemon.address, _caches(12))
+    req = Req("s1", _prompt(100, start=4))
+    a.prefill(req, list(range(25)))
+    b = Side(daemon.address, _caches(13), load_mode="auto")
+    again = Req("s2", list(req.prompt_token_ids))
+    assert b.sched.num_new_matched_tokens(again, 0) == (96, False)
+    target = list(range(30, 55))
+    b.sched.after_alloc(again, target, 96)
+    plan = b.sched.build([ScheduledRequest("s2", target, True, 4)])   # scheduled in the same step
+    assert [j.sync for j in plan.loads] == [True]
+    b.worker.start_loads(plan.loads)
+    assert [_block_bytes(b.caches, x) for x in target[:24]] == [_block_bytes(a.caches, x) for x in range(24)]
+    assert b.worker.finished(set()) == (set(), set()) and b.worker.load_errors() == set()
+    assert (b.sched.counters.totals["load_requests"], b.sched.counters.totals["load_sync_requests"]) == (1, 1)
+    a.close(), b.close()
+
+
+def test_a_failed_sync_load_fails_its_blocks_and_they_are_saved_again(daemon) -> None:
+    """load_mode "sync": a key evicted between the lookup and the load fails the whole job's blocks in the
+    step's load errors (vLLM recomputes them), and the stored count rolls back even though the request was
+    scheduled (built) in the step of its load, so the recomputed blocks are saved again."""
+    a = Side(daemon.address, _caches(14))
+    req = Req("f1", _prompt(100, start=8))
+    a.prefill(req, list(range(25)))
+    keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
+    b = Side(daemon.address, _caches(15), load_mode="sync")
+    again = Req("f2", list(req.prompt_token_ids))
+    assert b.sched.num_new_matched_tokens(again, 0) == (96, False)
+    with Client(daemon.address) as c:
+        assert c.delete(namespace_for(SPEC), keys[5:6]) == 1
+    target = list(range(30, 55))
+    b.sched.after_alloc(again, target, 96)
+    plan = b.sched.build([ScheduledRequest("f2", target, True, 4)])
+    b.worker.start_loads(plan.loads)
+    errors = b.worker.load_errors()
+    assert errors == set(target[:24]) and b.worker.finished(set()) == (set(), set())
+    b.sched.build([ScheduledRequest("f2", [], False, 1)])    # async scheduling: the next step is built first
+    b.sched.on_worker_output(set(), errors)                  # then the load's step reports its failures
+    assert b.sched.counters.totals["load_rollback_keys"] == 12
+    again.num_computed_tokens = 0                            # vLLM recomputes the prompt
+    (job,) = b.sched.build([ScheduledRequest("f2", [], False, 100)]).saves
+    assert job.keys == keys and job.block_ids == target[:24]
     a.close(), b.close()
 
 
@@ -386,7 +437,8 @@ def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> 
 # -- pipeline stages (issue 16 item 3) ------------------------------------------------------------------------
 def test_lookup_offers_the_prefix_every_pipeline_stage_holds(daemon) -> None:
     """Stages of 2 and 1 layers (an uneven split): the scheduler asks each stage's namespace and offers the
-    shortest prefix; stage 1 lacks key 3 -> 3 keys (24 tokens), whatever stage 0 holds."""
+    shortest prefix; stage 1 lacks key 3 -> 3 keys (24 tokens), whatever stage 0 holds. Every hit is in RAM,
+    so the default load_mode ("auto") offers each as a synchronous load (False)."""
     s0, s1 = replace(SPEC, num_layers=2, first_layer=0), replace(SPEC, num_layers=1, first_layer=2)
     stages = StageLayouts([s0, s1])
     config = ConnectorConfig.from_extra({"address": daemon.address, "blocks_per_key": 2})
@@ -400,10 +452,10 @@ def test_lookup_offers_the_prefix_every_pipeline_stage_holds(daemon) -> None:
             c.register_namespace(name, **registration(spec))
         c.put_many(n0, keys[:7], [bytes(2 * s0.block_bytes)] * 7)
         c.put_many(n1, keys[:3] + keys[4:7], [bytes(2 * s1.block_bytes)] * 6)
-        assert sched.num_new_matched_tokens(Req("p1", prompt), 0) == (24, True)
-        assert sched.num_new_matched_tokens(Req("p2", prompt), 8) == (16, True)   # 8 in vLLM's own cache
+        assert sched.num_new_matched_tokens(Req("p1", prompt), 0) == (24, False)
+        assert sched.num_new_matched_tokens(Req("p2", prompt), 8) == (16, False)   # 8 in vLLM's own cache
         c.put(n1, keys[3], bytes(2 * s1.block_bytes))
-        assert sched.num_new_matched_tokens(Req("p3", prompt), 0) == (56, True)
+        assert sched.num_new_matched_tokens(Req("p3", prompt), 0) == (56, False)
         c.delete(n0, keys[0:1])
         assert sched.num_new_matched_tokens(Req("p4", prompt), 0) == (0, False)
         digests = {n.name: n.layout_digest for n in c.stats().namespaces if n.name in (n0, n1)}

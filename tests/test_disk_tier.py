@@ -93,9 +93,12 @@ def test_prefix_probe_prefetches_into_ram(make_daemon, tmp_path) -> None:
         _drain_writes(c, expect_blocks=24)
         head = chain[:8]  # evicted from RAM by the 16 later blocks
         assert c.lookup(NS, head, lease=False).tiers == [2] * 8
-        assert c.lookup_prefix(NS, head + [b"missing"] + chain[8:]) == 8  # disk hits count; starts promotion
+        # disk hits count, and the probe says they are not all in RAM (the connector then loads them
+        # asynchronously); it starts their promotion
+        assert c.probe_prefix(NS, head + [b"missing"] + chain[8:]) == (8, False)
         wait_until(lambda: c.lookup(NS, head, lease=False).tiers == [1] * 8, timeout_s=10,
                    what="prefetch into RAM")
+        assert c.probe_prefix(NS, head + [b"missing"]) == (8, True) and c.lookup_prefix(NS, head) == 8
         assert c.get_many(NS, head) == [_value(k) for k in head]
 
 

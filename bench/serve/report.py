@@ -11,7 +11,7 @@ from bench._common import print_table
 from bench.serve.driver import CallResult, RunResult
 from bench.serve.measure import ConfigRun
 
-__all__ = ["summarize", "mismatches", "print_report", "plot", "json_line"]
+__all__ = ["summarize", "mismatches", "print_report", "plot", "json_line", "write_calls"]
 
 
 def _q(xs: list[float], q: float) -> float:
@@ -129,3 +129,21 @@ def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: di
         out["no_reuse_tok_s"] = no_reuse
         out["zero_reuse_overhead"] = round(1 - no_reuse["with_connector"] / no_reuse["without"], 4)
     return out
+
+
+def write_calls(runs: dict[str, ConfigRun], out_dir: str) -> str:
+    """Every call of every configuration and pass, one JSON object per line (serve_calls.jsonl): where a
+    configuration's time went, call by call (TTFT against cached tokens, server, send time)."""
+    import json
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "serve_calls.jsonl")
+    with open(path, "w") as f:
+        for k, r in runs.items():
+            for name, rr in (("agentic", r.agentic), ("saturated", r.saturated)):
+                for x in rr.calls if rr else ():
+                    f.write(json.dumps({"config": k, "pass": name, "session": x.sid, "agent": x.agent,
+                                        "turn": x.turn, "server": x.server, "sent_s": round(x.sent_s, 4),
+                                        "ttft_s": round(x.ttft_s, 4), "total_s": round(x.total_s, 4),
+                                        "prompt_tokens": x.prompt_tokens, "cached_tokens": x.cached_tokens}) + "\n")
+    return path

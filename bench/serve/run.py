@@ -20,7 +20,7 @@ from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, reset_all
 from bench.serve.model import kv_bytes_per_token, write_model
-from bench.serve.report import json_line, mismatches, plot, print_report, summarize
+from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
 from bench.serve.servers import vllm_python
 from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
 
@@ -129,6 +129,8 @@ def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict
     if not args.no_plots and runs:
         for p in plot(runs, args.out):
             print("plot:", p)
+    if runs:
+        print("calls:", write_calls(runs, args.out))
     meta = {"quick": args.quick, "layers": sz.layers, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
             "store_ram": sz.arena_bytes, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},

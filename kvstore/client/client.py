@@ -381,15 +381,22 @@ class Client:
 
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
         """How many leading keys of a chain are stored (no lease taken)."""
-        total = 0
+        return self.probe_prefix(namespace, keys)[0]
+
+    def probe_prefix(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, bool]:
+        """(how many leading keys of a chain are stored, whether all of those are in this node's RAM), with
+        no lease taken. RAM hits load with one memcpy; disk and peer hits wait for a promotion or a fetch
+        (started by this probe), which a caller may rather wait for off its critical path."""
+        total, in_ram = 0, True
         for part in _chunks(len(keys), self.max_batch_keys):
             r = self._control.lookup(namespace, list(keys[part]), True, False, summary=True)
             self._check_incarnation(r.incarnation)
             n = r.num_prefix
             total += n
+            in_ram = in_ram and all(t == 1 for t in r.tiers[:n])
             if n < part.stop - part.start:
                 break
-        return total
+        return total, in_ram
 
     # -- management -------------------------------------------------------------------------------------
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:

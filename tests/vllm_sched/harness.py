@@ -78,7 +78,9 @@ class Harness:
                              async_scheduling=False, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
         kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
-                              kv_role="kv_both", kv_connector_extra_config={"address": address, **(extra or {})},
+                              kv_role="kv_both",
+                              # asynchronous loads unless a test asks (most follow WAITING_FOR_REMOTE_KVS)
+                              kv_connector_extra_config={"address": address, "load_mode": "async", **(extra or {})},
                               **({"kv_load_failure_policy": policy} if policy is not None else {}))
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
                                       device_config=DeviceConfig("cpu"),
@@ -144,7 +146,10 @@ class Harness:
         # a load job not yet reported, or it would wait forever; and one job at a time.
         for job in out.kv_connector_metadata.plan.loads:
             assert job.req_id not in self._loading, f"second load job for {job.req_id}"
-            self._loading.add(job.req_id)
+            if job.sync:  # scheduled in this very step: vLLM waits for no report
+                assert job.req_id in out.num_scheduled_tokens, f"sync load of unscheduled {job.req_id}"
+            else:
+                self._loading.add(job.req_id)
             self.load_jobs.append((len(self.steps) - 1, job.req_id))
         stranded = self._waiting_remote() - self._loading
         assert not stranded, f"in WAITING_FOR_REMOTE_KVS without a load job: {sorted(stranded)}"

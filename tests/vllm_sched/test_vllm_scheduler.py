@@ -58,6 +58,55 @@ def test_repeat_after_reset_prefix_cache_loads_exactly_the_stored_blocks(daemon,
     h.close()
 
 
+def test_a_ram_hit_is_loaded_and_computed_in_one_step(daemon, model_dir) -> None:
+    """load_mode "auto" (the default) and a hit in RAM: vLLM schedules the request in the step that admits it
+    (no WAITING_FOR_REMOTE_KVS), the worker loads before the forward, and the outcome is the async one's."""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1, "load_mode": "auto"})
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+    r2 = h.add("r2", list(PROMPT))
+    out = h.step()
+    (job,) = out.kv_connector_metadata.plan.loads
+    assert job.sync and len(job.keys) == 6
+    assert out.num_scheduled_tokens["r2"] == 4                 # scheduled at once: only the 4-token tail
+    assert r2.status == RequestStatus.RUNNING
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (96, 0)
+    assert h.tracked["r2"].scheduled_tokens == 4 + 1
+    assert h.kv_matches_tokens("r2", 101)
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    first = h.load_jobs[0][0]                                  # r1 ran steps [0, first): r2 takes no more
+    assert len(h.steps) - first == first
+    totals = h.worker.counters.totals
+    assert (totals["loaded_blocks"], totals.get("load_failed_blocks", 0)) == (6, 0)
+    h.close()
+
+
+def test_a_failed_sync_load_is_recomputed_by_vllm(daemon, model_dir) -> None:
+    """A stored block deleted between the scheduler's lookup and the synchronous load: the worker reports the
+    job's blocks as failed in that step's output, vLLM discards the step's token for r2 and recomputes the
+    prompt (kv_load_failure_policy=recompute), and r2 ends with the right KV and the right tokens."""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1, "load_mode": "sync"})
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+    keys = _keys(h, daemon.address)
+
+    def evict(out: Any) -> None:
+        if out.kv_connector_metadata.plan.loads:
+            with Client(daemon.address) as c:
+                assert c.delete(namespace_for(h.sched_side.spec), keys[2:3]) == 1
+    h.before_worker = evict
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert h.worker.counters.totals["load_failed_blocks"] == 6
+    assert h.kv_matches_tokens("r2", 101) and list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert h.finish_reasons["r2"] == FinishReason.LENGTH
+    assert len(_keys(h, daemon.address)) == 6                   # the deleted block was saved again
+    h.close()
+
+
 def test_kv_events_name_the_stored_blocks(daemon, model_dir) -> None:
     from vllm.distributed.kv_events import BlockStored
 
