@@ -22,6 +22,7 @@ import shutil
 from dataclasses import dataclass
 
 from bench.serve.lmcache import LmcacheServer
+from bench.serve.model import kv_bytes_per_token
 from bench.serve.procs import Proc
 from bench.serve.servers import VllmSpec, kvstore_connector, start_kvstore, start_vllm, wait_vllm
 from kvstore.testing import DaemonProcess
@@ -93,7 +94,9 @@ class Servers:
         # none, and it then falls back to *all* cores, so a server with a connector (kvstore's or LMCache's)
         # would prefill with two threads and vLLM alone with one. The second server of a pair takes core 1.
         cores = os.cpu_count() or 1
-        env = {"VLLM_CPU_OMP_THREADS_BIND": "1" if name in ("A2", "B2") and cores > 1 else "0"}
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "1" if name in ("A2", "B2") and cores > 1 else "0",
+               # whole GiB that hold the overridden block count (the CPU backend sizes its pool from this)
+               "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-blocks * 64 * kv_bytes_per_token(s.layers) // (1 << 30))))}
         return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python, env)
 
     def ensure(self, names: tuple[str, ...] | list[str]) -> None:
