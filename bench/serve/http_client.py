@@ -66,11 +66,19 @@ async def reset_prefix_cache(http: httpx.AsyncClient, base_url: str, tries: int 
     import asyncio
 
     for _ in range(tries):
-        r = await http.post(base_url + "/reset_prefix_cache")
-        if r.status_code == 200 and (r.text.strip() in ("", "null") or r.json() in (None, True) or
-                                     (isinstance(r.json(), dict) and r.json().get("success", True))):
+        if _reset_ok(await http.post(base_url + "/reset_prefix_cache")):
             return
         # an idle engine must take a step to finish pending saves: a one-token request makes it step
         await http.post(base_url + "/v1/completions", json={"model": SERVED_NAME, "prompt": [5], "max_tokens": 1})
         await asyncio.sleep(0.5)
     raise RuntimeError(f"{base_url}: /reset_prefix_cache kept failing")
+
+
+def _reset_ok(r: httpx.Response) -> bool:
+    """vLLM answers 200 with an empty body, null, true, or {"success": bool}, depending on the release."""
+    if r.status_code != 200:
+        return False
+    if r.text.strip() in ("", "null"):
+        return True
+    body = r.json()
+    return body is True or (isinstance(body, dict) and bool(body.get("success", True)))
