@@ -7,29 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstore.arena.allocator import ClassUsage
+from kvstore.engine.config import EngineConfig  # re-exported: it lived here before kvstore.engine.config
+from kvstore.vocab import ReserveOutcome
 
 __all__ = ["EngineConfig", "ReserveResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceUsage", "EngineStats"]
 
-RESERVED, ALREADY_PRESENT, IN_FLIGHT = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's part of the daemon config (validated by kvstore.server.config)."""
-
-    max_block_bytes: int
-    max_batch_keys: int = 4096
-    max_key_bytes: int = 64
-    high_watermark: float = 0.95
-    low_watermark: float = 0.90
-    lease_ttl_s: float = 30.0
-    reservation_ttl_s: float = 30.0
-    quarantine_s: float = 30.0
-    promote_timeout_s: float = 5.0    # how long a get waits for blocks being read back from disk
-    write_queue_blocks: int = 4096    # write-behind queue bound (blocks); beyond it blocks are not copied to disk
-    probe_interval_s: float = 5.0     # how often a degraded disk tier is retried
-    disk_codec: str = "none"          # default disk-tier codec of namespaces that do not choose one
-    isolate_tenants: bool = False     # one arena memory file per tenant (tokens on): slots never cross tenants
+RESERVED, ALREADY_PRESENT, IN_FLIGHT = ReserveOutcome.RESERVED, ReserveOutcome.ALREADY_PRESENT, ReserveOutcome.IN_FLIGHT
 
 
 @dataclass
