@@ -1,11 +1,17 @@
 """A two-minute tour: start a daemon of its own, put and get KV-sized blocks through the arena, show stats.
 
 Run with `make demo` (or `python -m bench.demo`). It leaves nothing behind: the daemon stops at the end.
+
+The get is timed twice, because the first one is not what a serving process sees: its destination buffers
+were never touched, so the copy also pays one page fault per 4 KiB page the kernel zero-fills for it (the
+put copies into the daemon's pre-faulted arena and pays none). vLLM's KV cache, like any long-lived buffer,
+is faulted in once at startup; the warm figure is the median of passes into the same, now-resident buffers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
 import time
 
 import numpy as np
@@ -13,6 +19,12 @@ import numpy as np
 from kvstore.testing import DaemonProcess
 
 BLOCK = 2 << 20  # one 16-token block of a 32-layer, 8-KV-head, head_dim-128 bf16 model
+N_BLOCKS = 64
+WARM_PASSES = 3
+
+
+def _gbps(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s"
 
 
 def main() -> None:
@@ -20,20 +32,36 @@ def main() -> None:
         print(f"daemon pid {d.proc.pid} on {d.address}; client mode: {c.mode}")
         ns = "demo-model@layout0/default"
         c.register_namespace(ns, model="demo-model", layout_digest="layout0", tenant="default")
-        chain = [hashlib.sha256(b"block %d" % i).digest() for i in range(64)]
-        blocks = [np.full(BLOCK, i, dtype=np.uint8) for i in range(64)]
+        chain = [hashlib.sha256(b"block %d" % i).digest() for i in range(N_BLOCKS)]
+        blocks = [np.full(BLOCK, i, dtype=np.uint8) for i in range(N_BLOCKS)]
+        total = N_BLOCKS * BLOCK
         t = time.perf_counter()
         stored = c.put_many(ns, chain, blocks).stored
-        dt = time.perf_counter() - t
-        print(f"put {stored} x 2 MiB blocks in {dt * 1e3:.1f} ms ({stored * BLOCK / dt / 1e9:.2f} GB/s)")
+        put_s = time.perf_counter() - t
+        print(f"put {stored} x 2 MiB blocks in {put_s * 1e3:.1f} ms ({_gbps(stored * BLOCK, put_s)})")
         print(f"prefix lookup of the first 40 + 1 unknown key: {c.lookup_prefix(ns, chain[:40] + [b'unknown'])} hits")
-        out = [np.empty(BLOCK, dtype=np.uint8) for _ in range(64)]
+        out = [np.empty(BLOCK, dtype=np.uint8) for _ in range(N_BLOCKS)]
         t = time.perf_counter()
         sizes = c.get_many_into(ns, chain, out)
-        dt = time.perf_counter() - t
+        cold_s = time.perf_counter() - t
         ok = all(o[0] == i and o[-1] == i for i, o in enumerate(out))
-        print(f"got {sum(s is not None for s in sizes)} blocks in {dt * 1e3:.1f} ms "
-              f"({64 * BLOCK / dt / 1e9:.2f} GB/s), contents verified: {ok}")
+        got = sum(s is not None for s in sizes)
+        warm = []
+        for _ in range(WARM_PASSES):
+            for o in out:
+                o.fill(0xFF)  # so the check below proves this pass wrote them
+            t = time.perf_counter()
+            sizes = c.get_many_into(ns, chain, out)
+            warm.append(time.perf_counter() - t)
+            got = min(got, sum(s is not None for s in sizes))
+            ok = ok and all(o[0] == i and o[-1] == i for i, o in enumerate(out))
+        warm_s = statistics.median(warm)
+        print(f"got {got} blocks, contents verified: {ok}")
+        print(f"  cold get (fresh buffers) {cold_s * 1e3:.1f} ms ({_gbps(total, cold_s)}): the first write to "
+              "each page of a new buffer faults it in")
+        print(f"  warm get (same buffers, median of {WARM_PASSES}) {warm_s * 1e3:.1f} ms ({_gbps(total, warm_s)}): "
+              "what a serving process with a resident KV cache sees")
+        print(f"  get rate / put rate: warm {put_s / warm_s:.2f}, cold {put_s / cold_s:.2f}")
         s = c.stats()
         print(f"stats: {s.blocks} blocks, {s.stored_bytes >> 20} MiB stored of {s.capacity_bytes >> 20} MiB, "
               f"arena locked: {s.arena_locked}, policy: {s.policy}")
