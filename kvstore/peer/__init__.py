@@ -8,7 +8,8 @@
     replicator.py    writes: after a put, push to the owner in the background (bounded, never blocks)
     local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive
     plane.py         the DataPlane interface and its errors
-    frames.py        the framed wire format (header, metadata, validation)
+    frames.py        the framed wire format (header, metadata, their encoders and decoders)
+    protocol.py      the protocol without I/O, shared by both planes: requests, reply checks, serve(), receive plans
     tcp_plane.py     the default data plane, client side (one deadline per call; a pool of connections)
     tcp_server.py    its listener: one deadline per request frame, idle timeout, longest-idle eviction
     tcp_blocks.py    receiving blocks into reserved slots (bounded by the reservation) and sending from leases

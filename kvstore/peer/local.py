@@ -36,13 +36,13 @@ import xxhash
 from kvstore.errors import KVStoreError, UnknownNamespaceError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.frames import NamespaceDesc
+from kvstore.vocab import ReserveOutcome
 
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
 
 __all__ = ["LocalStore", "Outgoing", "Incoming", "safe_margin_s"]
 
-_RESERVED = 0  # kvstore.engine.results.RESERVED (not imported: the peer tier sits below the engine)
 _NEVER = float("inf")
 
 
@@ -160,7 +160,7 @@ class LocalStore:
         except KVStoreError:
             return None
         views: list[memoryview | None] = [
-            memoryview(self._view[off: off + size]) if outcome == _RESERVED else None
+            memoryview(self._view[off: off + size]) if outcome == ReserveOutcome.RESERVED else None
             for off, size, outcome in zip(r.offsets, sizes, r.outcomes)]
         if r.reservation_id:
             with self._own_lock:

@@ -1,4 +1,5 @@
 """Block payloads on the TCP plane: received straight into reserved arena slots, sent straight from leased ones.
+Which bytes land in which slot is the protocol's ReceivePlan (protocol.py); this file only moves them.
 
 Both ends of a transfer are bounded twice: by the frame's (or call's) deadline, and by the safe end of the
 reservation or lease the slots belong to (local.py `live_until`). The second bound is the one that protects
@@ -19,12 +20,10 @@ from __future__ import annotations
 import logging
 import socket
 
-import numpy as np
-
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.deadline import Deadline, DeadlineExceeded
-from kvstore.peer.frames import NamespaceDesc
 from kvstore.peer.local import LocalStore, Outgoing
+from kvstore.peer.protocol import ReceivePlan
 from kvstore.peer.sockio import drain, recv_into_exact, send_all
 
 __all__ = ["receive_blocks", "send_blocks"]
@@ -32,22 +31,19 @@ __all__ = ["receive_blocks", "send_blocks"]
 log = logging.getLogger(__name__)
 
 
-def receive_blocks(sock: socket.socket, local: LocalStore, counters: PeerCounters, namespace: str,
-                   keys: list[bytes], sizes: np.ndarray, checksums: np.ndarray, frame: Deadline,
-                   desc: NamespaceDesc | None = None) -> int:
-    """Read the payload of a reply or push into reserved slots, verify, commit; blocks stored here."""
-    found = np.flatnonzero(sizes)
-    if not len(found):
+def receive_blocks(sock: socket.socket, local: LocalStore, counters: PeerCounters, plan: ReceivePlan,
+                   frame: Deadline) -> int:
+    """Read the blocks of a reply or push (protocol.ReceivePlan) into reserved slots, verify, commit; the
+    number of blocks stored here."""
+    if not plan.sizes:
         return 0
-    f_keys = [keys[i] for i in found.tolist()]
-    f_sizes = sizes[found].tolist()
-    inc = local.receive(namespace, f_keys, f_sizes, desc)
+    inc = local.receive(plan.namespace, plan.keys, plan.sizes, plan.desc)
     if inc is None:
-        drain(sock, int(sum(f_sizes)), frame)
+        drain(sock, plan.payload_bytes, frame)
         return 0
     slots = frame.until(inc.live_until, "receive into reserved slots")
     try:
-        for j, (view, size) in enumerate(zip(inc.views, f_sizes)):
+        for j, (view, size) in enumerate(plan.landing(inc)):
             if view is None:
                 drain(sock, size, frame)
                 continue
@@ -59,13 +55,13 @@ def receive_blocks(sock: socket.socket, local: LocalStore, counters: PeerCounter
                 inc.abort()  # before the reservation can expire: its slots are free again, none written later
                 counters.add("slot_deadline_exceeded")
                 log.warning("peer frame for %d blocks still arriving at its reservation's safe end: aborted, "
-                            "rest drained (raise reservation_ttl_s or lower peer_timeout_s)", len(f_keys))
-                drain(sock, size - exc.received + int(sum(f_sizes[j + 1:])), frame)
+                            "rest drained (raise reservation_ttl_s or lower peer_timeout_s)", len(plan.keys))
+                drain(sock, plan.left_after(j, exc.received), frame)
                 return 0
     except BaseException:
         inc.abort()
         raise
-    return inc.finish(checksums[found])
+    return inc.finish(plan.checksums)
 
 
 def send_blocks(sock: socket.socket, out: Outgoing, frame: Deadline) -> None:

@@ -8,9 +8,9 @@ Server side: tcp_server.TcpServer (one thread per connection, per-frame deadline
 after idle_timeout_s and evicted, longest idle first, when the listener is full).
 
 Client side (this file): a small pool of idle connections per peer; one request at a time on a connection
-(request ids are checked); any error closes that connection. A call (connect, TLS handshake, request, reply
-header, metadata and every block) has one deadline, timeout_s from its start, re-armed before every recv
-and send (deadline.py): a peer that answers a header and then stalls or trickles costs the caller at most
+(what to send and every reply's checks, request id included, are protocol.py's); any error closes that
+connection. A call (connect, TLS handshake, request, reply header, metadata and every block) has one
+deadline, timeout_s from its start, re-armed before every recv and send (deadline.py): a peer that answers a header and then stalls or trickles costs the caller at most
 timeout_s, its reservation is aborted, and the keys are misses (PeerTimeout; `frame_deadline_exceeded`). A
 pooled connection idle for more than half the idle timeout, or that the peer has closed, is not reused: the
 peer's listener may be closing it.
@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kvstore.peer import frames as fr
+from kvstore.peer import protocol as proto
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.deadline import Deadline, DeadlineExceeded
 from kvstore.peer.frames import FrameError, Header, NamespaceDesc
@@ -69,8 +70,7 @@ class TcpPlane(DataPlane):
         self._advertise = advertise
         self._timeout = timeout_s
         self._idle_timeout = idle_timeout_s
-        self._max_keys = max_keys
-        self._max_block = max_block_bytes
+        self._limits = proto.Limits(max_keys, max_block_bytes)
         self._ids = itertools.count(1)
         self._pool: dict[str, list[tuple[socket.socket, float]]] = defaultdict(list)  # (socket, idle since)
         self._pool_lock = threading.Lock()
@@ -165,61 +165,48 @@ class TcpPlane(DataPlane):
         self._give_back(member, sock)
         return result
 
-    def _reply_header(self, sock: socket.socket, rid: int, op: int, count: int, deadline: Deadline) -> Header:
-        """The reply's header, checked against the request: its id, and for fetch and probe its key count."""
-        h = fr.check_header(recv_exact(sock, fr.HEADER.size, deadline), max_keys=self._max_keys,
-                            max_block_bytes=self._max_block, expect=(op,))
-        if h.request_id != rid or (h.count != count if op != fr.PUSH_REPLY else h.count > count):
-            raise FrameError(f"reply for request {h.request_id} with {h.count} keys; expected {rid} with {count}")
-        return h
+    # -- calls (what to send and what a reply must be: protocol.py) --------------------------------------
+    def _request(self, sock: socket.socket, req: proto.Frame, deadline: Deadline) -> tuple[Header, bytes]:
+        """Send a request frame (no blocks) and read its reply's header, checked, and metadata."""
+        send_all(sock, req.pack(), deadline)
+        h = proto.parse_reply(recv_exact(sock, fr.HEADER.size, deadline), req.header, self._limits)
+        return h, recv_exact(sock, h.meta_len, deadline)
 
-    # -- calls ------------------------------------------------------------------------------------------
     def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
-        rid = next(self._ids)
-        meta = fr.encode_fetch(namespace, keys)
+        req = proto.fetch_request(next(self._ids), namespace, keys)
 
         def call(sock: socket.socket, deadline: Deadline) -> int:
             start = time.perf_counter()
-            send_all(sock, Header(fr.FETCH, rid, len(keys), len(meta), 0).pack() + meta, deadline)
-            h = self._reply_header(sock, rid, fr.FETCH_REPLY, len(keys), deadline)
-            sizes, sums = fr.decode_sizes(recv_exact(sock, h.meta_len, deadline), h.count, h.payload_len,
-                                          self._max_block)
-            stored = receive_blocks(sock, self._local, self._counters, namespace, keys, sizes, sums, deadline)
+            h, meta = self._request(sock, req, deadline)
+            plan = proto.fetch_plan(h, meta, namespace, keys, self._limits)
+            stored = receive_blocks(sock, self._local, self._counters, plan, deadline)
             self._meter.observe("tcp", "peer", "in", h.payload_len, time.perf_counter() - start)
             return stored
 
         return self._call(member, call)
 
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
-        rid = next(self._ids)
-        meta = fr.encode_fetch(namespace, keys)
+        req = proto.probe_request(next(self._ids), namespace, keys)
 
         def call(sock: socket.socket, deadline: Deadline) -> list[bool]:
-            send_all(sock, Header(fr.PROBE, rid, len(keys), len(meta), 0).pack() + meta, deadline)
-            h = self._reply_header(sock, rid, fr.PROBE_REPLY, len(keys), deadline)
-            if h.payload_len:
-                raise FrameError("a probe reply carries no payload")
-            return fr.decode_presence(recv_exact(sock, h.meta_len, deadline), h.count)
+            return proto.probe_result(*self._request(sock, req, deadline))
 
         return self._call(member, call)
 
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:
-            got = fr.push_frame_meta(desc, keys, out.sizes, out.checksums)
-            if got is None:
+            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums)
+            if req is None:
                 return 0
-            f_keys, meta = got
-            rid = next(self._ids)
 
             def call(sock: socket.socket, deadline: Deadline) -> int:
                 start = time.perf_counter()
-                send_all(sock, Header(fr.PUSH, rid, len(f_keys), len(meta), out.payload_bytes).pack() + meta,
-                         deadline)
+                send_all(sock, req.pack(), deadline)
                 send_blocks(sock, out, deadline)
-                h = self._reply_header(sock, rid, fr.PUSH_REPLY, len(f_keys), deadline)
+                h = proto.parse_reply(recv_exact(sock, fr.HEADER.size, deadline), req.header, self._limits)
                 self._meter.observe("tcp", "peer", "out", out.payload_bytes, time.perf_counter() - start)
-                return h.count
+                return proto.push_result(h)
 
             return self._call(member, call)
         finally:

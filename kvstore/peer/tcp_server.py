@@ -10,7 +10,8 @@ A request frame (header, metadata and every block's bytes) must arrive in full w
 byte: one Deadline per frame, re-armed before every recv (deadline.py), so a peer trickling bytes is cut off
 at the deadline rather than kept alive by each byte. Bytes of a PUSH land in reserved arena slots only while
 the reservation is safely alive (tcp_blocks.py). A reply is sent within its own timeout_s (and, for a fetch,
-within the lease on the blocks it sends). A frame that breaks the format (frames.FrameError) or stops short
+within the lease on the blocks it sends). What a frame means and what to answer is protocol.py's (parse_request,
+serve); this file moves the bytes. A frame that breaks the format (frames.FrameError) or stops short
 (peer closed) closes the connection and counts `frame_errors`; the daemon keeps serving everyone else.
 """
 
@@ -24,10 +25,11 @@ import time
 
 from kvstore.errors import ConfigError
 from kvstore.peer import frames as fr
+from kvstore.peer import protocol as proto
 from kvstore.peer.conn_table import Conn, ConnTable
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.deadline import Deadline, DeadlineExceeded
-from kvstore.peer.frames import FrameError, Header
+from kvstore.peer.frames import FrameError
 from kvstore.peer.local import LocalStore
 from kvstore.peer.sockio import ConnectionClosed, recv_exact, send_all, tune
 from kvstore.peer.tcp_blocks import receive_blocks, send_blocks
@@ -52,8 +54,7 @@ class TcpServer:
         self._listen = listen
         self._timeout = timeout_s
         self._idle_timeout = idle_timeout_s
-        self._max_keys = max_keys
-        self._max_block = max_block_bytes
+        self._limits = proto.Limits(max_keys, max_block_bytes)
         self._ctx = context
         self.conns = ConnTable(max_connections, counters)
         self._server: socket.socket | None = None
@@ -156,47 +157,26 @@ class TcpServer:
             conn.sock.close()
 
     def _frame(self, sock: socket.socket, first: bytes, frame: Deadline) -> None:
-        """Read the rest of one request frame (all of it before `frame`'s deadline) and answer it."""
+        """Read the rest of one request frame (all of it before `frame`'s deadline) and answer it; what to
+        answer is the protocol's (protocol.serve), this only moves the bytes."""
         short = fr.HEADER.size - len(first)
-        raw = first + (recv_exact(sock, short, frame) if short else b"")
-        h = fr.check_header(raw, max_keys=self._max_keys, max_block_bytes=self._max_block,
-                            expect=(fr.FETCH, fr.PUSH, fr.PROBE))
+        h = proto.parse_request(first + (recv_exact(sock, short, frame) if short else b""), self._limits)
         meta = recv_exact(sock, h.meta_len, frame)
-        if h.op == fr.FETCH:
-            self._serve_fetch(sock, h, meta)
-        elif h.op == fr.PROBE:
-            self._serve_probe(sock, h, meta)
-        else:
-            self._serve_push(sock, h, meta, frame)
-
-    def _serve_fetch(self, sock: socket.socket, h: Header, meta: bytes) -> None:
-        if h.payload_len:
-            raise FrameError("a fetch carries no payload")
-        ns, keys = fr.decode_fetch(meta, h.count)
         start = time.perf_counter()
-        out = self._local.open_for_send(ns, keys)
+        served = proto.serve(h, meta, self._local, self._limits)
+        if isinstance(served, proto.Intake):
+            stored = receive_blocks(sock, self._local, self._counters, served.plan, frame)
+            self._counters.add("received_pushes", stored)
+            self._meter.observe("tcp", "peer", "in", h.payload_len, time.perf_counter() - start)
+            send_all(sock, served.reply(stored).pack(), Deadline(self._timeout, "push reply"))
+            return
         try:
-            reply = Deadline(self._timeout, "fetch reply")
-            table = fr.encode_sizes(out.sizes, out.checksums)
-            send_all(sock, Header(fr.FETCH_REPLY, h.request_id, h.count, len(table), out.payload_bytes).pack()
-                     + table, reply)
-            send_blocks(sock, out, reply)
+            reply = Deadline(self._timeout, proto.OP_NAMES[served.frame.header.op])
+            send_all(sock, served.frame.pack(), reply)
+            if served.blocks is not None:
+                send_blocks(sock, served.blocks, reply)
         finally:
-            out.close()
-        self._counters.add("served_blocks", len(out.views))
-        self._meter.observe("tcp", "peer", "out", out.payload_bytes, time.perf_counter() - start)
-
-    def _serve_probe(self, sock: socket.socket, h: Header, meta: bytes) -> None:
-        if h.payload_len:
-            raise FrameError("a probe carries no payload")
-        table = fr.encode_presence(self._local.present(*fr.decode_fetch(meta, h.count)))
-        send_all(sock, Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0).pack() + table,
-                 Deadline(self._timeout, "probe reply"))
-
-    def _serve_push(self, sock: socket.socket, h: Header, meta: bytes, frame: Deadline) -> None:
-        desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
-        start = time.perf_counter()
-        stored = receive_blocks(sock, self._local, self._counters, desc.name, keys, sizes, sums, frame, desc)
-        self._counters.add("received_pushes", stored)
-        self._meter.observe("tcp", "peer", "in", h.payload_len, time.perf_counter() - start)
-        send_all(sock, Header(fr.PUSH_REPLY, h.request_id, stored, 0, 0).pack(), Deadline(self._timeout, "push reply"))
+            served.close()
+        if served.blocks is not None:
+            self._counters.add("served_blocks", served.served_blocks)
+            self._meter.observe("tcp", "peer", "out", served.payload_bytes, time.perf_counter() - start)

@@ -1,7 +1,8 @@
 """UCX data plane through ucxx (pip: ucxx-cu12): RDMA where the system's UCX has it, tcp / shared memory here.
 
-Same frames as the TCP plane (frames.py), carried as UCX tagged messages on one endpoint per peer connection:
-the header (32 bytes), the metadata (when not empty), then one message per block, each received straight
+Same frames and the same protocol as the TCP plane (frames.py, protocol.py: requests, reply checks, serve,
+receive plans), carried as UCX tagged messages on one endpoint per peer connection: the header (32 bytes),
+the metadata (when not empty), then one message per block, each received straight
 into its arena slot (a numpy view on the slot: no copy in Python) and sent from the leased slot. ucxx is
 asyncio-based, so the plane owns one event-loop thread; `fetch` and `push` submit a coroutine to it and wait
 at most `timeout_s`. Engine calls (lease, reserve, verify + commit) run in the loop's executor so a slow one
@@ -25,6 +26,7 @@ A header that breaks the format closes that endpoint and counts `frame_errors`, 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -34,6 +36,7 @@ import numpy as np
 
 from kvstore.errors import ConfigError
 from kvstore.peer import frames as fr
+from kvstore.peer import protocol as proto
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.deadline import Deadline, DeadlineExceeded
 from kvstore.peer.frames import FrameError, Header, NamespaceDesc
@@ -74,13 +77,12 @@ class UcxPlane(DataPlane):
         self._advertise = advertise
         self._timeout = timeout_s
         self._idle_timeout = idle_timeout_s
-        self._max_keys = max_keys
-        self._max_block = max_block_bytes
+        self._limits = proto.Limits(max_keys, max_block_bytes)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-ucx", daemon=True)
         self._listener = None
         self._eps: dict[str, tuple[object, asyncio.Lock]] = {}
-        self._next_id = 1
+        self._ids = itertools.count(1)
         self._abandoned: list[tuple[float, list[np.ndarray]]] = []
         self._bound = ""
 
@@ -155,10 +157,11 @@ class UcxPlane(DataPlane):
             self._cut(ep, [buf])
             raise DeadlineExceeded(deadline) from None
 
-    async def _recv_header(self, ep, expect: tuple[int, ...], deadline: Deadline) -> Header:  # type: ignore[no-untyped-def]
+    async def _recv_header(self, ep, deadline: Deadline) -> bytes:  # type: ignore[no-untyped-def]
+        """A header's raw bytes (the caller checks them: protocol.parse_request or parse_reply)."""
         raw = np.empty(fr.HEADER.size, dtype=np.uint8)
         await self._recv_by(ep, raw, deadline)
-        return fr.check_header(raw.tobytes(), max_keys=self._max_keys, max_block_bytes=self._max_block, expect=expect)
+        return raw.tobytes()
 
     async def _recv_meta(self, ep, n: int, deadline: Deadline) -> bytes:  # type: ignore[no-untyped-def]
         if not n:
@@ -167,25 +170,24 @@ class UcxPlane(DataPlane):
         await self._recv_by(ep, buf, deadline)
         return buf.tobytes()
 
-    async def _send_frame(self, ep, h: Header, meta: bytes, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
-        await self._send_by(ep, np.frombuffer(h.pack(), dtype=np.uint8), deadline)
-        if meta:
-            await self._send_by(ep, np.frombuffer(meta, dtype=np.uint8), deadline)
+    async def _send_frame(self, ep, frame: proto.Frame, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+        """The header as one message, then the metadata as another when there is any."""
+        await self._send_by(ep, np.frombuffer(frame.header.pack(), dtype=np.uint8), deadline)
+        if frame.meta:
+            await self._send_by(ep, np.frombuffer(frame.meta, dtype=np.uint8), deadline)
 
-    async def _receive_blocks(self, ep, namespace: str, keys: list[bytes], sizes: np.ndarray,  # type: ignore[no-untyped-def]
-                              sums: np.ndarray, desc: NamespaceDesc | None, frame: Deadline) -> int:
+    async def _receive_blocks(self, ep, plan: proto.ReceivePlan,  # type: ignore[no-untyped-def]
+                              frame: Deadline) -> int:
+        """One message per block of the plan, into its reserved slot or a scratch buffer; verify, commit."""
         loop = asyncio.get_running_loop()
-        found = np.flatnonzero(sizes)
-        if not len(found):
+        if not plan.sizes:
             return 0
-        f_keys = [keys[i] for i in found.tolist()]
-        f_sizes = sizes[found].tolist()
-        inc: Incoming | None = await loop.run_in_executor(None, self._local.receive, namespace, f_keys, f_sizes, desc)
+        inc: Incoming | None = await loop.run_in_executor(None, self._local.receive, plan.namespace, plan.keys,
+                                                          plan.sizes, plan.desc)
         slots = frame if inc is None else frame.until(inc.live_until, "receive into reserved slots")
         buffers: list[np.ndarray] = []
         try:
-            for j, size in enumerate(f_sizes):
-                view = inc.views[j] if inc is not None else None
+            for view, size in plan.landing(inc):
                 buffers.append(_np(view) if view is not None else np.empty(size, dtype=np.uint8))
                 await self._recv_by(ep, buffers[-1], slots if view is not None else frame)
         except DeadlineExceeded as exc:  # the endpoint is aborted: nothing lands in the slots any more
@@ -203,7 +205,7 @@ class UcxPlane(DataPlane):
             raise
         if inc is None:
             return 0
-        return await loop.run_in_executor(None, inc.finish, sums[found])
+        return await loop.run_in_executor(None, inc.finish, plan.checksums)
 
     async def _send_blocks(self, ep, out: Outgoing, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
         bound = frame.until(out.live_until, "send from leased slots")
@@ -215,13 +217,13 @@ class UcxPlane(DataPlane):
         try:
             while True:
                 try:
-                    h = await self._recv_header(ep, (fr.FETCH, fr.PUSH, fr.PROBE),
-                                                Deadline(self._idle_timeout, "idle endpoint"))
+                    raw = await self._recv_header(ep, Deadline(self._idle_timeout, "idle endpoint"))
                 except DeadlineExceeded:
                     self._counters.add("idle_closed")
                     log.info("UCX peer endpoint closed after %.3gs idle", self._idle_timeout)
                     return
-                await self._serve_frame(ep, h, Deadline(self._timeout, "request frame"))
+                await self._serve_frame(ep, proto.parse_request(raw, self._limits),
+                                        Deadline(self._timeout, "request frame"))
         except DeadlineExceeded as exc:
             if not isinstance(exc, _SlotCut):
                 self._counters.add("frame_deadline_exceeded")
@@ -238,38 +240,27 @@ class UcxPlane(DataPlane):
                 pass
 
     async def _serve_frame(self, ep, h: Header, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
+        """One request: what to answer is protocol.serve's (run in the executor: it takes the engine's lock)."""
         loop = asyncio.get_running_loop()
         meta = await self._recv_meta(ep, h.meta_len, frame)
         start = time.perf_counter()
-        if h.op == fr.PROBE:
-            if h.payload_len:
-                raise FrameError("a probe carries no payload")
-            ns, keys = fr.decode_fetch(meta, h.count)
-            table = fr.encode_presence(await loop.run_in_executor(None, self._local.present, ns, keys))
-            await self._send_frame(ep, Header(fr.PROBE_REPLY, h.request_id, h.count, len(table), 0), table,
-                                   Deadline(self._timeout, "probe reply"))
-        elif h.op == fr.FETCH:
-            if h.payload_len:
-                raise FrameError("a fetch carries no payload")
-            ns, keys = fr.decode_fetch(meta, h.count)
-            out = await loop.run_in_executor(None, self._local.open_for_send, ns, keys)
-            try:
-                reply = Deadline(self._timeout, "fetch reply")
-                table = fr.encode_sizes(out.sizes, out.checksums)
-                await self._send_frame(ep, Header(fr.FETCH_REPLY, h.request_id, h.count, len(table),
-                                                  out.payload_bytes), table, reply)
-                await self._send_blocks(ep, out, reply)
-            finally:
-                out.close()
-            self._counters.add("served_blocks", len(out.views))
-            self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
-        else:
-            desc, keys, sizes, sums = fr.decode_push(meta, h.count, h.payload_len, self._max_block)
-            stored = await self._receive_blocks(ep, desc.name, keys, sizes, sums, desc, frame)
+        served = await loop.run_in_executor(None, proto.serve, h, meta, self._local, self._limits)
+        if isinstance(served, proto.Intake):
+            stored = await self._receive_blocks(ep, served.plan, frame)
             self._counters.add("received_pushes", stored)
             self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
-            await self._send_frame(ep, Header(fr.PUSH_REPLY, h.request_id, stored, 0, 0), b"",
-                                   Deadline(self._timeout, "push reply"))
+            await self._send_frame(ep, served.reply(stored), Deadline(self._timeout, "push reply"))
+            return
+        try:
+            reply = Deadline(self._timeout, proto.OP_NAMES[served.frame.header.op])
+            await self._send_frame(ep, served.frame, reply)
+            if served.blocks is not None:
+                await self._send_blocks(ep, served.blocks, reply)
+        finally:
+            served.close()
+        if served.blocks is not None:
+            self._counters.add("served_blocks", served.served_blocks)
+            self._meter.observe("ucx", "peer", "out", served.payload_bytes, time.perf_counter() - start)
 
     # -- client ---------------------------------------------------------------------------------------------
     async def _endpoint(self, member: Member):  # type: ignore[no-untyped-def]
@@ -292,7 +283,7 @@ class UcxPlane(DataPlane):
         asyncio.run_coroutine_threadsafe(drop(), self._loop)
 
     def _call(self, member: Member, coro_fn):  # type: ignore[no-untyped-def]
-        """coro_fn(ep, rid, deadline) on the member's endpoint, all of it within timeout_s."""
+        """coro_fn(ep, deadline) on the member's endpoint, all of it within timeout_s."""
         deadline = Deadline(self._timeout, f"call to {member.node_id}")
 
         async def run():  # type: ignore[no-untyped-def]
@@ -303,9 +294,7 @@ class UcxPlane(DataPlane):
             except TimeoutError:
                 raise DeadlineExceeded(deadline) from None
             try:  # one request at a time per endpoint: messages of two calls must not interleave
-                rid = self._next_id
-                self._next_id += 1
-                return await coro_fn(ep, rid, deadline)
+                return await coro_fn(ep, deadline)
             finally:
                 lock.release()
 
@@ -328,53 +317,47 @@ class UcxPlane(DataPlane):
             self._drop(member)
             raise PeerError(f"{member.node_id} (ucx): {exc}") from exc
 
-    def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
-        meta = fr.encode_fetch(namespace, keys)
+    async def _request(self, ep, req: proto.Frame,  # type: ignore[no-untyped-def]
+                       deadline: Deadline) -> tuple[Header, bytes]:
+        """Send a request frame (no blocks) and receive its reply's header, checked, and metadata."""
+        await self._send_frame(ep, req, deadline)
+        h = proto.parse_reply(await self._recv_header(ep, deadline), req.header, self._limits)
+        return h, await self._recv_meta(ep, h.meta_len, deadline)
 
-        async def call(ep, rid: int, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
+    def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
+        req = proto.fetch_request(next(self._ids), namespace, keys)
+
+        async def call(ep, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
             start = time.perf_counter()
-            await self._send_frame(ep, Header(fr.FETCH, rid, len(keys), len(meta), 0), meta, deadline)
-            h = await self._recv_header(ep, (fr.FETCH_REPLY,), deadline)
-            if h.request_id != rid or h.count != len(keys):
-                raise FrameError(f"reply for request {h.request_id}, expected {rid}")
-            sizes, sums = fr.decode_sizes(await self._recv_meta(ep, h.meta_len, deadline), h.count, h.payload_len,
-                                          self._max_block)
-            stored = await self._receive_blocks(ep, namespace, keys, sizes, sums, None, deadline)
+            h, meta = await self._request(ep, req, deadline)
+            stored = await self._receive_blocks(ep, proto.fetch_plan(h, meta, namespace, keys, self._limits), deadline)
             self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
             return stored
 
         return self._call(member, call)
 
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
-        meta = fr.encode_fetch(namespace, keys)
+        req = proto.probe_request(next(self._ids), namespace, keys)
 
-        async def call(ep, rid: int, deadline: Deadline) -> list[bool]:  # type: ignore[no-untyped-def]
-            await self._send_frame(ep, Header(fr.PROBE, rid, len(keys), len(meta), 0), meta, deadline)
-            h = await self._recv_header(ep, (fr.PROBE_REPLY,), deadline)
-            if h.request_id != rid or h.count != len(keys) or h.payload_len:
-                raise FrameError(f"probe reply for request {h.request_id} with {h.count} keys, expected {rid}")
-            return fr.decode_presence(await self._recv_meta(ep, h.meta_len, deadline), h.count)
+        async def call(ep, deadline: Deadline) -> list[bool]:  # type: ignore[no-untyped-def]
+            return proto.probe_result(*await self._request(ep, req, deadline))
 
         return self._call(member, call)
 
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:
-            got = fr.push_frame_meta(desc, keys, out.sizes, out.checksums)
-            if got is None:
+            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums)
+            if req is None:
                 return 0
-            f_keys, meta = got
 
-            async def call(ep, rid: int, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
+            async def call(ep, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
                 start = time.perf_counter()
-                await self._send_frame(ep, Header(fr.PUSH, rid, len(f_keys), len(meta), out.payload_bytes), meta,
-                                       deadline)
+                await self._send_frame(ep, req, deadline)
                 await self._send_blocks(ep, out, deadline)
-                h = await self._recv_header(ep, (fr.PUSH_REPLY,), deadline)
-                if h.request_id != rid:
-                    raise FrameError(f"push reply for request {h.request_id}, expected {rid}")
+                h = proto.parse_reply(await self._recv_header(ep, deadline), req.header, self._limits)
                 self._meter.observe("ucx", "peer", "out", out.payload_bytes, time.perf_counter() - start)
-                return h.count
+                return proto.push_result(h)
 
             return self._call(member, call)
         finally:
