@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvstore.client.types import ControlInfo, Health, KeyInfo, PeerInfo, Stats
+from kvstore.client.types import ControlPlaneStats, Health, KeyInfo, PeerTierStats, Stats
 
 __all__ = [
     "HEX_PREFIX", "human_bytes", "human_age", "pct", "key_text", "key_label", "key_doc", "key_info_doc", "stats_doc",
@@ -138,7 +138,7 @@ def _kv_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
     return t
 
 
-def _control_line(c: ControlInfo | None) -> str:
+def _control_line(c: ControlPlaneStats | None) -> str:
     if c is None or not c.socket:
         return "none (no unix_socket: local clients stream over gRPC)"
     return (f"{c.socket}: {c.fast_connections} fast-path connection(s), {c.fast_requests} requests, "
@@ -264,7 +264,7 @@ def print_health(h: Health) -> None:
     ]))
 
 
-def _peers_line(p: PeerInfo | None) -> str:
+def _peers_line(p: PeerTierStats | None) -> str:
     if p is None:
         return "off (alone: no etcd_endpoints)"
     etcd = "etcd connected" if p.etcd_connected else "etcd UNREACHABLE (last member set)"

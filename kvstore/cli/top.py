@@ -33,7 +33,7 @@ from rich.text import Text
 
 from kvstore.cli import render
 from kvstore.client import Client
-from kvstore.client.types import NamespaceInfo, Stats
+from kvstore.client.types import NamespaceStats, Stats
 
 __all__ = ["Hits", "NamespaceRow", "TopView", "build_view", "view_doc", "render_view", "run", "TOP_NAMESPACES"]
 
@@ -105,7 +105,7 @@ def _hits(c: dict[str, int]) -> Hits:
                 c.get("hit_keys_peer", 0))
 
 
-def _tokens(namespaces: list[NamespaceInfo]) -> Hits:
+def _tokens(namespaces: list[NamespaceStats]) -> Hits:
     known = [n for n in namespaces if n.tokens_per_block]
     return Hits(sum(n.lookup_keys * n.tokens_per_block for n in known),
                 sum(n.hit_keys_ram * n.tokens_per_block for n in known),

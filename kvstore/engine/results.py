@@ -1,4 +1,10 @@
-"""Plain value objects the engine returns; the gRPC service maps them to protobuf messages one to one."""
+"""Plain value objects the engine returns; the gRPC service maps them to protobuf messages by field name.
+
+The Stats family keeps the proto's field names (proto/kvstore/v1/kvstore.proto) so kvstore.pbmap maps it with
+no hand-written copy: adding a stat is one field here and one in the proto (tests/test_pbmap.py). EngineStats
+is the engine's part of StatsResponse (no node identity, arena layout, peers or control socket: the daemon
+gives those); NamespaceStats is the proto's NamespaceStats.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from kvstore.arena.allocator import ClassUsage
 from kvstore.engine.config import EngineConfig  # re-exported: it lived here before kvstore.engine.config
 from kvstore.vocab import ReserveOutcome
 
-__all__ = ["EngineConfig", "ReserveResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceUsage", "EngineStats"]
+__all__ = ["EngineConfig", "ReserveResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceStats", "NamespaceUsage",
+           "EngineStats"]
 
 RESERVED, ALREADY_PRESENT, IN_FLIGHT = ReserveOutcome.RESERVED, ReserveOutcome.ALREADY_PRESENT, ReserveOutcome.IN_FLIGHT
 
@@ -63,7 +70,9 @@ class KeyRecord:
 
 
 @dataclass(frozen=True)
-class NamespaceUsage:
+class NamespaceStats:
+    """One namespace's usage (proto NamespaceStats)."""
+
     name: str
     model: str
     layout_digest: str
@@ -83,8 +92,13 @@ class NamespaceUsage:
         return self.hit_keys - self.hit_keys_disk - self.hit_keys_peer
 
 
+NamespaceUsage = NamespaceStats  # its name before it took the proto's (tests and server/tenant_usage.py import it)
+
+
 @dataclass
 class EngineStats:
+    """The engine's part of StatsResponse, with the proto's field names (see the module docstring)."""
+
     policy: str
     capacity_bytes: int
     slab_bytes: int
@@ -103,6 +117,6 @@ class EngineStats:
     high_watermark: float
     low_watermark: float
     counters: dict[str, int] = field(default_factory=dict)
-    namespaces: list[NamespaceUsage] = field(default_factory=list)
+    namespaces: list[NamespaceStats] = field(default_factory=list)
     size_classes: list[ClassUsage] = field(default_factory=list)
     disk: object | None = None  # kvstore.tiers.disk.DiskStats when the disk tier is enabled

@@ -7,16 +7,21 @@ meant for inspection and metrics scrapes, not for the hot path.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from kvstore.arena.allocator import SlabAllocator
-from kvstore.engine.catalog import Catalog, EntryState
-from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, NamespaceUsage
+from kvstore.engine.catalog import Catalog, EntryState, Namespace
+from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, NamespaceStats
 
 __all__ = ["snapshot", "key_record"]
 
 _COMMITTED = int(EntryState.COMMITTED)
 _RESERVED = int(EntryState.RESERVED)
+# NamespaceStats' fields the catalog's Namespace keeps under the same name (disk_bytes comes from the disk tier)
+_NAMESPACE_FIELDS = tuple(f.name for f in dataclasses.fields(NamespaceStats)
+                          if f.name in {g.name for g in dataclasses.fields(Namespace)})
 
 
 def key_record(cat: Catalog, key: bytes, eid: int) -> KeyRecord:
@@ -53,8 +58,6 @@ def snapshot(cat: Catalog, alloc: SlabAllocator, policy: str, config: EngineConf
         high_watermark=config.high_watermark,
         low_watermark=config.low_watermark,
         counters=counters,
-        namespaces=[NamespaceUsage(n.name, n.model, n.layout_digest, n.tenant, n.blocks, n.bytes, n.lookup_keys,
-                                   n.hit_keys, n.puts, n.tokens_per_block, n.hit_keys_disk,
-                                   hit_keys_peer=n.hit_keys_peer) for n in cat.namespaces],
+        namespaces=[NamespaceStats(**{f: getattr(n, f) for f in _NAMESPACE_FIELDS}) for n in cat.namespaces],
         size_classes=alloc.usage(),
     )

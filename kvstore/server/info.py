@@ -13,6 +13,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.backing import ArenaBacking
 from kvstore.engine.results import EngineConfig
 from kvstore.hostinfo import boot_id
+from kvstore.pbmap import to_message
 from kvstore.peer.cluster import PeerStatus
 
 __all__ = ["NodeInfo"]
@@ -63,10 +64,8 @@ class NodeInfo:
         if self.peer_status is None:
             return pb.PeerTierStats(enabled=False, node_id=self.node_id)
         st = self.peer_status()
-        return pb.PeerTierStats(
-            enabled=True, node_id=st.node_id, etcd_connected=st.etcd_connected, data_plane=st.data_plane,
-            data_address=st.data_address, replication=st.replication, counters=st.counters,
-            pending_pushes=st.pending_pushes,
-            members=[pb.PeerMember(node_id=m.node_id, control_address=m.control, data_address=m.data,
-                                   data_plane=m.plane, capacity_bytes=m.capacity_bytes, self=m.node_id == st.node_id)
-                     for m in st.members])
+        # PeerStatus keeps the proto's names (by name, kvstore.pbmap); a Member's are its etcd record's JSON keys
+        members = [pb.PeerMember(node_id=m.node_id, control_address=m.control, data_address=m.data,
+                                 data_plane=m.plane, capacity_bytes=m.capacity_bytes, self=m.node_id == st.node_id)
+                   for m in st.members]
+        return to_message(st, pb.PeerTierStats, enabled=True, members=members)

@@ -22,22 +22,29 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
 from kvstore.engine.quotas import TenantQuotas
-from kvstore.engine.results import RESERVED, KeyRecord
+from kvstore.engine.results import KeyRecord
 from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
+from kvstore.pbmap import to_message
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
 from kvstore.server.ops import ControlOps
 from kvstore.server.tenancy import TenantGuard
 from kvstore.server.tenant_usage import TenantUsage
+from kvstore.tiers.disk.types import DiskStats
 from kvstore.transfers import TransferMeter
 from kvstore.validation import MAX_KEY_BYTES, MAX_SUBSCRIBE_NAMESPACES, check_count, check_namespace_name
+from kvstore.vocab import ReserveOutcome
 
 __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK_BYTES = 1 << 20
+# DiskStats fields the daemon keeps for metrics and logs but does not send in Stats (DiskTierStats lacks them);
+# raw_bytes_in / stored_bytes_out go as the proto's raw_bytes / stored_bytes
+_DISK_NOT_ON_WIRE = ("raw_bytes_in", "stored_bytes_out", "reads", "writes", "dropped_entries", "direct_io",
+                     "reinserted_blocks", "quota_kept_blocks", "quota_overcommitted")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -166,40 +173,24 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        """The engine's EngineStats by field name (kvstore.pbmap), plus what the daemon knows beyond the engine."""
         s = self._engine.stats()
-        return pb.StatsResponse(
-            node_id=self._info.node_id, policy=s.policy, arena=self._info.arena_info(),
-            capacity_bytes=s.capacity_bytes, slab_bytes=s.slab_bytes, slabs_total=s.slabs_total,
-            slabs_free=s.slabs_free, allocated_bytes=s.allocated_bytes, stored_bytes=s.stored_bytes,
-            reserved_bytes=s.reserved_bytes, leased_bytes=s.leased_bytes, pinned_bytes=s.pinned_bytes,
-            fragmentation=s.fragmentation, stranded_bytes=s.stranded_bytes, blocks=s.blocks, leases_active=s.leases_active,
-            reservations_active=s.reservations_active, high_watermark=s.high_watermark,
-            low_watermark=s.low_watermark, counters=s.counters, uptime_s=self._info.uptime_s(),
-            namespaces=[pb.NamespaceStats(name=n.name, model=n.model, layout_digest=n.layout_digest, tenant=n.tenant,
-                                          blocks=n.blocks, bytes=n.bytes, lookup_keys=n.lookup_keys,
-                                          hit_keys=n.hit_keys, puts=n.puts, tokens_per_block=n.tokens_per_block,
-                                          hit_keys_disk=n.hit_keys_disk, disk_bytes=n.disk_bytes,
-                                          hit_keys_peer=n.hit_keys_peer)
-                        for n in s.namespaces if self._guard.owns(n.name)],
-            tenants=[pb.TenantStats(tenant=r.tenant, ram_bytes=r.ram_bytes, ram_quota_bytes=r.ram_quota_bytes,
-                                    disk_bytes=r.disk_bytes, disk_quota_bytes=r.disk_quota_bytes)
-                     for r in self._tenants.rows(s.namespaces, only=self._guard.caller())],
-            size_classes=[pb.SizeClassStats(slot_bytes=c.slot_bytes, slabs=c.slabs, used_slots=c.used_slots,
-                                            free_slots=c.free_slots) for c in s.size_classes],
-            disk=self._disk_stats(s.disk), peers=self._info.peer_stats(), control=self._info.control_stats(),
+        return to_message(
+            s, pb.StatsResponse, node_id=self._info.node_id, arena=self._info.arena_info(),
+            uptime_s=self._info.uptime_s(), namespaces=[n for n in s.namespaces if self._guard.owns(n.name)],
+            tenants=self._tenants.rows(s.namespaces, only=self._guard.caller()), disk=self._disk_stats(s.disk),
+            peers=self._info.peer_stats(), control=self._info.control_stats(),
         )
 
-    def _disk_stats(self, d: Any) -> pb.DiskTierStats:
+    def _disk_stats(self, d: DiskStats | None) -> pb.DiskTierStats | None:
+        """DiskStats by field name; the two it names otherwise (kvstore/tiers/disk/types.py) and what the
+        engine adds are given. None (disabled) leaves Stats.disk unset: the client reads it as None."""
         if d is None:
-            return pb.DiskTierStats(enabled=False)
-        return pb.DiskTierStats(
-            enabled=True, directory=self._engine.disk_directory, capacity_bytes=d.capacity_bytes, used_bytes=d.used_bytes,
-            blocks=d.blocks, segments_total=d.segments_total, segments_free=d.segments_free, degraded=d.degraded,
-            degraded_reason=d.degraded_reason, bytes_written=d.bytes_written, bytes_read=d.bytes_read,
-            raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out, checksum_failures=d.checksum_failures,
-            io_errors=d.io_errors, evicted_blocks=d.evicted_blocks, evicted_bytes=d.evicted_bytes,
-            write_queue_blocks=self._engine.write_queue_blocks, admission=self._engine.admission_name,
-        )
+            return None
+        return to_message(d, pb.DiskTierStats, ignore=_DISK_NOT_ON_WIRE, enabled=True,
+                          directory=self._engine.disk_directory, raw_bytes=d.raw_bytes_in,
+                          stored_bytes=d.stored_bytes_out, write_queue_blocks=self._engine.write_queue_blocks,
+                          admission=self._engine.admission_name)
 
     # -- byte streams (fallback path) ---------------------------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
@@ -314,8 +305,7 @@ def _event_pb(ev: Event, node_id: str) -> pb.KVEvent:
 
 
 def _key_info(r: KeyRecord, tokens: int) -> pb.KeyInfo:
-    return pb.KeyInfo(key=r.key, size=r.size, tier=r.tier, age_s=r.age_s, pins=r.pins, leases=r.leases,
-                      checksum=r.checksum, tokens=tokens)
+    return to_message(r, pb.KeyInfo, tokens=tokens)
 
 
 class _StreamWriter:
@@ -329,7 +319,7 @@ class _StreamWriter:
         self._rid = r.reservation_id
         self._pos = r.offsets[0]
         self._start = self._pos
-        self._discard = r.outcomes[0] != RESERVED
+        self._discard = r.outcomes[0] != ReserveOutcome.RESERVED
 
     def write(self, data: bytes) -> bool:
         """Consume one data chunk; True when the block is complete (then `stored` tells what happened)."""
