@@ -29,8 +29,7 @@ import numpy as np
 
 from bench._common import Case, emit_json, gbs, interleave, print_table
 from kvstore.peer.placement import rank
-from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
-from kvstore.testing import DaemonProcess, wait_until
+from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 
 MIB = 1 << 20
 BLOCK, BATCH = 2 * MIB, 32

@@ -6,7 +6,7 @@ carries a CN, because the gateway cannot map a CN to a user, with "CommonName of
 against gateway will be ignored") and one with a CN (to show that refusal). The files are written with the
 helpers of tests/tls_helpers.py; the wrong CA of the tests is that module's `make_pki` CA.
 
-`SecureEtcd` is an EtcdProcess (kvstore/peer/testing.py) started with TLS flags; `enable_auth` creates root
+`SecureEtcd` is an EtcdProcess (kvstore/testing/etcd.py) started with TLS flags; `enable_auth` creates root
 and a `kvstore` user whose role may read and write only the member prefix, then turns auth on (etcd's
 /v3/auth/* gateway calls: Debian's etcd-server ships no etcdctl). `stop()`/`start()` keep ports and data: a
 restart forgets every simple token. Why certificates are made here and not by tls_helpers.make_pki: its
@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kvstore.peer.testing import EtcdProcess
 from kvstore.security.tls import TlsFiles
+from kvstore.testing import EtcdProcess
 from tests.tls_helpers import _key_pem, _write
 
 __all__ = ["EtcdPki", "SecureEtcd", "make_etcd_pki", "PREFIX"]

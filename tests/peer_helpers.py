@@ -8,8 +8,7 @@ from contextlib import ExitStack
 import pytest
 
 from kvstore.peer.placement import rank
-from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
-from kvstore.testing import DaemonProcess, wait_until
+from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 from tests.required import needs
 
 # skipped when missing, failed under KVSTORE_REQUIRE_ALL=1 (CI): see tests/required.py

@@ -28,11 +28,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.main import SHUTDOWN_GRACE_S
 from tests.required import missing
-from kvstore.testing import DaemonProcess, wait_until
+from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "kvstore.json"

@@ -27,6 +27,7 @@ import pytest
 import xxhash
 
 from kvstore.errors import ConfigError, InvalidRequestError
+from kvstore.testing.gated_io import GatedIO
 from kvstore.tiers.disk import DiskConfig, DiskStatus, DiskStore, FaultyIO, WriteItem
 from kvstore.tiers.disk.codec import shuffle2, unshuffle2_into
 
@@ -370,7 +371,7 @@ def test_a_block_deleted_while_its_record_is_copied_stays_deleted(tmp_path: Path
     data = _write_blocks(s, buf, range(12))
     for i in (1, 2):
         assert read(s, "ns", _bkey(i))[0] is OK
-    io.gated = True   # the writer's copy of b01 (a pread) waits at the gate
+    io.armed = "pread"   # the writer's copy of b01 (a pread) waits at the gate
     out: list = []
     t = threading.Thread(target=lambda: out.append(
         s.write_batch([WriteItem("ns", b"b12", buf.put(random_bytes(BLK, 12)), BLK)])))
@@ -378,8 +379,8 @@ def test_a_block_deleted_while_its_record_is_copied_stays_deleted(tmp_path: Path
     assert io.entered.wait(10)
     assert s.contains_many("ns", [_bkey(1), _bkey(2)]) == [BLK, BLK]   # stale entries: still deletable
     assert s.delete("ns", [_bkey(1)]) == 1
-    io.gated = False
-    io.release.set()
+    io.armed = ""
+    io.gate.set()
     t.join(10)
     res = out[0]
     assert res.statuses == [OK] and res.reinserted == 1   # b02 only: b01's copy found its entry gone
@@ -829,22 +830,6 @@ def test_reads_racing_reclamation_are_misses_never_wrong_bytes(tmp_path: Path) -
     assert counts["ok"] > 50 and st.evicted_blocks > 0 and st.checksum_failures == 0
 
 
-class GatedIO(FaultyIO):
-    """Holds every pread at a gate until the test opens it (an explicit sync point instead of sleeps)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gated = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
-        if self.gated:
-            self.entered.set()
-            assert self.release.wait(10)
-        return super().pread(fd, address, length, offset)
-
-
 @pytest.mark.parametrize("corrupt", [False, True])
 def test_close_waits_for_in_flight_reads(tmp_path: Path, corrupt: bool) -> None:
     io = GatedIO()
@@ -858,7 +843,7 @@ def test_close_waits_for_in_flight_reads(tmp_path: Path, corrupt: bool) -> None:
         with open(s.segment_path(rec.segment), "r+b") as f:
             f.seek(rec.offset)
             f.write(b"\0" * 16)
-    io.gated = True
+    io.armed = "pread"
     result: list[tuple[DiskStatus, bytes]] = []
     reader = threading.Thread(target=lambda: result.append(read(s, "ns", b"k")))
     reader.start()
@@ -867,7 +852,7 @@ def test_close_waits_for_in_flight_reads(tmp_path: Path, corrupt: bool) -> None:
     closer.start()
     closer.join(0.2)
     assert closer.is_alive()                   # close waits for the read in flight
-    io.release.set()
+    io.gate.set()
     reader.join(10)
     closer.join(10)
     assert not closer.is_alive() and not reader.is_alive()

@@ -28,7 +28,8 @@ from kvstore.errors import ConflictError
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
 from kvstore.testing import wait_until
-from kvstore.tiers.disk import AlignedBuffer, BlockIO, DiskConfig, DiskStatus, DiskStore, WriteItem
+from kvstore.testing.gated_io import GatedIO
+from kvstore.tiers.disk import AlignedBuffer, DiskConfig, DiskStatus, DiskStore, WriteItem
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,29 +42,6 @@ RAM, DISK, NONE = 1, 2, 0
 def value(key: bytes) -> bytes:
     seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
     return random.Random(seed).randbytes(BLOCK)
-
-
-class GatedIO(BlockIO):
-    """A real BlockIO whose pread or pwrite, once `armed`, waits for `gate`: holds one transfer in flight."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.armed = ""
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def _hold(self, op: str) -> None:
-        if self.armed == op:
-            self.entered.set()
-            assert self.gate.wait(20), "the test never opened the gate"
-
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
-        self._hold("pread")
-        return super().pread(fd, address, length, offset)
-
-    def pwrite(self, fd: int, address: int, length: int, offset: int) -> None:
-        self._hold("pwrite")
-        super().pwrite(fd, address, length, offset)
 
 
 @dataclass
@@ -524,13 +502,13 @@ def test_a_joined_promotion_whose_entry_was_reused_by_another_namespace_is_a_mis
                 reused.update(deleted=gone, offset=r.offsets[0])
             super().set()
 
-    enqueue = eng._mover.enqueue_promotion  # noqa: SLF001
+    enqueue = eng._disk.mover.enqueue_promotion  # noqa: SLF001
 
     def hooked(p) -> None:  # type: ignore[no-untyped-def]
         p.done = Interleave()
         enqueue(p)
 
-    eng._mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
+    eng._disk.mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
     res = eng.lookup(NS, [b"k"], lease=True)
     assert reused["deleted"] == 1
     assert (res.present, res.offsets, res.lease_id) == ([False], [], 0)

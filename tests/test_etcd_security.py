@@ -21,10 +21,9 @@ import pytest
 from kvstore.errors import ConfigError
 from kvstore.peer.etcd import EtcdClient, EtcdRefused, EtcdUnavailable
 from kvstore.peer.placement import rank
-from kvstore.peer.testing import etcd_binary, peer_options
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.server.config import ServerConfig, load_config
-from kvstore.testing import DaemonProcess, free_port, wait_until
+from kvstore.testing import DaemonProcess, etcd_binary, free_port, peer_options, wait_until
 from tests.etcd_secure import PREFIX, EtcdPki, SecureEtcd, make_etcd_pki
 from tests.peer_helpers import needs_etcd
 from tests.required import missing

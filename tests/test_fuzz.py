@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
-from kvstore.fuzz_fast import FastFuzzer
-from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
-from kvstore.testing import DaemonProcess, raw_stub, wait_until
+from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, raw_stub, wait_until
+from kvstore.testing.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
+from kvstore.testing.fuzz_fast import FastFuzzer
 from tests.required import missing
 
 EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "800"))
@@ -32,7 +31,7 @@ _SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, da
 
 
 class HypoSource:
-    """kvstore.fuzz.Source over hypothesis' st.data(), so failures shrink."""
+    """kvstore.testing.fuzz.Source over hypothesis' st.data(), so failures shrink."""
 
     def __init__(self, data: st.DataObject) -> None:
         self.d = data

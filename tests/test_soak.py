@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from kvstore.peer.testing import etcd_binary
+from kvstore.testing import etcd_binary
 from tests.required import missing
 
 

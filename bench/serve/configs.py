@@ -74,7 +74,7 @@ class Servers:
         self.daemons: dict[int, DaemonProcess] = {}
         self.daemon_mode = ""
         self.lmcache: LmcacheServer | None = None
-        self.etcd = None  # kvstore.peer.testing.EtcdProcess while (d) runs
+        self.etcd = None  # kvstore.testing.EtcdProcess while (d) runs
         self.boot_s: dict[str, float] = {}
 
     def _socket(self, i: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstore.peer.testing import EtcdProcess, peer_options
+from kvstore.testing import EtcdProcess, peer_options
 
 __all__ = ["peer_daemon_options"]
 

@@ -13,7 +13,7 @@ Faults, in rotation (each kind at least once in a run of a few intervals):
                        Only at the start because segments are preallocated: once the log has reached its
                        capacity it never asks the filesystem for space again, so a later filler changes nothing.
 
-In a background thread the driver fuzzes every RPC (kvstore.fuzz, namespaces of its own) and, with the peer
+In a background thread the driver fuzzes every RPC (kvstore.testing.fuzz, namespaces of its own) and, with the peer
 tier, the data port, all while the faults happen.
 """
 
@@ -34,9 +34,8 @@ import grpc
 from bench.soak.values import FILL_NS, FILL_TENANT, FUZZ_NAMESPACES, SOAK_TENANT, expected, fill_key
 from kvstore import Client, KVStoreError
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
-from kvstore.peer.testing import EtcdProcess, etcd_binary, peer_options
-from kvstore.testing import DaemonProcess
+from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options
+from kvstore.testing.fuzz import METHODS, FuzzStats, Pools, RandomSource, fuzz_frame, fuzz_raw, fuzz_rpc
 
 __all__ = ["SoakConfig", "Soak"]
 

@@ -13,7 +13,7 @@ import socket
 import struct
 
 from kvstore.fastpath import protocol as fp
-from kvstore.fuzz import FuzzStats, Pools, Source
+from kvstore.testing.fuzz import FuzzStats, Pools, Source
 
 __all__ = ["FastFuzzer"]
 

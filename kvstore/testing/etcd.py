@@ -17,7 +17,7 @@ import time
 import urllib.request
 from types import TracebackType
 
-from kvstore.testing import free_port
+from kvstore.testing.daemon import free_port
 
 __all__ = ["EtcdProcess", "etcd_binary", "peer_options"]
 
