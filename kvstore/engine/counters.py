@@ -1,9 +1,12 @@
-"""Named monotonic counters of the engine, reported by Stats (and later exported to Prometheus).
+"""Named monotonic counters of the engine, reported by Stats (map `counters`) and exported to Prometheus.
 
-A fixed set of names, so a typo is an AttributeError in tests rather than a silently new counter.
+A kvstore.counters.CounterSet: a fixed set of names, so a typo is an AttributeError in tests rather than a
+silently new counter. Bumped under the engine's lock (`counters.evictions += 1`), so the set has no lock.
 """
 
 from __future__ import annotations
+
+from kvstore.counters import CounterSet
 
 __all__ = ["Counters", "COUNTER_NAMES"]
 
@@ -42,12 +45,7 @@ COUNTER_NAMES: tuple[str, ...] = (
 )
 
 
-class Counters:
+class Counters(CounterSet):
+    """The engine's counters (called under the engine's lock)."""
+
     __slots__ = COUNTER_NAMES
-
-    def __init__(self) -> None:
-        for name in COUNTER_NAMES:
-            setattr(self, name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in COUNTER_NAMES}

@@ -1,12 +1,12 @@
-"""The peer tier's counters: plain integers behind one lock, read at scrape time and by Stats.
+"""The peer tier's counters: a kvstore.counters.CounterSet with its own lock, read at scrape time and by Stats.
 
-Kept apart from the engine's Counters because they are fed from the peer threads (data-plane servers,
-fetchers, pushers, membership), never under the engine lock.
+Its own lock (LOCKED) because they are fed from the peer threads (data-plane servers, fetchers, pushers,
+membership), never under the engine lock: bump them with add(name, n), which takes it.
 """
 
 from __future__ import annotations
 
-import threading
+from kvstore.counters import CounterSet
 
 __all__ = ["PeerCounters", "COUNTER_HELP"]
 
@@ -40,20 +40,8 @@ COUNTER_HELP: dict[str, str] = {
 }
 
 
-class PeerCounters:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = dict.fromkeys(COUNTER_HELP, 0)
+class PeerCounters(CounterSet):
+    """The peer tier's counters: add(name, n) from any thread (a name outside COUNTER_HELP: AttributeError)."""
 
-    def add(self, name: str, n: int = 1) -> None:
-        if n:
-            with self._lock:
-                self._values[name] += n
-
-    def get(self, name: str) -> int:
-        with self._lock:
-            return self._values[name]
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._values)
+    __slots__ = tuple(COUNTER_HELP)
+    LOCKED = True
