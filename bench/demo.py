@@ -10,6 +10,7 @@ is faulted in once at startup; the warm figure is the median of passes into the 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import statistics
 import time
@@ -27,7 +28,9 @@ def _gbps(nbytes: int, seconds: float) -> str:
     return f"{nbytes / seconds / 1e9:.2f} GB/s"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # No options: the parser exists so that `--help` explains the tour instead of running it.
+    argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n", 1)[0]).parse_args(argv)
     with DaemonProcess(arena_bytes="512MiB", max_block_bytes="4MiB", arena_lock="auto") as d, d.client() as c:
         print(f"daemon pid {d.proc.pid} on {d.address}; client mode: {c.mode}")
         ns = "demo-model@layout0/default"

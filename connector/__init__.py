@@ -1,0 +1,17 @@
+"""The vLLM KV connector: `--kv-transfer-config '{"kv_connector": "KVStoreConnector",
+"kv_connector_module_path": "connector.vllm_connector", ...}'`.
+
+    vllm_connector.py  KVStoreConnector (vLLM's KVConnectorBase_V1): a thin facade, one line per method
+    config.py          the typed config, parsed once from `kv_connector_extra_config` (unknown keys are errors)
+    scheduler.py       the scheduler side: metadata only (lookups, save jobs, KV events, stats)
+    plan.py            what the scheduler side tells the worker side each step: small picklable values
+    worker.py          the worker side: moves bytes between vLLM's paged KV cache and the arena
+    layout.py          where one vLLM block's bytes live: contiguous pieces per block, any layout
+    copier.py          byte movers between the arena and the KV cache, chosen by where the cache lives
+    cuda_copy.py       GPU <-> arena: the arena as pinned, device-mapped memory, one gather/scatter kernel
+    pinning.py         which parts of an arena mapping are pinned for the GPU, kept true as slabs move
+    keys.py            stable block keys: a chained xxh3-128 over token ids, the same in every process
+    namespace.py       namespaces: blocks are exchanged only between identical KV layouts
+    link.py            a fail-soft handle on the daemon for code running inside vLLM
+    stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
+"""

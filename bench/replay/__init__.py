@@ -13,7 +13,7 @@
 - verdict.py      every difference between store and simulator, named; any one makes the CLI exit 2
 - report.py       the sweep's markdown table and PNG (RAM-only and RAM+disk lines)
 - agentx.py       seeded AgentX-shaped trace generator; agentx_stats.py measures its statistics
-- cli.py          the command line
+- cli.py          the command line; __main__.py runs it
 """
 
 from __future__ import annotations

@@ -4,9 +4,20 @@ The end-to-end benchmark: what a user of a KV offload store buys is faster agent
 sessions per node (throughput). Component ratios (arena vs memcpy, disk vs O_DIRECT) cannot show that; this
 runs the same agent sessions, in the same order, over HTTP with streaming, against each configuration.
 
-Modules, one concern each: model (the dummy-weight model directory), procs (child processes with logs, health
-waits and a guaranteed stop), servers (the vLLM, kvstore and LMCache command lines), workload (agent sessions
-from bench.replay.agentx, as token ids), http_client (one streamed completion: TTFT, tokens, cached tokens),
-driver (sessions in flight, think times, forks), scrape (Prometheus text), configs (what each configuration
-starts), report (table, plots, the JSON line), run (the composition root and the CLI).
+Modules, one concern each:
+
+    __main__.py      `python -m bench.serve` (run.py's CLI)
+    run.py           the composition root and the CLI: sizes, workload, servers, configurations in order, report
+    configs.py       the configurations compared, and the servers each one needs
+    model.py         the dummy-weight model directory (nothing is downloaded)
+    procs.py         child processes with logs, health waits that fail fast, and a guaranteed stop
+    servers.py       the command lines of vLLM's OpenAI server, kvstore-server and LMCache's server
+    lmcache.py       LMCache 0.5.6's multiprocess server in its own venv: the peer to beat
+    peer.py          configuration (d): two vLLM servers, each with a kvstore-server, joined over real etcd
+    workload.py      agent sessions from bench.replay.agentx, as token ids
+    http_client.py   one streamed completion: TTFT, generated tokens, cached prompt tokens
+    driver.py        sessions in flight: think times, turns one after another, forks
+    measure.py       one configuration measured: prefix cache reset, counters around both passes
+    scrape.py        counters from Prometheus text, differenced around a run
+    report.py        the table, the plots, the greedy-output check and the JSON line
 """

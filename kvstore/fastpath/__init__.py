@@ -1,6 +1,7 @@
 """The same-node fast path of the control plane: a binary protocol on the daemon's arena socket.
 
     protocol.py   frames and bodies, encode and decode (sans-IO: no sockets), the one definition both ends use
+    sockets.py    the two socket chores both ends share (the protocol itself stays sans-IO)
 
 The daemon's side is kvstore/server/fast_server.py, the client's kvstore/client/fast_channel.py; both call the
 operations in kvstore/server/ops.py (daemon) through this format.

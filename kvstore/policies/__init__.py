@@ -1,4 +1,11 @@
-"""Eviction policies of the RAM catalog (decide only: no I/O, no locks)."""
+"""Eviction policies of the RAM catalog (decide only: no I/O, no locks), and disk admission.
+
+    base.py       the eviction-policy interface: each primitive's contract, complexity and idempotence
+    lru.py        exact LRU as an intrusive doubly-linked list in two int32 arrays
+    s3fifo.py     S3-FIFO (Yang et al., SOSP'23) over dense entry ids
+    factory.py    a policy from its configured name (`policy = "lru" | "s3fifo"`)
+    admission.py  disk admission: which RAM blocks deserve a copy on the SSD (`always`, `seen:N`, `never`)
+"""
 
 from __future__ import annotations
 

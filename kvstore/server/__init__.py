@@ -1,0 +1,20 @@
+"""The daemon, `kvstore-server`: its front ends and the parts around the engine.
+
+    main.py            the composition root: builds every part from one ServerConfig, runs, shuts down in order
+    config/            the one typed config: embedded defaults < TOML file < KVSTORE_* env < flags; it builds
+                       the engine's, disk tier's and peer tier's configs and checks every rule once
+    config_doc.py      writes docs/configuration.md from the config's fields (a test keeps the page current)
+    service.py         the gRPC servicer: protobuf requests -> engine calls, engine errors -> gRPC statuses
+    fast_server.py     the same-node socket: hands out arena files, answers the fast path's hot operations
+    ops.py             the hot operations' semantics, once, for both front ends: tenant checks, engine call,
+                       arena transfer windows
+    arena_windows.py   arena transfers as the daemon sees them (Reserve -> Commit, lease -> Release), timed
+    info.py            facts clients need about this daemon: identity, host, arena layout
+    auth.py            bearer-token interceptor in front of every RPC when `tokens_file` is set
+    tenancy.py         a namespace belongs to the tenant that registered it; per-RPC ownership checks
+    token_reload.py    the tokens file re-read on change and on SIGHUP
+    tenant_usage.py    per-tenant usage next to the quotas, for Stats and the metrics
+    metrics.py         Prometheus metrics and /healthz on a small HTTP port
+    metric_labels.py   namespace / tenant names as label values: names, keyed hashes, or none
+    logs.py            structured logs: key=value text or one JSON object a line
+"""

@@ -1,0 +1,323 @@
+"""The docs hold: every command they show parses, every link lands, the README stays a front page, and
+every package's module map names its modules.
+
+Why: README.md and docs/*.md are the first thing a newcomer runs, and a renamed flag or a moved page breaks
+them silently. So every command shown (in code blocks and in inline code) that invokes one of our entry points
+is checked against the program itself: `kvstore [SUBCOMMAND]` and `kvstore-server` through the console
+scripts pyproject.toml declares, `python -m kvstore...` / `python -m bench.<x>` as modules, each run with
+`--help` in a subprocess (exit 0), and every flag the doc uses must appear in that help; `make <target>` must be
+a target of the Makefile. The --help runs are collected first and run in parallel, once per distinct command.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_CHARS = 10_000
+
+SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FLAG = re.compile(r"^--?[A-Za-z][\w-]*$")
+ENV_ASSIGN = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command a doc shows: where, its words, and which of our entry points it invokes."""
+
+    where: str
+    words: tuple[str, ...]
+    kind: str  # "make", "script" (a console script of pyproject.toml) or "module" (python -m)
+
+    @property
+    def prog(self) -> str:
+        return self.words[0].rsplit("/", 1)[-1] if self.kind != "module" else self.words[2]
+
+    @property
+    def args(self) -> list[str]:
+        return list(self.words[3:] if self.kind == "module" else self.words[1:])
+
+    @property
+    def flags(self) -> list[str]:
+        return sorted({w.split("=", 1)[0] for w in self.args if FLAG.match(w.split("=", 1)[0])})
+
+
+@dataclass(frozen=True)
+class CliInfo:
+    """What the kvstore CLI's top-level help says: its subcommands, and which global flags take a value."""
+
+    subcommands: frozenset[str]
+    value_flags: frozenset[str]
+
+    @classmethod
+    def parse(cls, help_text: str) -> CliInfo:
+        section = help_text.split("positional arguments:", 1)[-1].split("\n\n", 1)[0]
+        subs = frozenset(m.group(1) for m in re.finditer(r"^ {4}(\w[\w-]*)", section, re.M))
+        values = frozenset(re.findall(r"\[(--[\w-]+) [A-Z_]+\]", help_text))
+        return cls(subs, values)
+
+    def subcommand(self, args: list[str]) -> str | None:
+        """The first positional word (written `a|b|c` for alternatives), past global flags and their values."""
+        i = 0
+        while i < len(args):
+            word = args[i]
+            if not word.startswith("-"):
+                return word
+            i += 2 if word in self.value_flags else 1
+        return None
+
+
+@cache
+def _scripts() -> dict[str, str]:
+    """Console scripts from pyproject.toml: name -> 'module:function'."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return dict(data["project"]["scripts"])
+
+
+def _script_argv(name: str, args: list[str]) -> tuple[str, ...]:
+    """Run a console script the way its installed wrapper does, under this interpreter."""
+    module, func = _scripts()[name].split(":")
+    code = f"import sys; from {module} import {func} as f; sys.argv[0] = {name!r}; sys.exit(f())"
+    return ("-c", code, *args)
+
+
+def _help_argv(cmd: Command, cli: CliInfo) -> tuple[str, ...]:
+    if cmd.kind == "module":
+        return ("-m", cmd.prog, "--help")
+    sub = cli.subcommand(cmd.args) if cmd.prog == "kvstore" else None
+    return _script_argv(cmd.prog, [sub.split("|")[0], "--help"] if sub else ["--help"])
+
+
+def _split_segments(line: str) -> list[list[str]]:
+    """A shell line -> the word lists of its commands (split at &&, ; and a spaced |); [] if unparsable."""
+    out = []
+    for segment in re.split(r"\s(?:&&|;|\|\|?)\s", line):
+        try:
+            words = shlex.split(segment, comments=True)
+        except ValueError:  # an unclosed quote (a JSON argument over several lines): not one of ours
+            continue
+        words = [w.strip("[]") for w in words if w not in ("...", "[", "]")]
+        while words and ENV_ASSIGN.match(words[0]):
+            words.pop(0)
+        if words:
+            out.append(words)
+    return out
+
+
+def _classify(where: str, words: list[str]) -> Command | None:
+    """The Command for a word list that invokes one of our entry points, else None."""
+    prog = words[0].rsplit("/", 1)[-1]
+    if prog == "make":
+        return Command(where, tuple(words), "make")
+    if prog in ("kvstore", "kvstore-server"):
+        return Command(where, tuple(words), "script")
+    if re.fullmatch(r"python3?(\.\d+)?", prog) and len(words) >= 3 and words[1] == "-m":
+        if words[2].split(".")[0] in ("kvstore", "bench", "connector"):
+            return Command(where, tuple(words), "module")
+    return None
+
+
+def _commands_in(path: Path) -> list[Command]:
+    text = path.read_text()
+    rel = path.relative_to(ROOT).as_posix()
+    found: list[Command] = []
+
+    def line_of(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
+
+    fenced_spans = []
+    for m in FENCE.finditer(text):
+        fenced_spans.append(m.span())
+        if m.group(1).lower() not in SHELL_LANGS:
+            continue
+        start = line_of(m.start(2))
+        for i, line in enumerate(m.group(2).split("\n")):
+            # a continued line is checked once, where it starts, with its continuation
+            lines = m.group(2).split("\n")
+            if i and lines[i - 1].endswith("\\"):
+                continue
+            j = i
+            while lines[j].endswith("\\") and j + 1 < len(lines):
+                j += 1
+            joined = " ".join(part.removesuffix("\\") for part in lines[i:j + 1])
+            for words in _split_segments(joined.strip().removeprefix("$ ")):
+                cmd = _classify(f"{rel}:{start + i}", words)
+                if cmd is not None:
+                    found.append(cmd)
+    for m in INLINE.finditer(text):
+        if any(a <= m.start() < b for a, b in fenced_spans):
+            continue
+        for words in _split_segments(m.group(1)):
+            cmd = _classify(f"{rel}:{line_of(m.start())} (inline)", words)
+            if cmd is not None:
+                found.append(cmd)
+    return found
+
+
+def _run_help(argv: tuple[str, ...]) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+ALL_COMMANDS = [c for path in DOC_FILES for c in _commands_in(path)]
+
+
+@dataclass
+class Helps:
+    cli: CliInfo
+    cli_rc: int
+    cli_out: str
+    outputs: dict[tuple[str, ...], tuple[int, str]]
+
+
+@pytest.fixture(scope="module")
+def helps() -> Helps:
+    """Every distinct --help invocation the docs need, run once each: the kvstore CLI's top level first (it
+    says which word is a subcommand), then the rest in parallel."""
+    top = _script_argv("kvstore", ["--help"])
+    cli_rc, cli_out = _run_help(top)
+    cli = CliInfo.parse(cli_out)
+    wanted = sorted({_help_argv(c, cli) for c in ALL_COMMANDS if c.kind != "make"} - {top})
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        outputs = dict(zip(wanted, pool.map(_run_help, wanted)))
+    outputs[top] = (cli_rc, cli_out)
+    return Helps(cli, cli_rc, cli_out, outputs)
+
+
+def test_docs_show_commands_of_every_kind() -> None:
+    """The extraction finds what the docs obviously show (a broken parser must not pass everything)."""
+    progs = {c.prog for c in ALL_COMMANDS}
+    assert {"make", "kvstore", "kvstore-server", "bench.replay", "bench.micro", "bench.serve"} <= progs, progs
+    readme = [c.words for c in ALL_COMMANDS if c.where.startswith("README.md:")]
+    assert ("make", "run") in readme and ("make", "test") in readme
+
+
+@pytest.mark.parametrize("cmd", ALL_COMMANDS, ids=lambda c: f"{c.where} {' '.join(c.words)[:60]}")
+def test_command_parses(cmd: Command, helps: Helps) -> None:
+    if cmd.kind == "make":
+        makefile = (ROOT / "Makefile").read_text()
+        targets = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
+        assert targets, f"{cmd.where}: `make` without a target"
+        for target in targets:
+            assert re.search(rf"^{re.escape(target)}\s*:", makefile, re.M), (
+                f"{cmd.where}: `make {target}` is not a target of the Makefile")
+        return
+    if cmd.prog == "kvstore":
+        assert helps.cli_rc == 0, f"`kvstore --help` exited {helps.cli_rc}:\n{helps.cli_out[-2000:]}"
+        sub = helps.cli.subcommand(cmd.args)
+        for alt in sub.split("|") if sub else ():
+            assert alt in helps.cli.subcommands, f"{cmd.where}: `kvstore {alt}` is not a kvstore subcommand"
+    argv = _help_argv(cmd, helps.cli)
+    rc, out = helps.outputs[argv]
+    assert rc == 0, f"{cmd.where}: `{cmd.prog} ... --help` exited {rc}:\n{out[-2000:]}"
+    missing = [f for f in cmd.flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", out)]
+    assert not missing, f"{cmd.where}: {missing} not in the --help of `{' '.join(cmd.words)}`:\n{out}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces -> hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {_slug(m.group(1).replace("`", "")) for m in re.finditer(r"^#{1,6}\s+(.+)$", text, re.M)}
+
+
+LINKS = [(path, m.group(1)) for path in DOC_FILES for m in LINK.finditer(FENCE.sub("", path.read_text()))
+         if not re.match(r"^[a-z]+:", m.group(1))]
+
+
+@pytest.mark.parametrize("path,target", LINKS, ids=lambda v: v.name if isinstance(v, Path) else v)
+def test_relative_link_lands(path: Path, target: str) -> None:
+    file_part, _, anchor = target.partition("#")
+    dest = (path.parent / file_part).resolve() if file_part else path
+    assert dest.exists(), f"{path.relative_to(ROOT)}: link {target!r} -> {dest} does not exist"
+    if anchor and dest.suffix == ".md":
+        assert anchor in _anchors(dest), f"{path.relative_to(ROOT)}: no heading #{anchor} in {dest.name}"
+
+
+def test_readme_is_a_front_page() -> None:
+    text = README.read_text()
+    assert len(text) <= README_MAX_CHARS, f"README.md has {len(text)} characters (at most {README_MAX_CHARS})"
+    for page in ("architecture", "configuration", "security", "peer-tier", "connector", "operations", "benchmarks"):
+        assert f"(docs/{page}.md)" in text, f"README.md does not link docs/{page}.md"
+
+
+REPO_PATH = re.compile(r"^(?:kvstore|connector|bench|tests|deploy|proto|docs)/[\w./-]*$")
+BUILT = ("kvstore/_proto",)  # written by the build into the installed package, not in the tree
+
+
+def _repo_paths(path: Path) -> list[str]:
+    """Repository paths a doc names: inline code that is exactly a path, and the first word of a line in a
+    plain code block (the source layout)."""
+    text = path.read_text()
+    found = []
+    for m in FENCE.finditer(text):
+        if m.group(1) == "":
+            found += [line.split()[0].rstrip(",") for line in m.group(2).split("\n") if line.strip()]
+    found += [m.group(1) for m in INLINE.finditer(FENCE.sub("", text))]
+    return sorted({p for p in found if REPO_PATH.match(p) and not p.startswith(BUILT)})
+
+
+PATHS = [(path, p) for path in DOC_FILES for p in _repo_paths(path)]
+
+
+@pytest.mark.parametrize("path,named", PATHS, ids=lambda v: v.name if isinstance(v, Path) else v)
+def test_named_repository_path_exists(path: Path, named: str) -> None:
+    assert (ROOT / named).exists(), f"{path.relative_to(ROOT)} names {named}, which does not exist (moved?)"
+
+
+# Module maps -----------------------------------------------------------------------------------------------
+
+PACKAGE_ROOTS = ("kvstore", "connector", "bench")
+GENERATED = {"kvstore/_proto"}  # protobuf stubs written by the build
+# Packages whose __init__.py other work owns (issue 17, done in parallel): a failing map there is reported
+# as a skip naming what is missing, not hidden; everything else must hold.
+OWNED_ELSEWHERE = {"kvstore/engine", "kvstore/peer", "kvstore/client", "kvstore/tiers", "kvstore/tiers/disk",
+                   "kvstore/testing", "kvstore/server/config", "kvstore/cli"}
+
+
+def _packages() -> list[Path]:
+    out = []
+    for top in PACKAGE_ROOTS:
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            pkg = init.parent
+            rel = pkg.relative_to(ROOT).as_posix()
+            if "__pycache__" not in rel and not any(rel == g or rel.startswith(g + "/") for g in GENERATED):
+                out.append(pkg)
+    return out
+
+
+@pytest.mark.parametrize("pkg", _packages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_module_map_is_true(pkg: Path) -> None:
+    """The package docstring names each module as `name.py` (and each subpackage as `name/`), and every
+    bare `name.py` it names exists here: a map a newcomer can trust."""
+    doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
+    rel = pkg.relative_to(ROOT).as_posix()
+    modules = {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    subpackages = {p.name for p in pkg.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(m for m in modules if not re.search(rf"(?<![\w/.]){re.escape(m)}", doc))
+    missing += sorted(f"{s}/" for s in subpackages if not re.search(rf"(?<![\w/.]){re.escape(s)}/", doc))
+    stale = sorted(set(re.findall(r"(?<![\w/.])(\w+\.py)\b", doc)) - modules - {"__init__.py"})
+    problems = ([f"does not name {missing}"] if missing else []) + ([f"names {stale}, not in {rel}/"] if stale else [])
+    if problems and rel in OWNED_ELSEWHERE:
+        pytest.skip(f"{rel}/__init__.py (owned by other issue-17 work): " + "; ".join(problems))
+    assert not problems, f"{rel}/__init__.py's docstring " + "; ".join(problems)
