@@ -502,13 +502,13 @@ def test_a_joined_promotion_whose_entry_was_reused_by_another_namespace_is_a_mis
                 reused.update(deleted=gone, offset=r.offsets[0])
             super().set()
 
-    enqueue = eng._mover.enqueue_promotion  # noqa: SLF001
+    enqueue = eng._disk.mover.enqueue_promotion  # noqa: SLF001
 
     def hooked(p) -> None:  # type: ignore[no-untyped-def]
         p.done = Interleave()
         enqueue(p)
 
-    eng._mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
+    eng._disk.mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
     res = eng.lookup(NS, [b"k"], lease=True)
     assert reused["deleted"] == 1
     assert (res.present, res.offsets, res.lease_id) == ([False], [], 0)

@@ -1,0 +1,28 @@
+"""The engine: the daemon's metadata for the RAM and disk tiers (which blocks exist, where, who holds them).
+
+Import what you need from its module (`from kvstore.engine.engine import Engine`); this package re-exports
+nothing, so importing one part never drags in the rest. Module map, from the top down:
+
+    engine.py        Engine: the composition root, the one lock and every public operation (orchestration)
+    lookups.py       Lookups: the steps of a Lookup across tiers (locate, RAM hits, promotions, leasing)
+    views.py         Views: ListKeys, Describe, Stats (read-only; RAM half under the lock, disk half after)
+    disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks
+    movement.py      Mover: the disk writer and promoter threads (I/O outside the lock); Promotion
+    namespaces.py    NamespaceTable: registration rules, lookup by name, owners
+    reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history; plan of a Reserve
+    leases.py        LeaseTable: lease ids, per-entry holds, expiry
+    ram_space.py     RamSpace: allocator, generations, policy, quotas (allocate / evict / free / watermarks)
+    read_buffer.py   ReadBuffer: hits buffered for the policy, replayed in order
+    quotas.py        TenantQuotas: per-tenant RAM floors that decide whose blocks may be evicted
+    generations.py   GenerationIndex: where a slot's generation word lives
+    catalog.py       Catalog, Namespace, EntryState: entry columns and the entry state machine
+    ttl.py           TtlTable: ids with a deadline (leases, reservations)
+    events.py        EventBus: stored / removed / moved events for routers
+    snapshot.py      Stats and key records built from the catalog
+    results.py       value objects the engine returns (ReserveResult, LookupResult, EngineStats, ...)
+    counters.py      Counters: the named monotonic counters Stats reports
+    config.py        EngineConfig
+
+Every part below engine.py is called under the engine's lock and has no lock of its own; none imports
+engine.py (tests/test_import_graph.py holds the graph free of cycles).
+"""

@@ -1,0 +1,221 @@
+"""The arena's space: which slots are taken, which block goes when one is needed, and the generation bump on free.
+
+Owns the allocator, the generation table, the eviction policy (with its deferred hit buffer, read_buffer.py)
+and the tenant quotas. Every method is called under the engine's lock; none takes a lock or does I/O.
+
+Eviction: an allocation that finds no slot asks the policy for victims among committed, unleased, unpinned
+entries until it succeeds. After a commit that leaves allocated bytes above the high watermark, victims are
+evicted down to the low watermark. Evicting a block that has a disk copy only drops the RAM copy. With tenant
+quotas (quotas.py) victims come from over-quota tenants first, then, for an allocation, from the requesting
+tenant's own blocks; no other tenant is evicted below its quota.
+
+Freeing a slot bumps its generation word: a reader that copied the slot and then sees another generation
+treats its copy as a miss (that is what makes an expired lease safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from kvstore.arena.allocator import SlabAllocator
+from kvstore.arena.layout import ArenaLayout
+from kvstore.engine.catalog import ON_DISK, Catalog, EntryState, Namespace
+from kvstore.engine.config import EngineConfig
+from kvstore.engine.counters import Counters
+from kvstore.engine.events import MOVED, REMOVED, EventBus
+from kvstore.engine.generations import GenerationIndex
+from kvstore.engine.quotas import TenantQuotas
+from kvstore.engine.read_buffer import ReadBuffer
+from kvstore.errors import StoreFullError
+from kvstore.policies import EvictionPolicy
+from kvstore.vocab import Tier
+
+__all__ = ["RamSpace"]
+
+_COMMITTED = int(EntryState.COMMITTED)  # plain int: comparing a numpy scalar with an IntEnum costs ~13 us
+_DOOMED = int(EntryState.DOOMED)
+
+
+class RamSpace:
+    """Allocate / evict / free arena slots for catalog entries. Called under the engine's lock."""
+
+    def __init__(self, config: EngineConfig, cat: Catalog, layout: ArenaLayout, generations: np.ndarray,
+                 allocator: SlabAllocator, policy: EvictionPolicy, quotas: TenantQuotas | None,
+                 counters: Counters, events: EventBus) -> None:
+        self._config = config
+        self._cat = cat
+        self._gens = generations
+        self._gen_index = GenerationIndex(layout)
+        self.allocator = allocator
+        self.policy = policy
+        self._touches = ReadBuffer(policy)
+        self._quotas = quotas if quotas is not None and quotas.enabled else None
+        self._counters = counters
+        self._events = events
+
+    # -- the policy's view ------------------------------------------------------------------------------
+    def record_hits(self, ids: np.ndarray) -> None:
+        """RAM hits, told to the policy later (in order) by `apply_touches`."""
+        self._touches.record(ids)
+
+    def apply_touches(self) -> None:
+        """Replay buffered hits: before anything else touches the policy, and from the sweeper."""
+        self._touches.apply()
+
+    def insert(self, ns: Namespace, eids: Sequence[int]) -> None:
+        """Entries that just became COMMITTED join the policy (after the hits recorded before them)."""
+        self._touches.apply()
+        on_insert, keys, ns_id = self.policy.on_insert, self._cat.keys, ns.id
+        for eid in eids:
+            on_insert(eid, hash(keys[eid]) ^ ns_id)
+
+    def commit(self, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
+        """Reserved entries become COMMITTED (visible, evictable) and count toward their namespace."""
+        self._touches.apply()  # the policy must see accesses and inserts in their real order
+        size = self._cat.mark_committed(eids, checksums)
+        ns.blocks += len(eids)
+        ns.bytes += size
+        self._counters.committed_bytes += size
+        self.insert(ns, eids)
+        ns.puts += len(eids)
+        self._counters.committed_blocks += len(eids)
+
+    def generations(self, offsets: np.ndarray) -> np.ndarray:
+        """The current generation of the slots at `offsets` (int64 array)."""
+        return self._gens[self._gen_index.of_many(offsets)]
+
+    def slot_bytes(self, size: int) -> int:
+        return self.allocator.slot_bytes(size)
+
+    # -- allocation -------------------------------------------------------------------------------------
+    def allocate_all(self, sizes: Sequence[int], todo: list[int], keep: set[int], tenant: str) -> list[int]:
+        """A slot for each `sizes[i]`, i in `todo` (offsets by position, 0 elsewhere); all or nothing:
+        StoreFullError (counted) when one cannot be found, with the others given back."""
+        offsets = [0] * len(sizes)
+        for i in todo:
+            off = self.allocate(sizes[i], keep, tenant)
+            if off is None:
+                for j in todo:
+                    if offsets[j]:
+                        self.allocator.free(offsets[j])
+                self._counters.store_full += 1
+                raise StoreFullError(self.full_message(sum(sizes[j] for j in todo)))
+            offsets[i] = off
+        return offsets
+
+    def allocate(self, size: int, keep: set[int], tenant: str | None = None) -> int | None:
+        """A slot of `size`, evicting as needed but never an entry in `keep`; `tenant` is who asks (quotas.py
+        decides whose blocks may go).
+
+        With isolate_tenants the slot comes from a slab bound to the tenant's own memory file (arena/backing.py),
+        so only that tenant's processes can map it; evicting another tenant's blocks helps only once one of its
+        slabs is empty and can move."""
+        domain = (tenant or "") if self._config.isolate_tenants else ""
+        off = self.allocator.allocate(size, domain)
+        if off is not None:
+            return off
+        eligible = (lambda eid: eid not in keep and self.evictable(eid)) if keep else self.evictable
+        while off is None:
+            victim = (self._choose_victim(eligible) if self._quotas is None
+                      else self._choose_quota_victim(eligible, tenant))
+            if victim is None:
+                return None
+            self.evict(victim)
+            off = self.allocator.allocate(size, domain)
+        return off
+
+    def full_message(self, wanted: int) -> str:
+        alloc = self.allocator
+        return (
+            f"store full: cannot place {wanted} bytes; {alloc.allocated_bytes} of {alloc.capacity} arena bytes are "
+            f"allocated, {alloc.free_slabs} of {alloc.n_slabs} slabs ({alloc.slab_bytes} bytes each) free, and "
+            "nothing else is evictable (leased, pinned or reserved). Release leases, unpin blocks, use fewer "
+            "distinct block sizes per batch (each size class needs a slab), or give the daemon a larger arena_bytes"
+            + ("; tenant_ram_quota protects other tenants' blocks up to their quotas" if self._quotas else "")
+        )
+
+    def enforce_watermarks(self) -> None:
+        """Above the high watermark, evict down to the low one (after a commit)."""
+        alloc, cfg = self.allocator, self._config
+        if alloc.allocated_bytes <= cfg.high_watermark * alloc.capacity:
+            return
+        target = cfg.low_watermark * alloc.capacity
+        while alloc.allocated_bytes > target:
+            victim = (self._choose_victim(self.evictable) if self._quotas is None
+                      else self._choose_quota_victim(self.evictable, None, own_pass=False))
+            if victim is None:
+                return
+            self.evict(victim)
+
+    # -- eviction ---------------------------------------------------------------------------------------
+    def evictable(self, eid: int) -> bool:
+        cat = self._cat
+        return cat.state[eid] == _COMMITTED and cat.leases[eid] == 0 and cat.pins[eid] == 0
+
+    def _choose_victim(self, eligible: Callable[[int], bool]) -> int | None:
+        self._touches.apply()
+        return self.policy.choose_victim(eligible)
+
+    def _choose_quota_victim(self, eligible: Callable[[int], bool], tenant: str | None,
+                             own_pass: bool = True) -> int | None:
+        """Over-quota tenants' blocks first, then (allocation only) the acting tenant's own; see quotas.py."""
+        assert self._quotas is not None
+        cat = self._cat
+        tenant_of = lambda eid: cat.namespace_of(eid).tenant  # noqa: E731
+        over = self._quotas.over_quota(TenantQuotas.usage(cat.namespaces), tenant_of, lambda eid: int(cat.size[eid]))
+        victim = self._choose_victim(lambda eid: eligible(eid) and over(eid))
+        if victim is None and own_pass and tenant is not None:
+            victim = self._choose_victim(lambda eid: eligible(eid) and tenant_of(eid) == tenant)
+        return victim
+
+    def evict(self, eid: int) -> None:
+        """Drop a committed entry the policy has already forgotten."""
+        cat, counters = self._cat, self._counters
+        size = int(cat.size[eid])
+        if self._events.subscribers:
+            ns, key = cat.namespace_of(eid).name, cat.keys[eid]
+            if cat.flags[eid] & ON_DISK:
+                self._events.publish(MOVED, ns, [key], Tier.RAM, Tier.DISK)
+            else:
+                self._events.publish(REMOVED, ns, [key], Tier.RAM)
+        if cat.flags[eid] & ON_DISK:
+            counters.evicted_to_disk += 1  # the disk tier keeps it: only the RAM copy goes
+        self.forget_committed(eid)
+        self.free(eid)
+        counters.evictions += 1
+        counters.evicted_bytes += size
+
+    def delete(self, eid: int) -> None:
+        """Remove a COMMITTED entry on request: freed now, or DOOMED (invisible) until its last lease goes."""
+        cat = self._cat
+        self._touches.apply()
+        self.policy.on_remove(eid)
+        if self._events.subscribers:
+            self._events.publish(REMOVED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.RAM)
+        self.forget_committed(eid)
+        self._counters.deleted_blocks += 1
+        if cat.leases[eid] > 0:
+            cat.state[eid] = _DOOMED
+        else:
+            self.free(eid)
+
+    def forget_committed(self, eid: int) -> None:
+        """Unindex a committed entry and take it out of its namespace's counts (its slot stays taken)."""
+        cat = self._cat
+        ns = cat.namespace_of(eid)
+        ns.blocks -= 1
+        ns.bytes -= int(cat.size[eid])
+        cat.unindex(eid)
+
+    def free(self, eid: int) -> None:
+        """Return an entry's slot. The generation bump is what makes any outstanding copy of it a miss."""
+        off = int(self._cat.offset[eid])
+        self._gens[self._gen_index.of(off)] += 1
+        self.allocator.free(off)
+        self._cat.drop(eid)
+
+    def tenant_usage(self) -> dict[str, int]:
+        """RAM payload bytes per tenant (what quotas compare against)."""
+        return TenantQuotas.usage(self._cat.namespaces)
