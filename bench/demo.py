@@ -21,7 +21,7 @@ from kvstore.testing import DaemonProcess
 
 BLOCK = 2 << 20  # one 16-token block of a 32-layer, 8-KV-head, head_dim-128 bf16 model
 N_BLOCKS = 64
-WARM_PASSES = 3
+PASSES = 5  # timed passes of the put and the warm get (the median is printed)
 
 
 def _gbps(nbytes: int, seconds: float) -> str:
@@ -38,10 +38,17 @@ def main(argv: list[str] | None = None) -> None:
         chain = [hashlib.sha256(b"block %d" % i).digest() for i in range(N_BLOCKS)]
         blocks = [np.full(BLOCK, i, dtype=np.uint8) for i in range(N_BLOCKS)]
         total = N_BLOCKS * BLOCK
-        t = time.perf_counter()
-        stored = c.put_many(ns, chain, blocks).stored
-        put_s = time.perf_counter() - t
-        print(f"put {stored} x 2 MiB blocks in {put_s * 1e3:.1f} ms ({_gbps(stored * BLOCK, put_s)})")
+        puts = []
+        for i in range(PASSES):
+            if i:
+                c.delete(ns, chain)  # so each pass copies every block again (a put of a stored key copies nothing: already_present)
+            t = time.perf_counter()
+            stored = c.put_many(ns, chain, blocks).stored
+            puts.append(time.perf_counter() - t)
+            if stored != N_BLOCKS:
+                raise SystemExit(f"demo: pass {i} stored {stored} of {N_BLOCKS} blocks")
+        put_s = statistics.median(puts)
+        print(f"put {N_BLOCKS} x 2 MiB blocks (median of {PASSES}) {put_s * 1e3:.1f} ms ({_gbps(total, put_s)})")
         print(f"prefix lookup of the first 40 + 1 unknown key: {c.lookup_prefix(ns, chain[:40] + [b'unknown'])} hits")
         out = [np.empty(BLOCK, dtype=np.uint8) for _ in range(N_BLOCKS)]
         t = time.perf_counter()
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         ok = all(o[0] == i and o[-1] == i for i, o in enumerate(out))
         got = sum(s is not None for s in sizes)
         warm = []
-        for _ in range(WARM_PASSES):
+        for _ in range(PASSES):
             for o in out:
                 o.fill(0xFF)  # so the check below proves this pass wrote them
             t = time.perf_counter()
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"got {got} blocks, contents verified: {ok}")
         print(f"  cold get (fresh buffers) {cold_s * 1e3:.1f} ms ({_gbps(total, cold_s)}): the first write to "
               "each page of a new buffer faults it in")
-        print(f"  warm get (same buffers, median of {WARM_PASSES}) {warm_s * 1e3:.1f} ms ({_gbps(total, warm_s)}): "
+        print(f"  warm get (same buffers, median of {PASSES}) {warm_s * 1e3:.1f} ms ({_gbps(total, warm_s)}): "
               "what a serving process with a resident KV cache sees")
         print(f"  get rate / put rate: warm {put_s / warm_s:.2f}, cold {put_s / cold_s:.2f}")
         s = c.stats()
