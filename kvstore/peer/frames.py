@@ -17,9 +17,11 @@
     PROBE        meta: namespace, keys                       payload: none
     PROBE_REPLY  meta: one byte per key, 1 = held here (RAM or disk), 0 = not       payload: none
 
-Strings are u16-length-prefixed UTF-8, keys u8-length-prefixed. Every field is checked against the limits
-before anything is allocated or read: a frame that breaks one raises FrameError, and the receiver closes that
-connection (it cannot resynchronise a byte stream) and counts it. Why a home-made frame and not protobuf:
+This file is the codec (bytes <-> fields, each field checked); what a request or reply must contain relative
+to the request it answers, and what a server does with it, is protocol.py's. Strings are u16-length-prefixed
+UTF-8, keys u8-length-prefixed. Every field is checked against the limits before anything is allocated or
+read: a frame that breaks one raises FrameError, and the receiver closes that connection (it cannot
+resynchronise a byte stream) and counts it. Why a home-made frame and not protobuf:
 the payload must be read with recv_into straight into arena slots, so the metadata has to say the sizes
 before the bytes arrive, and the bytes must not pass through a message object.
 """
@@ -31,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Header", "FrameError", "NamespaceDesc", "push_frame_meta", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
-           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "MAX_META_BYTES", "encode_presence", "decode_presence", "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes",
-           "encode_push", "decode_push", "check_header"]
+__all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
+           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "MAX_META_BYTES", "encode_presence", "decode_presence",
+           "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes", "encode_push", "decode_push",
+           "check_header"]
 
 MAGIC = b"KVSP"
 VERSION = 1
@@ -173,16 +176,6 @@ def decode_sizes(meta: bytes, count: int, payload_len: int, max_block_bytes: int
     if int(sizes.sum()) != payload_len:
         raise FrameError(f"block sizes add up to {int(sizes.sum())}, the header says {payload_len}")
     return sizes, checksums
-
-
-def push_frame_meta(desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray,
-                    checksums: np.ndarray) -> tuple[list[bytes], bytes] | None:
-    """The keys a push sends (those present locally: size > 0) and the frame's metadata; None when none is."""
-    found = np.flatnonzero(sizes)
-    if not len(found):
-        return None
-    f_keys = [keys[i] for i in found.tolist()]
-    return f_keys, encode_push(desc, f_keys, sizes[found], checksums[found])
 
 
 def encode_push(desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray, checksums: np.ndarray) -> bytes:

@@ -13,8 +13,10 @@ Every call is bounded by `timeout_s` as a whole (one deadline from its start, re
 never a timeout that restarts with each byte: deadline.py) and raises PeerTimeout or PeerError (both
 PeerCallError); the caller counts them and treats the keys as misses / the pushes as dropped. The TCP and UCX
 planes also never write a received byte into a reserved slot after that reservation's safe end (local.py
-`live_until`). Implementations: tcp_plane.TcpPlane (framed protocol, recv_into arena slots, sends from slots),
-ucx_plane.UcxPlane (ucxx), grpc_plane.GrpcPlane (the daemon's own Get/Put streams, the last fallback).
+`live_until`). The TCP and UCX planes share one protocol (protocol.py: what to send, what a reply must be,
+how a request is served, where received bytes land) and differ only in how bytes move. Implementations:
+tcp_plane.TcpPlane (framed protocol, recv_into arena slots, sends from slots), ucx_plane.UcxPlane (ucxx),
+grpc_plane.GrpcPlane (the daemon's own Get/Put streams, the last fallback).
 """
 
 from __future__ import annotations

@@ -136,11 +136,11 @@ def push_request(request_id: int, desc: NamespaceDesc, keys: list[bytes], sizes:
                  checksums: np.ndarray) -> Frame | None:
     """A push of the keys held locally (size > 0, e.g. local.Outgoing's sizes); None when none is (send
     nothing). The blocks follow the frame in key order."""
-    got = fr.push_frame_meta(desc, keys, sizes, checksums)
-    if got is None:
+    found = np.flatnonzero(sizes)
+    if not len(found):
         return None
-    f_keys, meta = got
-    return Frame(Header(fr.PUSH, request_id, len(f_keys), len(meta), int(sizes.sum())), meta)
+    meta = fr.encode_push(desc, [keys[i] for i in found.tolist()], sizes[found], checksums[found])
+    return Frame(Header(fr.PUSH, request_id, len(found), len(meta), int(sizes[found].sum())), meta)
 
 
 def parse_reply(raw: bytes, request: Header, limits: Limits) -> Header:
