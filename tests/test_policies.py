@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from kvstore.errors import ConfigError
 from kvstore.policies.base import EvictionPolicy
 from kvstore.policies.factory import POLICY_NAMES, make_policy
 from kvstore.policies.lru import LRUPolicy
@@ -366,10 +367,11 @@ def test_sparse_ids_grow_capacity(name: str) -> None:
 
 
 def test_factory_rejects_unknown_name() -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:
         make_policy("arc")
-    for name in POLICY_NAMES:
-        assert repr(name) in str(info.value)
+    assert str(info.value) == "invalid config: policy='arc': use one of lru, s3fifo"
+    with pytest.raises(ConfigError, match=r"policy 's3fifo' options \{'small_fraction': 0.0\}: .*small_fraction"):
+        make_policy("s3fifo", small_fraction=0.0)  # the constructor's ValueError, as the config error it is
     assert set(POLICY_NAMES) == {"lru", "s3fifo"}
     assert isinstance(make_policy("s3fifo", small_fraction=0.2), S3FIFOPolicy)
     assert isinstance(make_policy("lru"), LRUPolicy)

@@ -15,12 +15,14 @@ Without `etcd_endpoints` the daemon never builds one, and nothing of this runs.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvstore.errors import ConfigError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.etcd import EtcdClient
 from kvstore.peer.local import LocalStore
@@ -35,16 +37,24 @@ from kvstore.transfers import TransferMeter
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
 
-__all__ = ["PeerConfig", "PeerCluster", "PeerStatus", "COPIES"]
+__all__ = ["PeerConfig", "PeerCluster", "PeerStatus", "COPIES", "PLANES"]
 
 log = logging.getLogger(__name__)
 
-COPIES = {"off": 0, "owner": 1, "owner+1": 2}
+COPIES = {"off": 0, "owner": 1, "owner+1": 2}   # peer_replication -> copies pushed after a put
+PLANES = ("tcp", "ucx", "grpc")                   # peer_data_plane names make_plane knows
+_ETCD_URL = re.compile(r"https?://[^/\s]+(:\d+)?/?")
 
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """The peer tier's part of the daemon config (validated by kvstore.server.config)."""
+    """The peer tier's part of the daemon config; a bad value raises ConfigError at construction.
+
+    ServerConfig (kvstore/server/config/) builds it, even without etcd_endpoints (inert then, but a typo should
+    not wait for the day the node joins a cluster to surface); the rules below are the only place the peer
+    settings are checked, and each message names the daemon setting (peer_*, etcd_*) a user would change.
+    Rules that tie the peer tier to TLS, tokens and etcd security live in server/config/security.py.
+    """
 
     node_id: str
     etcd_endpoints: tuple[str, ...]
@@ -61,11 +71,51 @@ class PeerConfig:
     max_keys: int
     max_block_bytes: int
     capacity_bytes: int
-    tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (config.py refuses other planes with TLS)
-    # a data-plane connection that carries no frame for this long is closed (tcp and ucx listeners); not yet
-    # ServerConfig.peer_idle_timeout_s
+    tls: TlsFiles | None = None  # mutual TLS on the tcp data plane (server/config refuses other planes with TLS)
+    # a data-plane connection that carries no frame for this long is closed (tcp and ucx listeners)
     idle_timeout_s: float = 60.0
     etcd_security: EtcdSecurity | None = None  # etcd's CA, client certificate and user (security/etcd.py)
+
+    def __post_init__(self) -> None:
+        for url in self.etcd_endpoints:
+            _require(_ETCD_URL.fullmatch(url) is not None,
+                     f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. https://10.0.0.5:2379")
+            _require("@" not in url, f"etcd_endpoints: {url!r} carries credentials; take them out of the URL "
+                     "and use etcd_user and etcd_password_file")
+        _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
+                 f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
+        _require(bool(self.control_address or not self.etcd_endpoints),
+                 "peer tier: listen is empty, so peers cannot reach this node's gRPC port; set listen or "
+                 "peer_control_advertise")
+        # peer_listen may bind port 0 (the kernel picks one; the member record carries it); the others are dialled
+        for name, value, lowest in (("peer_listen", self.listen, 0), ("peer_advertise", self.advertise, 1),
+                                    ("peer_control_advertise", self.control_address, 1)):
+            if value or name == "peer_listen":
+                host, _, port = value.rpartition(":")
+                _require(bool(host) and port.isdigit() and lowest <= int(port) < 65536,
+                         f"{name}={value!r}: use host:port, e.g. 127.0.0.1:7071")
+        _require(0.5 <= self.lease_ttl_s <= 300,
+                 f"peer_lease_ttl_s={self.lease_ttl_s}: use 0.5..300 seconds (short: a dead node leaves sooner)")
+        _require(0.05 <= self.refresh_s <= self.lease_ttl_s / 3,
+                 f"peer_refresh_s={self.refresh_s}: use 0.05..peer_lease_ttl_s/3 ({self.lease_ttl_s / 3:g}) "
+                 "so the lease is renewed at least three times per TTL")
+        _require(self.replication in COPIES,
+                 f"peer_replication={self.replication!r}: use {_one_of(tuple(COPIES))}")
+        _require(self.data_plane in PLANES, f"peer_data_plane={self.data_plane!r}: use {_one_of(PLANES)}")
+        _require(0.01 <= self.timeout_s <= 60, f"peer_timeout_s={self.timeout_s}: use 0.01..60 seconds")
+        _require(1 <= self.idle_timeout_s <= 3600,
+                 f"peer_idle_timeout_s={self.idle_timeout_s}: use 1..3600 seconds")
+        _require(1 <= self.push_queue_blocks <= 1 << 20,
+                 f"peer_push_queue_blocks={self.push_queue_blocks}: use 1..1048576")
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError("invalid config: " + message)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """`kvstore-server`: the composition root. Builds every concrete part from one ServerConfig and runs them.
 
+The config hands over each component's own config (cfg.engine_config(), disk_config(), peer_config()),
+already validated; this module only wires the parts together.
+
 Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
 disk tier (recovered or wiped) -> engine -> disk I/O threads, gRPC server on the unix socket and TCP ->
 sweeper thread -> peer tier (only with etcd_endpoints: data-plane listener, etcd registration, pusher). Shutdown on SIGTERM/SIGINT runs the other way: stop accepting RPCs, let in-flight ones finish
@@ -24,9 +27,8 @@ from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.backing import ArenaBacking
 from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
-from kvstore.engine.results import EngineConfig
 from kvstore.errors import ConfigError
-from kvstore.peer import PeerCluster, PeerConfig
+from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
@@ -70,17 +72,11 @@ class Daemon:
         self.arena = ArenaBacking(layout, isolated=isolated, lock=cfg.arena_lock)
         self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
         try:
-            self.engine_config = EngineConfig(
-                max_block_bytes=cfg.max_block_bytes, max_batch_keys=cfg.max_batch_keys,
-                high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
-                lease_ttl_s=cfg.lease_ttl_s, reservation_ttl_s=cfg.reservation_ttl_s,
-                quarantine_s=cfg.effective_quarantine_s, promote_timeout_s=cfg.promote_timeout_s,
-                write_queue_blocks=cfg.write_queue_blocks, disk_codec=cfg.disk_codec,
-                probe_interval_s=cfg.disk_probe_interval_s, isolate_tenants=isolated,
-            )
+            self.engine_config = cfg.engine_config()
             allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes,
                                       bind=self.arena.bind if isolated else None)
-            self.disk = self._open_disk() if cfg.disk_bytes else None
+            disk_config = cfg.disk_config()  # None with disk_bytes = 0
+            self.disk = self._open_disk(disk_config) if disk_config is not None else None
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
@@ -113,31 +109,17 @@ class Daemon:
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)
 
-    def _open_disk(self) -> DiskStore:
+    def _open_disk(self, config: DiskConfig) -> DiskStore:
         """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""
-        cfg = self.cfg
-        store = DiskStore(DiskConfig(directory=cfg.disk_dir, capacity_bytes=cfg.disk_bytes,
-                                     segment_bytes=cfg.disk_segment_bytes, sync=cfg.disk_sync,
-                                     compression=cfg.disk_codec, probe_interval_s=cfg.disk_probe_interval_s,
-                                     reinsert_hits=cfg.disk_reinsert_hits),
-                          io=BlockIO(transfers=self.transfers))
-        store.open(wipe=cfg.disk_wipe)  # logs what it recovered
+        store = DiskStore(config, io=BlockIO(transfers=self.transfers))
+        store.open(wipe=self.cfg.disk_wipe)  # logs what it recovered
         return store
 
     def _build_peers(self) -> PeerCluster:
         """The peer tier (etcd membership + data plane); started after the gRPC server, stopped before it."""
         cfg = self.cfg
-        return PeerCluster(PeerConfig(
-            node_id=cfg.node_id, etcd_endpoints=tuple(cfg.peer_endpoints), etcd_prefix=cfg.etcd_prefix,
-            listen=cfg.peer_listen, advertise=cfg.peer_advertise,
-            control_address=cfg.peer_control_advertise or cfg.listen, lease_ttl_s=cfg.peer_lease_ttl_s,
-            refresh_s=cfg.peer_refresh_s, replication=cfg.peer_replication, data_plane=cfg.peer_data_plane,
-            timeout_s=cfg.peer_timeout_s, push_queue_blocks=cfg.peer_push_queue_blocks,
-            idle_timeout_s=cfg.peer_idle_timeout_s,
-            max_keys=cfg.max_batch_keys, max_block_bytes=cfg.max_block_bytes,
-            capacity_bytes=self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0),
-            tls=cfg.tls if cfg.tls.enabled else None, etcd_security=cfg.etcd_security,
-        ), self.engine, self.arena.view, self.transfers)
+        capacity = self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0)
+        return PeerCluster(cfg.peer_config(capacity), self.engine, self.arena.view, self.transfers)
 
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg

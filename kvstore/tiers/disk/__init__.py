@@ -1,16 +1,20 @@
 """The disk tier: whole KV blocks in log-structured segment files (O_DIRECT), an lmdb index, xxh3 on every block.
 
-One concern per module:
+One concern per module (tests/test_config_layout.py holds this list equal to the files):
 
-    config.py     DiskConfig, validated at construction
-    types.py      DiskStatus (the closed outcome set), WriteItem, DiskRecord, DiskStats, RecoveryReport
+    config.py     DiskConfig and the disk settings' rules (the only place they are checked)
+    types.py      DiskStatus (the closed outcome set), WriteItem, WriteResult, DiskRecord, DiskStats, RecoveryReport
     io.py         BlockIO (O_DIRECT, buffered fallback) and FaultyIO (fault injection for tests)
-    codec.py      none / zstd / zstd-shuffle2
+    codec.py      the codec registry (CODECS: none / zstd / zstd-shuffle2), encode and decode
+    directory.py  the store's directory: created 0700, locked against a second daemon, wiped, probed
     segments.py   segment files and the log's space accounting (write pointer, FIFO reclamation order)
     index.py      the lmdb index (metadata only, fixed structs)
     state.py      the parts an open store shares, and the lock order
+    counters.py   the store's named monotonic counters
     recovery.py   open()-time validation and rebuild
     writer.py     the write_many batch path
+    reclaim.py    reclaiming the oldest segment, with a second chance for records that were read
+    floors.py     TenantFloors: per-tenant disk quotas kept at reclamation
     reader.py     the read_into path
     health.py     degraded state and its log lines
     store.py      DiskStore, the facade the engine drives

@@ -19,10 +19,13 @@ import threading
 import numpy as np
 import zstandard
 
-__all__ = ["CODEC_IDS", "CODEC_NAMES", "CodecError", "encode", "decode_into", "shuffle2", "unshuffle2_into"]
+__all__ = ["CODEC_IDS", "CODEC_NAMES", "CODECS", "CodecError", "encode", "decode_into", "shuffle2", "unshuffle2_into"]
 
+#: The codec registry: name -> the id stored in each index entry. Every list of codec names (DiskConfig,
+#: the daemon's disk_codec setting, a namespace's codec) is derived from it; ids are on disk: never renumber.
 CODEC_IDS = {"none": 0, "zstd": 1, "zstd-shuffle2": 2}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+CODECS: tuple[str, ...] = tuple(CODEC_IDS)
 ZSTD_LEVEL = 1
 
 

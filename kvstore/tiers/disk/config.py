@@ -1,4 +1,11 @@
-"""DiskConfig: the disk tier's one typed config object, validated at construction (fails loudly, says how to fix)."""
+"""DiskConfig: the disk tier's one typed config object, validated at construction (fails loudly, says how to fix).
+
+This is the one place the disk settings' rules live: the daemon (kvstore/server/config/) builds a DiskConfig
+and does not repeat them. With the disk tier off (disk_bytes = 0) there is no DiskConfig, but the daemon still
+checks the settings that do not need a directory (`check_disk_options`), so a typo surfaces at once. Messages
+name the daemon setting (disk_segment_bytes, ...) because that is what a user changes. The codec names come
+from the codec registry (codec.py).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,14 @@ import math
 from dataclasses import dataclass
 
 from kvstore.errors import ConfigError
+from kvstore.tiers.disk.codec import CODECS
 
-__all__ = ["DiskConfig", "PAGE_BYTES", "SYNC_MODES", "CODECS", "DISK_CODECS", "MAX_REINSERT_HITS", "round_up"]
+__all__ = ["DiskConfig", "PAGE_BYTES", "SYNC_MODES", "CODECS", "DISK_CODECS", "MAX_REINSERT_HITS", "round_up",
+           "check_disk_options"]
 
 PAGE_BYTES = 4096            # O_DIRECT alignment of offsets, lengths and buffers; every record starts on a page
 MIB = 1 << 20
 SYNC_MODES = ("data", "none")
-CODECS = ("none", "zstd", "zstd-shuffle2")
 DISK_CODECS = ("", *CODECS)   # what a namespace (or WriteItem.codec) may name; "" = the store's default
 MAX_REINSERT_HITS = 255
 
@@ -21,23 +29,41 @@ def round_up(n: int, align: int = PAGE_BYTES) -> int:
     return -(-n // align) * align
 
 
+def check_disk_options(sync: str, compression: str, probe_interval_s: float, reinsert_hits: int) -> None:
+    """The disk settings that need no directory; ConfigError naming the setting and the accepted values."""
+    if sync not in SYNC_MODES:
+        _fail(f"disk_sync={sync!r}: use one of {', '.join(SYNC_MODES)} ('data' is crash-safe)")
+    if compression not in CODECS:
+        _fail(f"disk_codec={compression!r}: use one of {', '.join(CODECS)}")
+    if not isinstance(probe_interval_s, (int, float)) or not math.isfinite(probe_interval_s) or probe_interval_s <= 0:
+        _fail(f"disk_probe_interval_s={probe_interval_s!r} must be a positive number of seconds, e.g. 5")
+    hits = reinsert_hits
+    if not isinstance(hits, int) or isinstance(hits, bool) or not 0 <= hits <= MAX_REINSERT_HITS:
+        _fail(f"disk_reinsert_hits={hits!r}: use 0 (plain FIFO) .. {MAX_REINSERT_HITS}: the reads since "
+              "its write that keep a record when its segment is reclaimed, e.g. 1")
+
+
+def _fail(message: str) -> None:
+    raise ConfigError("invalid config: " + message)
+
+
 @dataclass(frozen=True)
 class DiskConfig:
-    """Where and how the disk tier stores blocks.
+    """Where and how the disk tier stores blocks (daemon setting in brackets).
 
-    directory         created 0700 if missing; holds the segment files, the lmdb index and a lock file.
-    capacity_bytes    total data bytes across segment files; rounded DOWN to whole segments
+    directory         [disk_dir] created 0700 if missing; holds the segment files, the lmdb index and a lock file.
+    capacity_bytes    [disk_bytes] total data bytes across segment files; rounded DOWN to whole segments
                       (`segments * segment_bytes` is the effective capacity reported by stats()).
-    segment_bytes     size of one segment file, a multiple of 1 MiB. A block must fit in one segment. It is fixed
-                      when the store is created: reopening with another value is refused.
-    sync              "data": fdatasync the data, then commit the index synced (crash-safe);
+    segment_bytes     [disk_segment_bytes] size of one segment file, a multiple of 1 MiB. A block must fit in one
+                      segment. It is fixed when the store is created: reopening with another value is refused.
+    sync              [disk_sync] "data": fdatasync the data, then commit the index synced (crash-safe);
                       "none": no fsync at all (tests and benchmarks only: a crash may lose or corrupt entries,
                       though checksums still stop bad bytes from being served).
-    compression       codec of writes that do not name one: "none" | "zstd" | "zstd-shuffle2".
-    probe_interval_s  how often the owner should call probe() on a degraded store.
-    reinsert_hits     second chance at reclamation: when the oldest segment is reclaimed, its records read at
-                      least this many times since they were written are copied to the head of the log instead
-                      of dropped (at most half a segment per reclamation; see writer.py). 0: plain FIFO.
+    compression       [disk_codec] codec of writes that do not name one: a name of codec.CODECS.
+    probe_interval_s  [disk_probe_interval_s] how often the owner should call probe() on a degraded store.
+    reinsert_hits     [disk_reinsert_hits] second chance at reclamation: when the oldest segment is reclaimed, its
+                      records read at least this many times since they were written are copied to the head of the
+                      log instead of dropped (at most half a segment per reclamation; see writer.py). 0: plain FIFO.
     """
 
     directory: str
@@ -50,32 +76,17 @@ class DiskConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
-            raise ConfigError("disk directory is empty: set it to a directory on a local filesystem")
+            _fail("disk_dir is empty: give a directory on a local filesystem or set disk_bytes = 0")
         seg = self.segment_bytes
         if not isinstance(seg, int) or seg < MIB or seg % MIB:
-            raise ConfigError(
-                f"disk segment_bytes={seg!r} must be a positive multiple of 1 MiB ({MIB}), e.g. {256 * MIB} (256 MiB)"
-            )
+            _fail(f"disk_segment_bytes={seg!r} must be a positive multiple of 1 MiB ({MIB}), e.g. {256 * MIB} "
+                  "(256 MiB)")
         cap = self.capacity_bytes
         if not isinstance(cap, int) or cap // seg < 2:
-            raise ConfigError(
-                f"disk capacity_bytes={cap!r} holds fewer than 2 segments of {seg} bytes: raise capacity_bytes to at "
-                f"least {2 * seg} or lower segment_bytes (FIFO reclamation needs a segment to write while the "
-                "oldest is reclaimed)"
-            )
-        if self.sync not in SYNC_MODES:
-            raise ConfigError(f"disk sync={self.sync!r} must be one of {', '.join(SYNC_MODES)} ('data' is crash-safe)")
-        if self.compression not in CODECS:
-            raise ConfigError(f"disk compression={self.compression!r} must be one of {', '.join(CODECS)}")
-        interval = self.probe_interval_s
-        if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval <= 0:
-            raise ConfigError(f"disk probe_interval_s={interval!r} must be a positive number of seconds, e.g. 5")
-        hits = self.reinsert_hits
-        if not isinstance(hits, int) or isinstance(hits, bool) or not 0 <= hits <= MAX_REINSERT_HITS:
-            raise ConfigError(
-                f"disk reinsert_hits={hits!r} must be 0 (plain FIFO) .. {MAX_REINSERT_HITS}: the reads since its "
-                "write that keep a record when its segment is reclaimed, e.g. 1"
-            )
+            _fail(f"disk_bytes={cap!r} holds fewer than 2 segments of {seg} bytes: raise it to at least {2 * seg} "
+                  "or lower disk_segment_bytes (FIFO reclamation needs a segment to write while the oldest is "
+                  "reclaimed)")
+        check_disk_options(self.sync, self.compression, self.probe_interval_s, self.reinsert_hits)
 
     @property
     def segments(self) -> int:

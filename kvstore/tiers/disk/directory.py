@@ -3,7 +3,8 @@
 One DiskStore owns a directory at a time: `take_lock` flocks DIR/LOCK (non-blocking), so a second process
 fails at once with a message that says who holds it instead of corrupting the log. On a read-only filesystem
 the lock file cannot be created; an existing one is still locked (read-only open), and a store opened that
-way serves reads only until a probe finds the filesystem writable again (store.py).
+way serves reads only until a probe finds the filesystem writable again (store.py); `probe_page` is that
+probe's disk half, in a spare file of the directory.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import os
 
 from kvstore.errors import ConfigError
+from kvstore.tiers.disk.config import PAGE_BYTES
+from kvstore.tiers.disk.io import AlignedBuffer, BlockIO
 
 __all__ = ["StoreDirectory", "LOCK_FILE", "PROBE_FILE"]
 
@@ -85,3 +88,23 @@ class StoreDirectory:
             except FileNotFoundError:
                 pass
         log.warning("disk tier at %s wiped: every cached block was erased", d)
+
+    def probe_page(self, io: BlockIO) -> None:
+        """Write, sync and read back one page of fresh random bytes in the spare file DIR/probe.blk: the cheapest
+        proof that the device takes writes again (OSError when it does not)."""
+        path = os.path.join(self.path, PROBE_FILE)
+        buf = AlignedBuffer(2 * PAGE_BYTES)
+        try:
+            pattern = os.urandom(PAGE_BYTES)
+            buf.view(PAGE_BYTES)[:] = pattern
+            fd = io.open(path, create=True)
+            try:
+                io.pwrite(fd, buf.address, PAGE_BYTES, 0)
+                io.fdatasync(fd)
+                got = io.pread(fd, buf.address + PAGE_BYTES, PAGE_BYTES, 0)
+            finally:
+                io.close(fd)
+            if got != PAGE_BYTES or bytes(buf.view(2 * PAGE_BYTES)[PAGE_BYTES:]) != pattern:
+                raise OSError(errno.EIO, "probe read back other bytes than it wrote", path)
+        finally:
+            buf.close()

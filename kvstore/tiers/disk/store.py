@@ -32,13 +32,13 @@ from collections.abc import Sequence
 
 from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk.codec import CODEC_NAMES
-from kvstore.tiers.disk.config import PAGE_BYTES, DiskConfig
+from kvstore.tiers.disk.config import DiskConfig
 from kvstore.tiers.disk.counters import DiskCounters
-from kvstore.tiers.disk.directory import PROBE_FILE, StoreDirectory
+from kvstore.tiers.disk.directory import StoreDirectory
 from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
 from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key
-from kvstore.tiers.disk.io import AlignedBuffer, BlockIO
+from kvstore.tiers.disk.io import BlockIO
 from kvstore.tiers.disk.reader import BlockReader
 from kvstore.tiers.disk.recovery import recover
 from kvstore.tiers.disk.segments import SegmentFiles, SegmentTable, segment_name
@@ -49,7 +49,6 @@ from kvstore.tiers.disk.writer import BatchWriter, check_items
 __all__ = ["DiskStore"]
 
 log = logging.getLogger("kvstore.tiers.disk")
-
 
 
 class DiskStore:
@@ -310,7 +309,7 @@ class DiskStore:
         with self._writer_lock:
             st = self._state()
             try:
-                self._probe_file()
+                self._dir.probe_page(self._io)
                 if st.index.readonly:
                     self._become_writable(st)
                 self._probe_count += 1
@@ -326,25 +325,6 @@ class DiskStore:
             with st.lock:
                 st.health.recovered()
             return True
-
-    def _probe_file(self) -> None:
-        """Write, sync and read back one page of fresh random bytes in the spare file DIR/probe.blk."""
-        path = os.path.join(self.config.directory, PROBE_FILE)
-        buf = AlignedBuffer(2 * PAGE_BYTES)
-        try:
-            pattern = os.urandom(PAGE_BYTES)
-            buf.view(PAGE_BYTES)[:] = pattern
-            fd = self._io.open(path, create=True)
-            try:
-                self._io.pwrite(fd, buf.address, PAGE_BYTES, 0)
-                self._io.fdatasync(fd)
-                got = self._io.pread(fd, buf.address + PAGE_BYTES, PAGE_BYTES, 0)
-            finally:
-                self._io.close(fd)
-            if got != PAGE_BYTES or bytes(buf.view(2 * PAGE_BYTES)[PAGE_BYTES:]) != pattern:
-                raise OSError(errno.EIO, "probe read back other bytes than it wrote", path)
-        finally:
-            buf.close()
 
     def _become_writable(self, st: StoreState) -> None:
         """The filesystem accepts writes again: reopen the index and the segment files read-write."""

@@ -1,0 +1,59 @@
+"""The daemon's own rules: its listeners, RPC limits, logs and sweeper, and the rules that tie two parts together.
+
+Rules on one component's settings live with that component's config (EngineConfig, DiskConfig, PeerConfig,
+the policy and admission factories); rules on TLS, tokens, etcd security and metrics labels in security.py.
+What is left is here, each checked once by ServerConfig.validate().
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvstore.server.config.settings import ServerConfig
+
+__all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+ARENA_LOCKS = ("auto", "on", "off")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError("invalid config: " + message)
+
+
+def _host_port(name: str, value: str, example: str) -> None:
+    host, _, port = value.rpartition(":")
+    require(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"{name}={value!r}: use host:port, e.g. {example}")
+
+
+def check_listeners(cfg: ServerConfig) -> None:
+    """Where the daemon listens, how much one RPC may carry, its threads, its logs and its sweeper."""
+    require(bool(cfg.unix_socket or cfg.listen), "unix_socket and listen are both empty: enable at least one")
+    if cfg.listen:
+        _host_port("listen", cfg.listen, "127.0.0.1:7070")
+    if cfg.metrics_listen:
+        _host_port("metrics_listen", cfg.metrics_listen, "127.0.0.1:9464")
+    require(cfg.sweep_interval_s > 0, f"sweep_interval_s={cfg.sweep_interval_s} must be > 0")
+    require(cfg.max_message_bytes >= 1 << 20, "max_message_bytes must be at least 1MiB")
+    require(1 <= cfg.grpc_workers <= 256, f"grpc_workers={cfg.grpc_workers}: use 1..256")
+    require(0 <= cfg.max_subscribers < cfg.grpc_workers,
+            f"max_subscribers={cfg.max_subscribers} must be below grpc_workers={cfg.grpc_workers}")
+    require(cfg.log_level in LOG_LEVELS, f"log_level={cfg.log_level!r}: use debug, info, warning or error")
+    require(cfg.log_format in LOG_FORMATS, f"log_format={cfg.log_format!r}: use text or json")
+
+
+def check_arena(cfg: ServerConfig) -> None:
+    """The arena holds at least two of the largest blocks (max_block_bytes itself: EngineConfig)."""
+    require(cfg.arena_lock in ARENA_LOCKS, f"arena_lock={cfg.arena_lock!r}: use auto, on or off")
+    require(cfg.arena_bytes >= 2 * cfg.max_block_bytes,
+            f"arena_bytes={cfg.arena_bytes} must be at least 2 x max_block_bytes ({cfg.max_block_bytes})")
+
+
+def check_disk_geometry(cfg: ServerConfig) -> None:
+    """A block spilled from RAM must fit in one disk segment (the rest of the geometry: DiskConfig)."""
+    require(cfg.disk_segment_bytes >= cfg.max_block_bytes, "disk_segment_bytes must be at least max_block_bytes")

@@ -1,0 +1,118 @@
+"""Rules that keep the node as protected as its settings promise: TLS, tokens, tenant quotas, etcd, metrics labels.
+
+These rules span parts (a listener and the TLS files, the peer tier and the tokens, etcd and every other
+protection), so no single component's config can hold them; each is checked here once, by
+ServerConfig.validate(). The files themselves (TLS, tokens, etcd secrets, label key) are checked by the
+classes that read them (kvstore/security, server/metric_labels.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from kvstore.security.tls import is_loopback_address, is_loopback_host
+from kvstore.security.tokens import TokenTable
+from kvstore.server.config.rules import require
+from kvstore.server.metric_labels import read_label_key
+
+if TYPE_CHECKING:
+    from kvstore.server.config.settings import ServerConfig
+
+__all__ = ["check_security", "check_etcd", "check_metrics_labels"]
+
+LABEL_MODES = ("auto", "name", "hash", "none")
+
+
+def check_security(cfg: ServerConfig) -> None:
+    """TLS files readable (key owner-only), tokens file owner-only and well-formed, quotas that fit, and no
+    listener that other hosts can reach without TLS unless allow_insecure_remote says so."""
+    tls = cfg.tls
+    if tls.enabled:
+        tls.check("tls", need_identity=True, need_ca=False)
+    tenants = TokenTable.load(cfg.tokens_file).tenants if cfg.tokens_file else set()
+    cfg.ram_quotas  # parse errors surface now
+    _check_disk_quotas(cfg, tenants)
+    if cfg.listen and not is_loopback_address(cfg.listen) and not tls.enabled:
+        require(cfg.allow_insecure_remote,
+                f"listen={cfg.listen!r} is reachable from other hosts and TLS is off: set tls_cert and tls_key "
+                "(and tls_ca for mutual TLS), listen on 127.0.0.1, or set allow_insecure_remote = true "
+                "on a trusted network")
+    if not cfg.peer_endpoints:
+        return
+    if tls.enabled:
+        tls.check("peer data plane", need_identity=True, need_ca=True)
+        require(cfg.peer_data_plane == "tcp",
+                f"peer_data_plane={cfg.peer_data_plane!r} has no TLS support here: use tcp with TLS")
+    elif not is_loopback_address(cfg.peer_listen):
+        require(cfg.allow_insecure_remote,
+                f"peer_listen={cfg.peer_listen!r} is reachable from other hosts and TLS is off: set "
+                "tls_cert, tls_key and tls_ca (the peer plane is mutual TLS), or allow_insecure_remote = true")
+    require(not (cfg.tokens_file and cfg.peer_data_plane == "grpc"),
+            "peer_data_plane = 'grpc' calls peers' gRPC port without a token: with tokens_file use tcp")
+    # The data plane carries no tenant token: peers authenticate as nodes, by certificate. Without TLS any
+    # local process could fetch another tenant's blocks from the peer port, so tokens need mutual TLS there.
+    require(not cfg.tokens_file or tls.enabled or cfg.allow_insecure_remote,
+            "tokens_file with a peer tier needs mutual TLS on the peer data plane (its frames carry no token; "
+            "nodes authenticate by certificate): set tls_cert, tls_key and tls_ca, or "
+            "allow_insecure_remote = true on a host where every local user may read every tenant's blocks")
+
+
+def _check_disk_quotas(cfg: ServerConfig, tenants: set[str]) -> None:
+    """The disk tier can protect at most disk_bytes - 2 segments (tiers/disk/floors.py); '*' counts once per
+    tenant of the tokens file not named, or once without tokens."""
+    quotas = cfg.disk_quotas
+    if not quotas:
+        return
+    require(cfg.disk_bytes > 0, "tenant_disk_quota needs the disk tier: set disk_bytes or drop the quotas")
+    named = {t: n for t, n in quotas.items() if t != "*"}
+    others = len(tenants - named.keys()) if tenants else 1
+    total = sum(named.values()) + quotas.get("*", 0) * others
+    limit = (cfg.disk_bytes // cfg.disk_segment_bytes - 2) * cfg.disk_segment_bytes
+    require(total <= limit,
+            f"tenant_disk_quota guarantees {total} bytes in all ('*' counted for {others} tenant(s)), more than "
+            f"the disk tier can protect: {limit} bytes (disk_bytes less 2 segments of {cfg.disk_segment_bytes})"
+            ": lower the quotas or raise disk_bytes")
+
+
+def check_etcd(cfg: ServerConfig) -> None:
+    """etcd holds the member set, i.e. where peers send blocks: it is reached as securely as the rest of the
+    node. TLS files only with https://, halves together, secrets owner-only. A plaintext etcd on another
+    host (anyone on the path can rewrite the member set, or read etcd_user's password) is refused when the
+    node is otherwise protected (TLS, tokens, an etcd login) unless allow_insecure_remote says so: it would
+    undo that protection. A node with none of them is open anyway (its plaintext peer listener off loopback
+    needs allow_insecure_remote already), so its etcd URL is left as it was."""
+    sec = cfg.etcd_security
+    if not cfg.peer_endpoints:
+        require(not (sec.tls_files_given or sec.user or sec.password_file),
+                "etcd_ca / etcd_cert / etcd_key / etcd_user / etcd_password_file are set but etcd_endpoints "
+                "is empty: set etcd_endpoints (https://host:2379) or drop them")
+        return
+    sec.check()
+    schemes = {url.split("://", 1)[0] for url in cfg.peer_endpoints}
+    require(len(schemes) == 1, f"etcd_endpoints={cfg.etcd_endpoints!r} mixes http:// and https://: use "
+            "https:// for every member (one etcd_ca verifies them all)")
+    if schemes == {"https"}:
+        sec.ssl_context()  # a PEM file that does not load fails now, not at the first tick
+        return
+    require(not sec.tls_files_given,
+            f"etcd_ca / etcd_cert / etcd_key apply to https:// endpoints, but etcd_endpoints="
+            f"{cfg.etcd_endpoints!r} is plain http: use https:// URLs")
+    remote = [url for url in cfg.peer_endpoints if not is_loopback_host(urlsplit(url).hostname or "")]
+    protected = [name for name, on in (("tls_cert", cfg.tls.enabled), ("tokens_file", bool(cfg.tokens_file)),
+                                       ("etcd_user", bool(sec.user))) if on]
+    require(not (remote and protected) or cfg.allow_insecure_remote,
+            f"etcd_endpoints {remote} are plain http to another host while this node is protected by "
+            f"{', '.join(protected)}: anyone on the path could rewrite the member set (or read etcd_user's "
+            "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or "
+            "allow_insecure_remote = true on a trusted network")
+
+
+def check_metrics_labels(cfg: ServerConfig) -> None:
+    require(cfg.metrics_namespace_labels in LABEL_MODES,
+            f"metrics_namespace_labels={cfg.metrics_namespace_labels!r}: use auto, name, hash or none")
+    if cfg.metrics_label_key_file:
+        require(cfg.metrics_labels == "hash",
+                f"metrics_label_key_file is set but the labels are {cfg.metrics_labels!r} (metrics_namespace_"
+                f"labels={cfg.metrics_namespace_labels!r}): set metrics_namespace_labels = \"hash\" or drop it")
+        read_label_key(cfg.metrics_label_key_file)

@@ -1,0 +1,230 @@
+"""ServerConfig: every setting of the daemon, one flat list of keys grouped in sections, and the parts it builds.
+
+The keys stay flat (a TOML key, a KVSTORE_* variable and a --flag each: loader.py); each field's metadata
+names its section (SECTIONS) and its help, which `kvstore-server --help` and docs/configuration.md (doc.py)
+both print. ServerConfig builds the components' own configs, which check their own rules at construction:
+
+    engine_config()  -> EngineConfig  (kvstore/engine/config.py)
+    disk_config()    -> DiskConfig    (kvstore/tiers/disk/config.py), None with disk_bytes = 0
+    peer_config()    -> PeerConfig    (kvstore/peer/cluster.py), built even without etcd to check the settings
+
+`validate()` runs every rule once: the components' (by building them), the factories' (policy, admission)
+and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those places.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import MISSING, dataclass, field
+from typing import Any
+
+from kvstore.engine.config import EngineConfig
+from kvstore.paths import default_disk_dir, default_socket_path
+from kvstore.peer.cluster import COPIES, PLANES, PeerConfig
+from kvstore.policies import POLICY_NAMES
+from kvstore.policies.admission import ADMISSION_HELP, make_admission
+from kvstore.policies.factory import policy_class
+from kvstore.security.etcd import EtcdSecurity
+from kvstore.security.tls import TlsFiles
+from kvstore.server.config import rules, security
+from kvstore.server.config.units import parse_quotas
+from kvstore.tiers.disk.config import CODECS, DiskConfig, check_disk_options
+
+__all__ = ["ServerConfig", "SECTIONS"]
+
+#: section -> its title, in the order docs/configuration.md lists them
+SECTIONS = {
+    "node": "Node and logging",
+    "listeners": "Listeners and RPC limits",
+    "arena": "RAM arena",
+    "engine": "Eviction, leases and reservations",
+    "disk": "Disk tier",
+    "peer": "Peer tier (etcd membership and data plane)",
+    "security": "TLS, tokens and exposure",
+    "tenancy": "Tenant quotas",
+    "metrics": "Metrics",
+}
+
+
+def _s(section: str, text: str, default: Any = MISSING, *, factory: Any = MISSING, shown: str = "") -> Any:
+    """A setting: its section, its help and, for a default computed at start, how the docs describe it."""
+    assert section in SECTIONS, section
+    meta = {"section": section, "help": text, "default_doc": shown}
+    return field(default=default, default_factory=factory, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    node_id: str = _s("node", "name of this node in logs, stats and the cluster", factory=socket.gethostname,
+                       shown="the host name")
+    unix_socket: str = _s("listeners", "gRPC unix socket path; '' disables it", factory=default_socket_path,
+                          shown="$XDG_RUNTIME_DIR/kvstore.sock, else /tmp/kvstore-<uid>/kvstore.sock")
+    listen: str = _s("listeners", "gRPC TCP address host:port; '' disables it", "127.0.0.1:7070")
+    metrics_listen: str = _s("metrics", "Prometheus /metrics and /healthz host:port; '' disables", "127.0.0.1:9464")
+    arena_name: str = _s("arena", "label of the arena's memory files (memfds, seen in /proc/<pid>/maps); default "
+                         "/kvstore-<node_id>", "")
+    arena_bytes: int = _s("arena", "RAM tier size (slots); a size like 1GiB", 1 << 30)
+    arena_lock: str = _s("arena", "mlock the arena: auto (try, warn), on (required), off", "auto")
+    max_block_bytes: int = _s("arena", "largest block; also the slab size of the allocator", 16 << 20)
+    policy: str = _s("engine", f"eviction policy: {', '.join(POLICY_NAMES)}", "lru")
+    high_watermark: float = _s("engine", "evict after a commit once this fraction is allocated", 0.95)
+    low_watermark: float = _s("engine", "... down to this fraction", 0.90)
+    lease_ttl_s: float = _s("engine", "seconds a read lease lives unless released", 30.0)
+    reservation_ttl_s: float = _s("engine", "seconds a reservation lives unless committed", 30.0)
+    quarantine_s: float = _s("engine", "seconds expired reservations wait before reuse; <0 = reservation_ttl_s", -1.0)
+    disk_dir: str = _s("disk", "disk tier directory (segment files + lmdb index)", factory=default_disk_dir,
+                       shown="$XDG_CACHE_HOME/kvstore/disk, else ~/.cache/kvstore/disk")
+    disk_bytes: int = _s("disk", "disk tier capacity; 0 disables the disk tier", 8 << 30)
+    disk_segment_bytes: int = _s("disk", "disk segment file size (the unit of disk eviction)", 256 << 20)
+    disk_sync: str = _s("disk", "data: fdatasync before the index commit (crash-safe); none: no fsync", "data")
+    disk_codec: str = _s("disk", f"default disk compression: {', '.join(CODECS)} (zstd-shuffle2: bf16 KV)", "none")
+    disk_admission: str = _s("disk", "which blocks get a disk copy: " + ADMISSION_HELP, "always")
+    disk_wipe: bool = _s("disk", "empty the disk tier at start instead of serving what it holds", False)
+    disk_probe_interval_s: float = _s("disk", "how often a degraded disk tier is retried", 5.0)
+    promote_timeout_s: float = _s("disk", "how long a get waits for blocks read back from disk", 5.0)
+    write_queue_blocks: int = _s("disk", "bound of the disk write-behind queue, in blocks", 4096)
+    disk_reinsert_hits: int = _s("disk", "second chance: a disk record read at least this many times since its "
+                                 "write is kept (copied to the log's head) when its segment is reclaimed; 0 = plain "
+                                 "FIFO", 1)
+    max_batch_keys: int = _s("listeners", "most keys one RPC may carry", 4096)
+    max_message_bytes: int = _s("listeners", "largest gRPC message", 64 << 20)
+    sweep_interval_s: float = _s("engine", "how often leases and reservations are checked for expiry", 0.25)
+    grpc_workers: int = _s("listeners", "gRPC server threads (event subscribers hold one each)", 16)
+    max_subscribers: int = _s("listeners", "most concurrent KV-event subscribers", 4)
+    etcd_endpoints: str = _s("peer", "peer tier: comma-separated etcd v3 client URLs (https://host:2379 with "
+                             "etcd_ca; http:// on loopback or a trusted network); '' runs this node alone", "")
+    etcd_prefix: str = _s("peer", "etcd key prefix under which members register", "/kvstore/members/")
+    etcd_ca: str = _s("peer", "PEM CA bundle that signed etcd's certificate (https:// endpoints; its host name or "
+                      "IP is checked too); '' = the system CA store", "")
+    etcd_cert: str = _s("peer", "PEM client certificate for etcd --client-cert-auth (with etcd's auth on: one "
+                        "without a CommonName)", "")
+    etcd_key: str = _s("peer", "PEM private key of etcd_cert (must be owner-only, mode 0600)", "")
+    etcd_user: str = _s("peer", "etcd user to log in as (etcd auth on); its role needs readwrite on etcd_prefix; "
+                        "'' = no login", "")
+    etcd_password_file: str = _s("peer", "owner-only file whose first line is etcd_user's password (never a flag); "
+                                 "read at each login", "")
+    peer_listen: str = _s("peer", "peer data plane host:port (TCP or UCX listener)", "127.0.0.1:7071")
+    peer_advertise: str = _s("peer", "data address peers dial; '' = peer_listen", "")
+    peer_control_advertise: str = _s("peer", "gRPC address peers see in the member set; '' = listen", "")
+    peer_lease_ttl_s: float = _s("peer", "TTL of this node's etcd lease: a dead node leaves after it", 5.0)
+    peer_refresh_s: float = _s("peer", "how often the member set is re-read and the lease kept alive", 0.5)
+    peer_replication: str = _s("peer", f"push after a put: {', '.join(COPIES)} (owner and one replica)", "owner")
+    peer_data_plane: str = _s("peer", f"peer data plane: {', '.join(PLANES)} (tcp: framed, zero-copy; ucx: ucxx)",
+                              "tcp")
+    peer_timeout_s: float = _s("peer", "bound on one batched call to a peer; past it the keys are misses", 2.0)
+    peer_push_queue_blocks: int = _s("peer", "bound of the background push queue; beyond it pushes drop", 4096)
+    peer_idle_timeout_s: float = _s("peer", "a peer data connection idle this long is closed (both ends)", 60.0)
+    tls_cert: str = _s("security", "PEM certificate chain: TLS on the TCP gRPC listener and the peer data plane", "")
+    tls_key: str = _s("security", "PEM private key of tls_cert (must be owner-only, mode 0600)", "")
+    tls_ca: str = _s("security", "PEM CA bundle: gRPC clients must present a certificate it signed (mutual TLS); "
+                     "required by the peer plane", "")
+    allow_insecure_remote: bool = _s("security", "allow a non-loopback gRPC or peer listener without TLS (logs a "
+                                     "warning); off: such a listener is refused", False)
+    tokens_file: str = _s("security", "owner-only file of `tenant token` lines; every RPC then needs "
+                          "`authorization: Bearer <token>`; '' = no tokens", "")
+    tenant_ram_quota: str = _s("tenancy", "guaranteed RAM bytes per tenant, e.g. 'alice=8GiB,bob=2GiB,*=1GiB' ('*': "
+                               "every other tenant); another tenant's burst never evicts a tenant below its quota; "
+                               "'' = no quotas", "")
+    tenant_disk_quota: str = _s("tenancy", "guaranteed disk-tier bytes per tenant, same form as tenant_ram_quota; "
+                                "kept at segment reclamation (copied forward), so the total must fit in disk_bytes "
+                                "- 2 segments; '' = no quotas", "")
+    metrics_namespace_labels: str = _s("metrics", "namespace and tenant label values on /metrics: name, hash (keyed "
+                                       "HMAC: no name leaves the node), none (per-namespace and per-tenant series "
+                                       "dropped, totals kept); auto = hash with tokens_file, else name", "auto")
+    metrics_label_key_file: str = _s("metrics", "owner-only file with the hash labels' secret key (>= 16 bytes): "
+                                     "labels stay the same across restarts and on every node sharing it; '' = a "
+                                     "random key each start (labels unlinkable across restarts)", "")
+    log_level: str = _s("node", "debug, info, warning, error", "info")
+    log_format: str = _s("node", "text or json (one object a line)", "text")
+
+    # -- derived values ---------------------------------------------------------------------------------------
+    @property
+    def shm_name(self) -> str:
+        if self.arena_name:
+            return self.arena_name
+        return "/kvstore-" + re.sub(r"[^A-Za-z0-9._-]", "_", self.node_id)
+
+    @property
+    def effective_quarantine_s(self) -> float:
+        return self.reservation_ttl_s if self.quarantine_s < 0 else self.quarantine_s
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca)
+
+    @property
+    def etcd_security(self) -> EtcdSecurity:
+        return EtcdSecurity(self.etcd_ca, self.etcd_cert, self.etcd_key, self.etcd_user, self.etcd_password_file)
+
+    @property
+    def ram_quotas(self) -> dict[str, int]:
+        return parse_quotas(self.tenant_ram_quota, "tenant_ram_quota")
+
+    @property
+    def disk_quotas(self) -> dict[str, int]:
+        return parse_quotas(self.tenant_disk_quota, "tenant_disk_quota")
+
+    @property
+    def peer_endpoints(self) -> list[str]:
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
+
+    @property
+    def metrics_labels(self) -> str:
+        """The effective label mode: name, hash or none ('auto' resolved against tokens_file)."""
+        if self.metrics_namespace_labels == "auto":
+            return "hash" if self.tokens_file else "name"
+        return self.metrics_namespace_labels
+
+    # -- the parts it builds ----------------------------------------------------------------------------------
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings; with tokens every tenant's slots live in a memory file of its own."""
+        return EngineConfig(
+            max_block_bytes=self.max_block_bytes, max_batch_keys=self.max_batch_keys,
+            high_watermark=self.high_watermark, low_watermark=self.low_watermark,
+            lease_ttl_s=self.lease_ttl_s, reservation_ttl_s=self.reservation_ttl_s,
+            quarantine_s=self.effective_quarantine_s, promote_timeout_s=self.promote_timeout_s,
+            write_queue_blocks=self.write_queue_blocks, disk_codec=self.disk_codec,
+            probe_interval_s=self.disk_probe_interval_s, isolate_tenants=bool(self.tokens_file),
+        )
+
+    def disk_config(self) -> DiskConfig | None:
+        """The disk tier's settings, or None when disk_bytes = 0 (no disk tier)."""
+        if not self.disk_bytes:
+            return None
+        return DiskConfig(directory=self.disk_dir, capacity_bytes=self.disk_bytes,
+                          segment_bytes=self.disk_segment_bytes, sync=self.disk_sync, compression=self.disk_codec,
+                          probe_interval_s=self.disk_probe_interval_s, reinsert_hits=self.disk_reinsert_hits)
+
+    def peer_config(self, capacity_bytes: int = 0) -> PeerConfig:
+        """The peer tier's settings; `capacity_bytes` (what this node offers the cluster) is known to the daemon
+        once the arena is laid out."""
+        return PeerConfig(
+            node_id=self.node_id, etcd_endpoints=tuple(self.peer_endpoints), etcd_prefix=self.etcd_prefix,
+            listen=self.peer_listen, advertise=self.peer_advertise,
+            control_address=self.peer_control_advertise or self.listen, lease_ttl_s=self.peer_lease_ttl_s,
+            refresh_s=self.peer_refresh_s, replication=self.peer_replication, data_plane=self.peer_data_plane,
+            timeout_s=self.peer_timeout_s, push_queue_blocks=self.peer_push_queue_blocks,
+            idle_timeout_s=self.peer_idle_timeout_s, max_keys=self.max_batch_keys,
+            max_block_bytes=self.max_block_bytes, capacity_bytes=capacity_bytes,
+            tls=self.tls if self.tls.enabled else None, etcd_security=self.etcd_security,
+        )
+
+    # -- validation -------------------------------------------------------------------------------------------
+    def validate(self) -> ServerConfig:
+        """Every rule once, before anything is created; ConfigError names the setting and how to fix it."""
+        rules.check_listeners(self)
+        self.engine_config()
+        rules.check_arena(self)
+        policy_class(self.policy)
+        if self.disk_bytes:
+            self.disk_config()
+            rules.check_disk_geometry(self)
+        else:
+            check_disk_options(self.disk_sync, self.disk_codec, self.disk_probe_interval_s, self.disk_reinsert_hits)
+        make_admission(self.disk_admission)
+        self.peer_config()
+        security.check_security(self)
+        security.check_etcd(self)
+        security.check_metrics_labels(self)
+        return self
