@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from kvstore import pbmap
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.allocator import ClassUsage
 from kvstore.client.types import Health, KeyInfo, Stats

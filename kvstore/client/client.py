@@ -36,6 +36,7 @@ from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
+from kvstore.vocab import ReserveOutcome, Tier
 
 __all__ = ["Client"]
 
@@ -307,8 +308,8 @@ class Client:
             res = self.reserve(namespace, ks, sizes)
             written = self._write(res, vs)
             stored += self.commit(res) if written else 0
-            present += res.outcomes.count(1)
-            busy += res.outcomes.count(2)
+            present += res.outcomes.count(ReserveOutcome.ALREADY_PRESENT)
+            busy += res.outcomes.count(ReserveOutcome.IN_FLIGHT)
         return PutResult(stored, present, busy)
 
     def _write(self, res: Reservation, values: Sequence[object]) -> list[int]:
@@ -393,7 +394,7 @@ class Client:
             self._check_incarnation(r.incarnation)
             n = r.num_prefix
             total += n
-            in_ram = in_ram and all(t == 1 for t in r.tiers[:n])
+            in_ram = in_ram and all(t == Tier.RAM for t in r.tiers[:n])
             if n < part.stop - part.start:
                 break
         return total, in_ram

@@ -27,15 +27,26 @@ import time
 from collections.abc import Callable
 
 from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
+from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import FrameReader, clear_stale_socket, recv_exact
 from kvstore.server.auth import current_tenant
 from kvstore.server.ops import ControlOps
 
-__all__ = ["FastServer", "fast_socket_path"]
+__all__ = ["FastServer", "FastCounters", "fast_socket_path"]
 
 log = logging.getLogger(__name__)
+
+
+class FastCounters(CounterSet):
+    """The socket's counters, under the names Stats.control and the metrics give them (ControlPlaneStats)."""
+
+    __slots__ = ("fast_requests",      # fast-path requests answered (errors included)
+                 "fast_refused",       # connections refused (bad hello, bad token, full)
+                 "fast_frame_errors",  # connections closed for a malformed frame
+                 "arena_files_handed")
+    LOCKED = True
 
 
 def fast_socket_path(unix_socket: str) -> str:
@@ -65,10 +76,7 @@ class FastServer:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
-        self.handed = 0        # arena files handed out
-        self.refused = 0       # connections refused (bad hello, bad token, full)
-        self.requests = 0      # fast-path requests answered (errors included)
-        self.frame_errors = 0  # connections closed for a malformed frame
+        self.counters = FastCounters()  # bumped from the connection threads: add() takes the set's lock
 
     @property
     def connections(self) -> int:
@@ -76,8 +84,7 @@ class FastServer:
 
     def status(self) -> dict[str, int]:
         """Counters for Stats (ControlPlaneStats) and metrics."""
-        return {"fast_connections": len(self._conns), "fast_requests": self.requests, "fast_refused": self.refused,
-                "fast_frame_errors": self.frame_errors, "arena_files_handed": self.handed}
+        return {"fast_connections": len(self._conns), **self.counters.snapshot()}
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -124,7 +131,7 @@ class FastServer:
                 if not full:
                     self._conns.add(conn)
             if full:
-                self.refused += 1
+                self.counters.add("fast_refused")
                 _send_error(conn, 0, fp.HELLO, "unavailable", f"{self._max_connections} fast-path connections "
                             "already: use gRPC (the client does so by itself)")
                 conn.close()
@@ -153,7 +160,7 @@ class FastServer:
                 raise fp.FrameError("the first frame must be HELLO")
             token, want_arena = fp.decode_hello(recv_exact(conn, head.length))
         except (fp.FrameError, TimeoutError) as exc:
-            self.refused += 1
+            self.counters.add("fast_refused")
             if not isinstance(exc, TimeoutError):
                 _send_error(conn, 0, fp.HELLO, "invalid_request", str(exc))
             return None
@@ -163,7 +170,7 @@ class FastServer:
             if not tenant:
                 why = "missing bearer token" if not token else "invalid bearer token (not in the daemon's tokens_file)"
                 log.warning("refused a fast-path connection: %s", why)
-                self.refused += 1
+                self.counters.add("fast_refused")
                 _send_error(conn, head.request_id, fp.HELLO, "unauthenticated", why)
                 return None
             domain = tenant
@@ -176,7 +183,7 @@ class FastServer:
                 _send_error(conn, head.request_id, fp.HELLO, "unavailable", f"cannot create the arena file: {exc}")
                 return None
             socket.send_fds(conn, [reply], [fd])
-            self.handed += 1
+            self.counters.add("arena_files_handed")
         else:
             conn.sendall(reply)
         return token
@@ -190,11 +197,11 @@ class FastServer:
                 raw, body = reader.frame()
                 head = fp.Header.parse(raw)
             except fp.FrameError as exc:
-                self.frame_errors += 1
+                self.counters.add("fast_frame_errors")
                 _send_error(conn, 0, 0, "invalid_request", f"bad frame: {exc}")
                 return
             except TimeoutError:
-                self.frame_errors += 1
+                self.counters.add("fast_frame_errors")
                 return
             if self._tenant_of is not None and not self._tenant_of(token):
                 _send_error(conn, head.request_id, head.op, "unauthenticated",
@@ -213,13 +220,13 @@ class FastServer:
         except KVStoreError as exc:
             out = _error_frame(head.request_id, head.op, exc.reason, exc.message)
         except fp.FrameError as exc:
-            self.frame_errors += 1
+            self.counters.add("fast_frame_errors")
             out, keep = _error_frame(head.request_id, head.op, "invalid_request", f"bad {name} frame: {exc}",
                                      closing=True), False
         except Exception:  # a bug must not take the connection thread down silently
             log.exception("internal error in fast-path %s", name)
             out = _error_frame(head.request_id, head.op, "internal", f"internal error in {name}; see the daemon log")
-        self.requests += 1
+        self.counters.add("fast_requests")
         conn.sendall(out)
         self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
         return keep

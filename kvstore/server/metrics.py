@@ -62,20 +62,21 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from kvstore.engine.engine import Engine
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
 from kvstore.peer.cluster import PeerStatus
+from kvstore.server.metric_collectors import ControlCollector, PeerCollector, StaticCollector, TransferCollector
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.tenant_usage import TenantUsage
-from kvstore.peer.counters import COUNTER_HELP
-from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
+from kvstore.transfers import TransferMeter
 
-__all__ = ["MetricsServer", "EngineCollector", "TransferCollector", "PeerCollector", "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
+# the other collectors live in metric_collectors.py and are re-exported here
+__all__ = ["MetricsServer", "EngineCollector", "TransferCollector", "PeerCollector", "ControlCollector",
+           "MAX_NAMESPACE_LABELS", "RPC_BUCKETS"]
 
 log = logging.getLogger(__name__)
 
@@ -264,55 +265,6 @@ def _tenants(s: EngineStats, usage: TenantUsage, labels: MetricLabels) -> Iterat
     yield quota
 
 
-class TransferCollector(Collector):
-    """Data-plane bytes and per-operation latency / GB/s histograms, read from a TransferMeter at scrape time."""
-
-    def __init__(self, meter: TransferMeter, with_disk: bool, with_peers: bool = False) -> None:
-        self._meter = meter
-        self._with_disk = with_disk  # no disk tier: no disk series (as the other kvstore_disk_* families)
-        self._with_peers = with_peers  # no peer tier: no peer series
-
-    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-        labels = ["plane", "tier", "direction"]
-        moved = CounterMetricFamily("kvstore_transfer_bytes", "Bytes moved, by data plane, tier and direction",
-                                    labels=labels)
-        seconds = HistogramMetricFamily("kvstore_transfer_seconds", "Duration of each data-plane operation",
-                                        labels=labels)
-        gbps = HistogramMetricFamily("kvstore_transfer_gigabytes_per_second",
-                                     "Throughput of each data-plane operation (10^9 bytes per second)", labels=labels)
-        for t in self._meter.snapshot():
-            if (t.plane == "disk" and not self._with_disk) or (t.tier == "peer" and not self._with_peers):
-                continue
-            key = [t.plane, t.tier, t.direction]
-            moved.add_metric(key, t.bytes)
-            seconds.add_metric(key, _buckets(SECONDS_BUCKETS, t.seconds_buckets), t.seconds_sum)
-            gbps.add_metric(key, _buckets(GBPS_BUCKETS, t.gbps_buckets), t.gbps_sum)
-        yield moved
-        yield seconds
-        yield gbps
-
-
-class PeerCollector(Collector):
-    """The peer tier: member count, etcd state, push queue, and its counters (kvstore/peer/counters.py)."""
-
-    def __init__(self, status: Callable[[], PeerStatus]) -> None:
-        self._status = status
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        st = self._status()
-        yield GaugeMetricFamily("kvstore_peer_members", "Live members of the cluster, this node included",
-                                value=len(st.members))
-        yield GaugeMetricFamily("kvstore_peer_etcd_connected", "1 while etcd answers", value=int(st.etcd_connected))
-        yield GaugeMetricFamily("kvstore_peer_push_queue_blocks", "Blocks waiting to be pushed to owners",
-                                value=st.pending_pushes)
-        for name, text in COUNTER_HELP.items():
-            yield CounterMetricFamily(f"kvstore_peer_{name}", text, value=st.counters.get(name, 0))
-
-
-def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tuple[str, float]]:
-    return [(floatToGoString(b), c) for b, c in zip(bounds, cumulative)] + [("+Inf", cumulative[-1])]
-
-
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         log.debug("metrics http: " + format, *args)
@@ -336,7 +288,7 @@ class MetricsServer:
             self.registry.register(PeerCollector(peers))
         self.registry.register(ControlCollector(control if control is not None else dict))
         locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
-        self.registry.register(_Static([locked]))
+        self.registry.register(StaticCollector([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",
                                      ["method"], buckets=RPC_BUCKETS, registry=self.registry)
         self._rpc_children: dict[str, Any] = {}
@@ -374,28 +326,3 @@ class MetricsServer:
         if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran if start() did not
             self._httpd.shutdown()
         self._httpd.server_close()
-
-
-class ControlCollector(Collector):
-    """The same-node socket: fast-path connections and requests, arena files handed out (fast_server.py)."""
-
-    def __init__(self, status: Callable[[], dict[str, int]]) -> None:
-        self._status = status
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        st = self._status()
-        yield GaugeMetricFamily("kvstore_fast_connections", "Open fast-path connections on the same-node socket",
-                                value=st.get("fast_connections", 0))
-        for key, text in (("fast_requests", "Hot operations answered over the same-node fast path"),
-                          ("fast_refused", "Same-node connections refused (bad hello or token, too many)"),
-                          ("fast_frame_errors", "Same-node connections closed for a malformed frame"),
-                          ("arena_files_handed", "Arena memory files handed to local clients")):
-            yield CounterMetricFamily(f"kvstore_{key}", text, value=st.get(key, 0))
-
-
-class _Static(Collector):
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        return iter(self._families)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstore.engine.engine import Engine
-from kvstore.engine.results import RESERVED, LookupResult, ReserveResult
+from kvstore.engine.results import LookupResult, ReserveResult
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.tenancy import TenantGuard
 from kvstore.validation import MAX_RELEASE_IDS, check_count
+from kvstore.vocab import ReserveOutcome
 
 __all__ = ["ControlOps"]
 
@@ -28,7 +29,8 @@ class ControlOps:
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
         self.guard.namespace(namespace)
         r = self.engine.reserve(namespace, keys, sizes)
-        self.windows.reserved(r.reservation_id, sum(s for s, o in zip(sizes, r.outcomes) if o == RESERVED))
+        reserved = sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED)
+        self.windows.reserved(r.reservation_id, reserved)
         return r
 
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
