@@ -186,6 +186,9 @@ class Helps:
     cli_out: str
     outputs: dict[tuple[str, ...], tuple[int, str]]
 
+    def __repr__(self) -> str:  # pytest prints it in failures: the help texts themselves are noise there
+        return f"Helps({len(self.outputs)} --help outputs)"
+
 
 @pytest.fixture(scope="module")
 def helps() -> Helps:

@@ -15,6 +15,7 @@
     token_reload.py    the tokens file re-read on change and on SIGHUP
     tenant_usage.py    per-tenant usage next to the quotas, for Stats and the metrics
     metrics.py         Prometheus metrics and /healthz on a small HTTP port
+    metric_collectors.py  the small collectors read at scrape time: transfers, peer tier, fast path, gauges
     metric_labels.py   namespace / tenant names as label values: names, keyed hashes, or none
     logs.py            structured logs: key=value text or one JSON object a line
 """
