@@ -288,6 +288,21 @@ def test_named_repository_path_exists(path: Path, named: str) -> None:
     assert (ROOT / named).exists(), f"{path.relative_to(ROOT)} names {named}, which does not exist (moved?)"
 
 
+def test_main_settings_table_names_real_settings() -> None:
+    """docs/operations.md's table of the main settings (the full list is generated into configuration.md)
+    names only settings ServerConfig has."""
+    import dataclasses
+
+    from kvstore.server.config import ServerConfig
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = [k for cell in re.findall(r"^\| ([^|]+) \|", table, re.M) for k in re.findall(r"`(\w+)`", cell)]
+    assert len(named) >= 30, named
+    fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    assert not [k for k in named if k not in fields], f"not settings: {[k for k in named if k not in fields]}"
+
+
 # Module maps -----------------------------------------------------------------------------------------------
 
 PACKAGE_ROOTS = ("kvstore", "connector", "bench")
