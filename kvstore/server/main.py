@@ -145,7 +145,7 @@ class Daemon:
             server.add_insecure_port("unix:" + cfg.unix_socket)
         if cfg.listen:
             try:
-                if cfg.tls.enabled:  # mutual TLS when tls_ca is set (config.py checked the files)
+                if cfg.tls.enabled:  # mutual TLS when tls_ca is set (config/security.py checked the files)
                     server.add_secure_port(cfg.listen, cfg.tls.grpc_server_credentials())
                 else:
                     server.add_insecure_port(cfg.listen)

@@ -17,10 +17,10 @@ protected bytes once more (at most sum of quotas per capacity written).
 
 Liveness: every reclamation must free something over a pass of the log, so the protected total
 (sum over tenants of min(usage, quota)) must stay below capacity - 2 segments. The daemon's config refuses
-quotas that could exceed that (config.py); if it happens anyway (a '*' quota and more tenants than expected),
-`protect` returns nothing for that reclamation and counts it in `quota_overcommitted`: the log stays FIFO
-rather than stall. Tenants come from the daemon (the namespace's owner), resolved BEFORE the store takes its
-locks, so the engine's lock is never taken under the disk tier's.
+quotas that could exceed that (server/config/security.py); if it happens anyway (a '*' quota and more
+tenants than expected), `protect` returns nothing for that reclamation and counts it in
+`quota_overcommitted`: the log stays FIFO rather than stall. Tenants come from the daemon (the namespace's
+owner), resolved BEFORE the store takes its locks, so the engine's lock is never taken under the disk tier's.
 """
 
 from __future__ import annotations
