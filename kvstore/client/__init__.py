@@ -1,6 +1,24 @@
-"""Python client of kvstore-server (see client.py)."""
+"""Python client of kvstore-server: `Client` and its typed results (no protobuf leaks into user code).
+
+    client.py        Client: the public API; batching, the arena and stream data paths, reconnects
+    connect.py       on connecting: map the daemon's arena, open the same-node fast path (or say why not)
+    control.py       the hot operations' two transports: GrpcControl and FastControl (same results)
+    fast_channel.py  the same-node socket: framed calls, and the arena file handed over SCM_RIGHTS
+    rpc.py           the gRPC seam: channel, TLS, token, and grpc errors -> kvstore errors
+    arena_map.py     the mapped arena, reference-counted so a reconnect never unmaps under a copy
+    arena_path.py    copies into and out of arena slots (gather / scatter, generation checks)
+    stream_path.py   the Put / Get streams for clients that cannot map the arena
+    releaser.py      lease releases off the caller's path (a background thread)
+    batches.py       split batches at max_batch_keys; spread per-hit results over the keys asked
+    listing.py       Describe in batches and ListKeys page by page
+    events.py        EventStream: a Subscribe call as an iterator that any thread can close
+    types.py         results of data operations: KeyInfo, PutResult, Reservation, Lease, KVEvent
+    reports.py       Health, Stats and their parts, with the proto's names (mapped by kvstore.pbmap)
+"""
 
 from kvstore.client.client import Client, EventStream
-from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, NamespaceInfo, PutResult, Reservation, SizeClassInfo, Stats
+from kvstore.client.types import (Health, KeyInfo, KVEvent, Lease, NamespaceInfo, NamespaceStats, PutResult,
+                                  Reservation, SizeClassInfo, SizeClassStats, Stats)
 
-__all__ = ["Client", "EventStream", "KVEvent", "Health", "KeyInfo", "Lease", "NamespaceInfo", "PutResult", "Reservation", "SizeClassInfo", "Stats"]
+__all__ = ["Client", "EventStream", "KVEvent", "Health", "KeyInfo", "Lease", "NamespaceStats", "NamespaceInfo",
+           "PutResult", "Reservation", "SizeClassStats", "SizeClassInfo", "Stats"]

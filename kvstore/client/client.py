@@ -14,40 +14,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.control import ControlPlane, FastControl, GrpcControl
-from kvstore.client.fast_channel import FastChannel, request_arena
-from kvstore.arena.layout import ArenaLayout
-from kvstore.client import arena_path, stream_path
+from kvstore.client import arena_path, listing, stream_path
 from kvstore.client.arena_map import ArenaMap
+from kvstore.client.batches import chunks, scatter
+from kvstore.client.connect import map_arena, open_fast
+from kvstore.client.control import ControlPlane, FastControl, GrpcControl
+from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
-from kvstore.fastpath import protocol as fp
-from kvstore.client.rpc import Rpc, translate
-from kvstore.client.types import Health, KeyInfo, KVEvent, Lease, PutResult, Reservation, Stats
+from kvstore.client.rpc import Rpc
+from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
-from kvstore.hostinfo import boot_id
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
 from kvstore.vocab import ReserveOutcome, Tier
 
-__all__ = ["Client"]
+__all__ = ["Client", "EventStream"]
 
 log = logging.getLogger(__name__)
 _MODES = ("auto", "arena", "stream")
 _CONTROLS = ("auto", "fast", "grpc")
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(n, start + size))
 
 
 class Client:
@@ -96,61 +88,17 @@ class Client:
             self._health = h
             self.max_batch_keys = h.max_batch_keys or 4096
             self.max_block_bytes = h.max_block_bytes
-            self._set_control(self._open_fast(h))
+            self._set_control(open_fast(h, self._rpc, self._grpc, self._requested_control))
             new: ArenaMap | None = None
             why = ""
             if self._requested_mode != "stream":
-                new, why = self._map_arena(h)
+                new, why = map_arena(h, self._rpc)
                 if new is None and self._requested_mode == "arena":
                     self._swap(None)
                     raise StoreUnavailableError(f"mode='arena' but {why}; use mode='auto' or 'stream'")
                 if new is None:
                     log.info("kvstore client using streaming gRPC: %s", why)
             self._swap(new)
-
-    def _map_arena(self, h: pb.HealthResponse) -> tuple[ArenaMap | None, str]:
-        """Ask the daemon for this tenant's arena file (after the token check) and map it."""
-        a = h.arena
-        if not (h.hostname == socket.gethostname() and h.boot_id == boot_id()):
-            return None, f"daemon runs on {h.hostname}, not on this host"
-        if not a.socket:
-            return None, "the daemon has no unix socket to hand out its arena (unix_socket is off)"
-        try:
-            layout = ArenaLayout(a.shm_name, a.n_slabs, a.slab_bytes, a.page_bytes)
-        except KVStoreError as exc:
-            return None, f"the daemon announced an arena this client cannot read ({exc})"
-        if (layout.size_bytes, layout.data_offset) != (a.size_bytes, a.data_offset):
-            return None, "the daemon's arena layout differs from this client's (mixed kvstore versions?)"
-        try:
-            fd, incarnation = request_arena(a.socket, self._rpc.token, self._rpc.timeout_s)
-        except StoreUnavailableError as exc:
-            return None, str(exc)
-        try:
-            return ArenaMap(fd, layout, incarnation, isolated=a.isolated), ""
-        except OSError as exc:
-            return None, f"cannot map the arena: {exc.strerror or exc}"
-
-    def _open_fast(self, h: pb.HealthResponse) -> FastControl | None:
-        """The fast control path when asked for (or "auto") and the daemon's socket is on this host."""
-        if self._requested_control == "grpc":
-            return None
-        why = ""
-        if not (h.hostname == socket.gethostname() and h.boot_id == boot_id()):
-            why = f"daemon runs on {h.hostname}, not on this host"
-        elif not h.arena.socket:
-            why = "the daemon has no same-node socket (unix_socket is off)"
-        else:
-            channel = FastChannel(h.arena.socket, self._rpc.token, self._rpc.timeout_s)
-            try:
-                channel.call(fp.ECHO, b"")  # dials and says HELLO: the token is checked now
-                return FastControl(channel, self._grpc)
-            except StoreUnavailableError as exc:
-                channel.close()
-                why = str(exc)
-        if self._requested_control == "fast":
-            raise StoreUnavailableError(f"control='fast' but {why}; use control='auto' or 'grpc'")
-        log.info("kvstore client using gRPC for the control plane: %s", why)
-        return None
 
     def _set_control(self, fast: FastControl | None) -> None:
         old, self._control = self._control, (fast if fast is not None else self._grpc)
@@ -298,7 +246,7 @@ class Client:
         if len(keys) != len(values):
             raise InvalidRequestError(f"{len(keys)} keys but {len(values)} values")
         stored = present = busy = 0
-        for part in _chunks(len(keys), self.max_batch_keys):
+        for part in chunks(len(keys), self.max_batch_keys):
             ks, vs = list(keys[part]), list(values[part])
             if self._arena is None:
                 s, p = stream_path.put(self._rpc, namespace, ks, vs)
@@ -345,7 +293,7 @@ class Client:
 
     def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
         out: list[bytes | None] = []
-        for part in _chunks(len(keys), self.max_batch_keys):
+        for part in chunks(len(keys), self.max_batch_keys):
             ks = list(keys[part])
             if self._arena is None:
                 out.extend(stream_path.get(self._rpc, namespace, ks))
@@ -355,7 +303,7 @@ class Client:
                 blocks = self._read(lease, None)
             finally:
                 self.release([lease])
-            out.extend(_scatter(lease.present, blocks, len(ks)))
+            out.extend(scatter(lease.present, blocks, len(ks)))
         return out
 
     def get_into(self, namespace: str, key: bytes, buffer: object) -> int | None:
@@ -366,7 +314,7 @@ class Client:
         if len(keys) != len(buffers):
             raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
         out: list[int | None] = []
-        for part in _chunks(len(keys), self.max_batch_keys):
+        for part in chunks(len(keys), self.max_batch_keys):
             ks, bs = list(keys[part]), list(buffers[part])
             if self._arena is None:
                 out.extend(stream_path.get_into(self._rpc, namespace, ks, bs))
@@ -377,7 +325,7 @@ class Client:
                 sizes = self._read(lease, hit_buffers)
             finally:
                 self.release([lease])
-            out.extend(_scatter(lease.present, sizes, len(ks)))
+            out.extend(scatter(lease.present, sizes, len(ks)))
         return out
 
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
@@ -389,7 +337,7 @@ class Client:
         no lease taken. RAM hits load with one memcpy; disk and peer hits wait for a promotion or a fetch
         (started by this probe), which a caller may rather wait for off its critical path."""
         total, in_ram = 0, True
-        for part in _chunks(len(keys), self.max_batch_keys):
+        for part in chunks(len(keys), self.max_batch_keys):
             r = self._control.lookup(namespace, list(keys[part]), True, False, summary=True)
             self._check_incarnation(r.incarnation)
             n = r.num_prefix
@@ -402,13 +350,13 @@ class Client:
     # -- management -------------------------------------------------------------------------------------
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         out: list[bool] = []
-        for part in _chunks(len(keys), self.max_batch_keys):
+        for part in chunks(len(keys), self.max_batch_keys):
             out.extend(self._control.exists(namespace, list(keys[part])))
         return out
 
     def _count(self, rpc: str, namespace: str, keys: Sequence[bytes]) -> int:
         return sum(self._rpc.call(rpc, pb.KeysRequest(namespace=namespace, keys=keys[p])).count
-                   for p in _chunks(len(keys), self.max_batch_keys))
+                   for p in chunks(len(keys), self.max_batch_keys))
 
     def delete(self, namespace: str, keys: Sequence[bytes]) -> int:
         return self._count("Delete", namespace, keys)
@@ -430,67 +378,13 @@ class Client:
 
         A subscriber that reads too slowly gets a `gap` event counting what it missed; the store never waits.
         """
-        call = self._rpc.stub.Subscribe(pb.SubscribeRequest(namespaces=list(namespaces), buffer=buffer),
-                                        metadata=self._rpc.metadata)
-        return EventStream(call, self.address)
+        return EventStream.open(self._rpc, namespaces, buffer)
 
     def describe(self, namespace: str, keys: Sequence[bytes]) -> list[KeyInfo | None]:
         """Where and how each key is stored (None when absent)."""
-        out: list[KeyInfo | None] = []
-        for part in _chunks(len(keys), self.max_batch_keys):
-            r = self._rpc.call("Describe", pb.KeysRequest(namespace=namespace, keys=keys[part]))
-            found = {k.key: KeyInfo.from_pb(k) for k in r.keys}
-            out.extend(found.get(k) for k in keys[part])
-        return out
+        return listing.describe(self._rpc, namespace, keys, self.max_batch_keys)
 
     def keys(self, namespace: str, *, start_after: bytes = b"", limit: int | None = None,
              page_size: int = 1000) -> Iterator[KeyInfo]:
         """Keys of a namespace in byte order (after `start_after`, exclusive), fetched page by page."""
-        cursor, seen = start_after, 0
-        while True:
-            want = page_size if limit is None else min(page_size, limit - seen)
-            if want <= 0:
-                return
-            r = self._rpc.call("ListKeys", pb.ListKeysRequest(namespace=namespace, cursor=cursor, limit=want))
-            for k in r.keys:
-                yield KeyInfo.from_pb(k)
-            seen += len(r.keys)
-            if not r.next_cursor:
-                return
-            cursor = r.next_cursor
-
-
-class EventStream:
-    """An open Subscribe stream: an iterator of KVEvent that can be closed from any thread."""
-
-    def __init__(self, call: Any, address: str) -> None:
-        self._call = call
-        self._address = address
-
-    def __iter__(self) -> Iterator[KVEvent]:
-        try:
-            for m in self._call:
-                yield KVEvent.from_pb(m)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                return
-            raise translate(exc, self._address) from None
-
-    def close(self) -> None:
-        self._call.cancel()
-
-    def __enter__(self) -> EventStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _scatter(present: list[bool], hits: list[Any], n: int) -> list[Any]:
-    """Spread per-hit results over the requested keys (None for misses and keys past a prefix stop)."""
-    out: list[Any] = [None] * n
-    it = iter(hits)
-    for i, p in enumerate(present):
-        if p:
-            out[i] = next(it)
-    return out
+        return listing.keys(self._rpc, namespace, start_after, limit, page_size)
