@@ -219,7 +219,8 @@ class Engine:
                 at_peers = self._remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
         with self._lock:
             ns = self._names.get(ns_name)
-            eids, tiers, first = self._lookups.locate(ns, keys, at_peers)
+            eids, tiers = self._lookups.locate(ns, keys, at_peers)
+            first = self._lookups.ram_prefix(tiers)
             if first == len(keys) or (prefix and tiers[first] == _NONE):
                 # the common case: the hits are the first `first` keys, all in RAM
                 return self._lookups.ram_hits(ns, keys, prefix, lease, eids, tiers, first, summary)
@@ -241,7 +242,7 @@ class Engine:
         self._check_keys(keys)
         with self._lock:
             ns = self._names.get(ns_name)
-            _, tiers, _ = self._lookups.locate(ns, keys)
+            _, tiers = self._lookups.locate(ns, keys)
             return (tiers != _NONE).tolist()
 
     # -- removal and pins (a leased block is DOOMED, not freed: its slot goes at the last release) -------
@@ -252,18 +253,22 @@ class Engine:
             ns = self._names.get(ns_name)
             in_ram = [self._delete_one(ns.index.get(k)) for k in keys]
             on_disk = self._disk.contains_many(ns.name, keys)
-        self._disk.delete(ns.name, [k for k, d in zip(keys, on_disk) if d])  # index I/O: outside the lock
+        if any(on_disk):
+            self._disk.delete(ns.name, [k for k, d in zip(keys, on_disk) if d])  # index I/O: outside the lock
         return sum(1 for r, d in zip(in_ram, on_disk) if r or d)
 
     def _delete_one(self, eid: int | None) -> int:
         """Remove one RAM entry (under the lock); 1 when there was a block to remove."""
-        if eid is not None and self._cat.state[eid] == _PROMOTING:
+        if eid is None:
+            return 0
+        state = self._cat.state[eid]
+        if state == _COMMITTED:
+            self._ram.delete(eid)
+            return 1
+        if state == _PROMOTING:
             self._disk.cancel_promotion(eid)  # the promoter frees the slot when its read returns
             return 1
-        if eid is None or self._cat.state[eid] != _COMMITTED:
-            return 0
-        self._ram.delete(eid)
-        return 1
+        return 0
 
     def clear_namespace(self, ns_name: str) -> int:
         """Delete every block of a namespace in every tier; returns how many distinct keys went."""

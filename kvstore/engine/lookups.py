@@ -61,9 +61,9 @@ class Lookups:
         self._counters = counters
 
     def locate(self, ns: Namespace, keys: Sequence[bytes],
-               at_peers: list[bool] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-        """Entry id (or -1) and tier of each key, and how many keys lead in RAM. PROMOTING counts as DISK (a
-        promotion to join); a key only on disk gets minus its stored length as id (for `begin`)."""
+               at_peers: list[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Entry id (or -1) and tier of each key. PROMOTING counts as DISK (a promotion to join); a key only on
+        disk gets minus its stored length as id (for `begin`); `at_peers` marks the peer tier's hits."""
         eids = np.fromiter(map(ns.index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
         known = eids >= 0
         if known.all():
@@ -81,9 +81,14 @@ class Lookups:
                         eids[i] = -length
         if at_peers is not None:
             tiers[(tiers == _NONE) & np.array(at_peers, dtype=bool)] = _PEER
+        return eids, tiers
+
+    @staticmethod
+    def ram_prefix(tiers: np.ndarray) -> int:
+        """How many keys lead in RAM (`ram_hits` answers when that is all the hits there can be)."""
         in_ram = tiers == _RAM
         first = int(in_ram.argmin())  # the first key not in RAM (0 also when every key is)
-        return eids, tiers, (len(keys) if in_ram[first] else first)
+        return len(tiers) if in_ram[first] else first
 
     def ram_hits(self, ns: Namespace, keys: Sequence[bytes], prefix: bool, lease: bool,
                  eids: np.ndarray, tiers: np.ndarray, limit: int, summary: bool = False) -> LookupResult:

@@ -2,7 +2,7 @@
 
 A quota is a floor, not a cap: a tenant may use more RAM while it is free, and that excess is what others
 evict first. Usage is the committed payload bytes of the tenant's namespaces in RAM (`Namespace.bytes`);
-reserved and promoting slots are not counted. Eviction with quotas (engine._allocate and the watermark pass):
+reserved and promoting slots are not counted. Eviction with quotas (RamSpace.allocate and the watermark pass):
 
     pass 1  victims whose tenant stays at or above its quota after losing the block ("over quota"); the
             acting tenant's own blocks are in this pass only when it is over its own quota

@@ -78,7 +78,9 @@ class RamSpace:
         ns.blocks += len(eids)
         ns.bytes += size
         self._counters.committed_bytes += size
-        self.insert(ns, eids)
+        on_insert, keys, ns_id = self.policy.on_insert, self._cat.keys, ns.id
+        for eid in eids:
+            on_insert(eid, hash(keys[eid]) ^ ns_id)
         ns.puts += len(eids)
         self._counters.committed_blocks += len(eids)
 
