@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from typing import Any
+
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -22,7 +24,7 @@ from kvstore.vocab import Tier
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def _messages(tag: str, extra: bool = False) -> tuple[type, type]:
+def _messages(tag: str, extra: bool = False) -> tuple[Any, Any]:
     """(Outer, Inner) message classes of a fresh file; `extra` adds `uint64 added = 20` to Outer."""
     fdp = descriptor_pb2.FileDescriptorProto(name=f"{tag}.proto", package=tag, syntax="proto3")
     enum = fdp.enum_type.add(name="Tier")

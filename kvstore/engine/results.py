@@ -9,12 +9,16 @@ gives those); NamespaceStats is the proto's NamespaceStats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvstore.arena.allocator import ClassUsage
 from kvstore.engine.config import EngineConfig  # re-exported: it lived here before kvstore.engine.config
 from kvstore.vocab import ReserveOutcome
+
+if TYPE_CHECKING:
+    from kvstore.tiers.disk.types import DiskStats
 
 __all__ = ["EngineConfig", "ReserveResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceStats", "NamespaceUsage",
            "EngineStats"]
@@ -119,4 +123,4 @@ class EngineStats:
     counters: dict[str, int] = field(default_factory=dict)
     namespaces: list[NamespaceStats] = field(default_factory=list)
     size_classes: list[ClassUsage] = field(default_factory=list)
-    disk: object | None = None  # kvstore.tiers.disk.DiskStats when the disk tier is enabled
+    disk: DiskStats | None = None  # when the disk tier is enabled (its names differ in two places: service.py)

@@ -63,7 +63,7 @@ class PeerCollector(Collector):
             yield CounterMetricFamily(f"kvstore_peer_{name}", text, value=st.counters.get(name, 0))
 
 
-def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tuple[str, float]]:
+def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tuple[str, int]]:
     return [(floatToGoString(b), c) for b, c in zip(bounds, cumulative)] + [("+Inf", cumulative[-1])]
 
 

@@ -150,7 +150,7 @@ def _namespaces(s: EngineStats, labels: MetricLabels) -> Iterator[CounterMetricF
     if rest:
         rows.append(("_other", sum(n.lookup_keys for n in rest), sum(n.hit_keys for n in rest),
                      sum(n.blocks for n in rest), sum(n.bytes for n in rest)))
-    fams = [
+    fams: list[CounterMetricFamily | GaugeMetricFamily] = [
         CounterMetricFamily("kvstore_namespace_lookup_keys", "Keys looked up, by namespace", labels=["namespace"]),
         CounterMetricFamily("kvstore_namespace_hit_keys", "Keys found, by namespace", labels=["namespace"]),
         GaugeMetricFamily("kvstore_namespace_blocks", "Blocks in the arena, by namespace", labels=["namespace"]),
@@ -181,7 +181,8 @@ def _tokens(s: EngineStats, labels: MetricLabels) -> Iterator[CounterMetricFamil
         return
     ranked = sorted(known, key=lambda n: n.bytes, reverse=True)
     shown, rest = ranked[:MAX_NAMESPACE_LABELS], ranked[MAX_NAMESPACE_LABELS:]
-    rows = [(labels.namespace(n.name), n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
+    rows: list[tuple[str, int, int, int, int, int | None]] = [
+            (labels.namespace(n.name), n.lookup_keys * n.tokens_per_block, n.hit_keys_ram * n.tokens_per_block,
              n.hit_keys_disk * n.tokens_per_block, n.hit_keys_peer * n.tokens_per_block, n.tokens_per_block)
             for n in shown]
     if rest:
