@@ -99,12 +99,14 @@ class Daemon:
                             if cfg.metrics_listen else None)
             self.server = self._build_server()
             self.fast = self._build_fast()
-        except BaseException:
-            if getattr(self, "metrics", None) is not None:
-                self.metrics.stop()
+        except BaseException:  # undo what was built so far, in reverse order
+            metrics: MetricsServer | None = getattr(self, "metrics", None)
+            if metrics is not None:
+                metrics.stop()
             self.arena.destroy(unmap=True)
-            if getattr(self, "disk", None) is not None:
-                self.disk.close()
+            disk: DiskStore | None = getattr(self, "disk", None)
+            if disk is not None:
+                disk.close()
             raise
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)

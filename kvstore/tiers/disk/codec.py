@@ -77,7 +77,7 @@ def encode(codec: str, src: memoryview) -> bytes | None:
     """The stored payload for `src` under `codec`, or None to store the raw bytes (codec none, or no gain)."""
     if codec == "none":
         return None
-    data = shuffle2(src) if codec == "zstd-shuffle2" else src
+    data = shuffle2(src).data if codec == "zstd-shuffle2" else src  # .data: the array's buffer, no copy
     out = _compressor().compress(data)
     return out if len(out) < len(src) else None
 

@@ -1,6 +1,11 @@
-"""Named monotonic counters of the disk tier (a fixed set: a typo is an AttributeError, not a new counter)."""
+"""Named monotonic counters of the disk tier (a fixed set: a typo is an AttributeError, not a new counter).
+
+A kvstore.counters.CounterSet like the engine's and the peer tier's; bumped under the store's `lock`.
+"""
 
 from __future__ import annotations
+
+from kvstore.counters import CounterSet
 
 __all__ = ["DiskCounters", "COUNTER_NAMES"]
 
@@ -22,12 +27,5 @@ COUNTER_NAMES: tuple[str, ...] = (
 )
 
 
-class DiskCounters:
+class DiskCounters(CounterSet):
     __slots__ = COUNTER_NAMES
-
-    def __init__(self) -> None:
-        for name in COUNTER_NAMES:
-            setattr(self, name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in COUNTER_NAMES}

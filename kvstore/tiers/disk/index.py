@@ -19,8 +19,8 @@ import errno
 import os
 import struct
 import time
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple, TypeVar
 
 import lmdb
 
@@ -36,6 +36,7 @@ _LOW_SPACE = 1 << 20            # a failed commit with less free space than this
 
 
 SYNC_INTERVAL_S = 1.0  # longest a committed batch entry waits for its index flush (power loss only)
+_T = TypeVar("_T")
 
 
 class IndexEntry(NamedTuple):
@@ -51,7 +52,7 @@ class IndexEntry(NamedTuple):
         return _ENTRY.pack(*self)
 
     @staticmethod
-    def unpack(raw: bytes) -> IndexEntry:
+    def unpack(raw: bytes | memoryview) -> IndexEntry:
         return IndexEntry(*_ENTRY.unpack(raw))
 
 
@@ -135,7 +136,7 @@ class DiskIndex:
             raise RuntimeError("the disk index is closed: call DiskStore.open() first")
         return self._env
 
-    def _write(self, what: str, fn, *, durable: bool = False):  # type: ignore[no-untyped-def]
+    def _write(self, what: str, fn: Callable[[lmdb.Transaction], _T], *, durable: bool = False) -> _T:
         """Run fn(txn) in one write transaction and commit it; lmdb errors become OSError.
 
         lmdb runs without its own per-commit flush: a committed transaction is in the page cache at once, so
@@ -277,7 +278,7 @@ class DiskIndex:
         """Delete these keys; returns the (key, entry) pairs that existed."""
 
         def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
-            out = []
+            out: list[tuple[bytes, IndexEntry]] = []
             for ikey in ikeys:
                 old = txn.pop(ikey, db=self._rec)
                 if old is not None:
@@ -308,7 +309,7 @@ class DiskIndex:
         open_seq they are stale: readers and recovery treat them as gone until a move (commit) replaces them."""
 
         def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
-            out = []
+            out: list[tuple[bytes, IndexEntry]] = []
             for ikey in ikeys:
                 raw = txn.get(ikey, db=self._rec)
                 if raw is None:
@@ -326,7 +327,7 @@ class DiskIndex:
         prefix = _NS.pack(ns_id)
 
         def body(txn: lmdb.Transaction) -> list[tuple[bytes, IndexEntry]]:
-            out = []
+            out: list[tuple[bytes, IndexEntry]] = []
             cur = txn.cursor(db=self._rec)
             if not cur.set_range(prefix):
                 return out

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk.codec import CODEC_NAMES
@@ -242,7 +242,7 @@ class DiskStore:
             return 0
         return self._remove(st, "clearing a namespace", lambda: st.index.delete_namespace(ns_id))
 
-    def _remove(self, st: StoreState, what: str, txn) -> int:  # type: ignore[no-untyped-def]
+    def _remove(self, st: StoreState, what: str, txn: Callable[[], list[tuple[bytes, IndexEntry]]]) -> int:
         if st.index.readonly:
             return 0
         try:
