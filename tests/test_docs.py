@@ -303,6 +303,21 @@ def test_main_settings_table_names_real_settings() -> None:
     assert not [k for k in named if k not in fields], f"not settings: {[k for k in named if k not in fields]}"
 
 
+def test_connector_page_lists_every_extra_config_key() -> None:
+    """docs/connector.md's Config entry names every key of `kv_connector_extra_config` and no other."""
+    import dataclasses
+
+    from connector.config import ConnectorConfig
+
+    text = (ROOT / "docs" / "connector.md").read_text()
+    entry = text.split("- **Config**", 1)[1].split("\n\n", 1)[0].split("\n- ", 1)[0]
+    named = set(re.findall(r"`(\w+)`", entry)) - {"kv_connector_extra_config"}
+    keys = {f.name for f in dataclasses.fields(ConnectorConfig)}
+    values = {"prompt", "all", "off", "auto", "sync", "async"}  # values the entry quotes, not keys
+    assert keys <= named, f"not in docs/connector.md: {sorted(keys - named)}"
+    assert named - values <= keys, f"docs/connector.md names keys the connector lacks: {sorted(named - values - keys)}"
+
+
 # Module maps -----------------------------------------------------------------------------------------------
 
 PACKAGE_ROOTS = ("kvstore", "connector", "bench")
