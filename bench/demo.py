@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     # No options: the parser exists so that `--help` explains the tour instead of running it.
     argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n", 1)[0]).parse_args(argv)
     with DaemonProcess(arena_bytes="512MiB", max_block_bytes="4MiB", arena_lock="auto") as d, d.client() as c:
-        print(f"daemon pid {d.proc.pid} on {d.address}; client mode: {c.mode}")
+        pid = d.proc.pid if d.proc is not None else "?"  # Optional in its type; set once started
+        print(f"daemon pid {pid} on {d.address}; client mode: {c.mode}")
         ns = "demo-model@layout0/default"
         c.register_namespace(ns, model="demo-model", layout_digest="layout0", tenant="default")
         chain = [hashlib.sha256(b"block %d" % i).digest() for i in range(N_BLOCKS)]
