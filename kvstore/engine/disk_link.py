@@ -45,7 +45,10 @@ _DOOMED = int(EntryState.DOOMED)
 
 
 class DiskLink:
-    """What the engine does with the disk tier, and the hooks its mover calls back (kvstore.engine.movement)."""
+    """What the engine does with the disk tier, and the hooks its mover calls back (kvstore.engine.movement).
+
+    Called under the engine's lock, but for the MoverHooks (which take it) and start/stop/probe_if_due/delete
+    (which run without it: see the module docstring)."""
 
     def __init__(self, store: DiskStore | None, admission: AdmissionPolicy | None, *, cat: Catalog,
                  ram: RamSpace, leases: LeaseTable, counters: Counters, events: EventBus, lock: threading.Lock,

@@ -79,6 +79,9 @@ class RemoteHooks(Protocol):
 
 
 class Engine:
+    """The store's metadata behind one lock: each public method validates, takes the lock, asks the parts in
+    order (see the module docstring) and returns a value object from results.py. Thread-safe."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -286,17 +289,7 @@ class Engine:
         """delta=+1 pins, -1 unpins; returns how many keys changed (unpin of an unpinned key changes none)."""
         self._check_keys(keys)
         with self._lock:
-            index, cat = self._names.get(ns_name).index, self._cat
-            changed = 0
-            for key in keys:
-                eid = index.get(key)
-                if eid is None or cat.state[eid] != _COMMITTED:
-                    continue
-                pins = int(cat.pins[eid]) + delta
-                if 0 <= pins <= 0xFFFF:
-                    cat.pins[eid] = pins
-                    changed += 1
-            return changed
+            return self._ram.pin(self._names.get(ns_name), keys, delta)
 
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:

@@ -218,6 +218,20 @@ class RamSpace:
         self.allocator.free(off)
         self._cat.drop(eid)
 
+    def pin(self, ns: Namespace, keys: Sequence[bytes], delta: int) -> int:
+        """delta=+1 pins, -1 unpins committed keys (a pinned block is never evicted); how many changed."""
+        index, cat = ns.index, self._cat
+        changed = 0
+        for key in keys:
+            eid = index.get(key)
+            if eid is None or cat.state[eid] != _COMMITTED:
+                continue
+            pins = int(cat.pins[eid]) + delta
+            if 0 <= pins <= 0xFFFF:
+                cat.pins[eid] = pins
+                changed += 1
+        return changed
+
     def tenant_usage(self) -> dict[str, int]:
         """RAM payload bytes per tenant (what quotas compare against)."""
         return TenantQuotas.usage(self._cat.namespaces)
