@@ -1,5 +1,12 @@
 """The `kvstore` command line (entry point `kvstore.cli.main:main`).
 
+    main.py         argument parsing: every subcommand, its help, and the dispatch to its function
+    commands.py     one function per simple subcommand: `(client, args) -> exit code`
+    render.py       everything printed: rich tables for people, one JSON document for scripts (`--json`)
+    top.py          `kvstore top`: a live view from two successive Client.stats() snapshots
+    inspect_cmd.py  `kvstore inspect`: where keys live (tier, node) and how much of a chain is stored
+    events_cmd.py   `kvstore events`: the daemon's KV events, one line or JSON object each
+
 Nothing is imported here on purpose: `python -m kvstore.cli.main` would otherwise find the module already
 imported by its package and warn.
 """
