@@ -28,8 +28,8 @@ class Event:
     kind: str                      # stored | removed | moved | gap
     namespace: str = ""
     keys: tuple[bytes, ...] = ()
-    tier: int = 0                  # stored/removed: the tier; moved: the source tier
-    to_tier: int = 0               # moved only
+    tier: int = 0                  # a kvstore.vocab.Tier; stored/removed: the tier; moved: the source tier
+    to_tier: int = 0               # moved only (a Tier)
     whole_namespace: bool = False  # removed only
     dropped: int = 0               # gap only
 

@@ -1,10 +1,12 @@
 """Background threads that move bytes between the arena and the disk tier.
 
-Metadata decisions stay in the engine; these threads only run the I/O outside the engine's lock:
+Metadata decisions stay in the engine; these threads only run the I/O outside the engine's lock and report
+through a small hooks object (`MoverHooks`, implemented by kvstore.engine.disk_link.DiskLink, which takes the
+engine's lock for each call):
 
 - the writer drains a bounded queue of committed blocks (write-behind: a block admitted to the disk tier is
   copied soon after its commit, so a later RAM eviction is a metadata-only drop and never waits for I/O).
-  It claims a batch from the engine (which puts an I/O hold on each slot), writes it with one
+  It claims a batch through the hooks (which put an I/O hold on each slot), writes it with one
   `DiskStore.write_batch` call straight from the arena slots, and reports back the blocks that the batch's
   segment reclamations dropped (first: they left the disk before the batch landed) and the statuses.
 - promoter threads read blocks that a Lookup found only on disk into slots the engine allocated, then report
@@ -44,6 +46,8 @@ class Promotion:
 
 
 class MoverHooks(Protocol):
+    """What the mover's threads call back, with no lock held (each call takes the engine's lock itself)."""
+
     def claim_writes(self, batch: list[tuple[int, int, bytes]]) -> tuple[list[WriteItem], list[int]]: ...
     def finish_writes(self, eids: list[int], statuses: list[DiskStatus]) -> list[tuple[str, bytes]]: ...
     def finish_reclaim(self, dropped: list[tuple[str, bytes]], reinserted: int) -> None: ...
