@@ -202,3 +202,18 @@ def test_health_and_key_info_map_from_the_wire() -> None:
     rec = KeyRecord(b"k", 10, "ram", 0.5, 1, 2, 77)
     info = KeyInfo.from_pb(to_message(rec, pb.KeyInfo, tokens=16))
     assert info == KeyInfo(b"k", 10, "ram", 0.5, 1, 2, 77, 16)
+
+
+def test_disk_stats_cross_the_wire_by_name_with_their_two_renames() -> None:
+    from kvstore.client.reports import DiskTierStats
+    from kvstore.server.service import disk_tier_stats
+    from kvstore.tiers.disk.types import DiskStats
+
+    values = {f.name: i + 1 for i, f in enumerate(dataclasses.fields(DiskStats))}
+    values.update(degraded=True, degraded_reason="full", direct_io=True)
+    d = DiskStats(**values)  # type: ignore[arg-type]  # ints for every numeric field, on purpose distinct
+    got = from_message(DiskTierStats, disk_tier_stats(d, "/var/kv", 7, "always"))
+    want = {f.name: values.get(f.name) for f in dataclasses.fields(DiskTierStats)}
+    want.update(enabled=True, directory="/var/kv", raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out,
+                write_queue_blocks=7, admission="always")
+    assert dataclasses.asdict(got) == want

@@ -36,7 +36,7 @@ from kvstore.transfers import TransferMeter
 from kvstore.validation import MAX_KEY_BYTES, MAX_SUBSCRIBE_NAMESPACES, check_count, check_namespace_name
 from kvstore.vocab import ReserveOutcome
 
-__all__ = ["KVStoreService", "STREAM_CHUNK_BYTES"]
+__all__ = ["KVStoreService", "STREAM_CHUNK_BYTES", "disk_tier_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +183,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         )
 
     def _disk_stats(self, d: DiskStats | None) -> pb.DiskTierStats | None:
-        """DiskStats by field name; the two it names otherwise (kvstore/tiers/disk/types.py) and what the
-        engine adds are given. None (disabled) leaves Stats.disk unset: the client reads it as None."""
+        """None (no disk tier) leaves Stats.disk unset: the client reads it as None."""
         if d is None:
             return None
-        return to_message(d, pb.DiskTierStats, ignore=_DISK_NOT_ON_WIRE, enabled=True,
-                          directory=self._engine.disk_directory, raw_bytes=d.raw_bytes_in,
-                          stored_bytes=d.stored_bytes_out, write_queue_blocks=self._engine.write_queue_blocks,
-                          admission=self._engine.admission_name)
+        return disk_tier_stats(d, self._engine.disk_directory, self._engine.write_queue_blocks,
+                               self._engine.admission_name)
 
     # -- byte streams (fallback path) ---------------------------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
@@ -288,6 +285,14 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             if r.lease_id:
                 self._engine.release([r.lease_id])
             self._observe("Get", time.perf_counter() - start)
+
+
+def disk_tier_stats(d: DiskStats, directory: str, write_queue_blocks: int, admission: str) -> pb.DiskTierStats:
+    """DiskStats by field name (kvstore.pbmap); the two it names otherwise (kvstore/tiers/disk/types.py) and
+    what the engine adds are given, and the fields not on the wire are listed in _DISK_NOT_ON_WIRE."""
+    return to_message(d, pb.DiskTierStats, ignore=_DISK_NOT_ON_WIRE, enabled=True, directory=directory,
+                      raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out,
+                      write_queue_blocks=write_queue_blocks, admission=admission)
 
 
 def _event_pb(ev: Event, node_id: str) -> pb.KVEvent:
