@@ -165,7 +165,7 @@ def test_compression_ratio_and_shuffle_gain(tmp_path: Path) -> None:
         rec = s.lookup("ns", b"kv")
         assert rec is not None and rec.codec == codec and rec.stored_length < rec.length
         st = s.stats()
-        assert st.raw_bytes_in == 2 * MiB and st.stored_bytes_out == rec.stored_length
+        assert st.raw_bytes == 2 * MiB and st.stored_bytes == rec.stored_length
         ratios[codec] = st.compression_ratio
         s.close()
     assert ratios["zstd"] > 1.0

@@ -214,6 +214,6 @@ def test_disk_stats_cross_the_wire_by_name_with_their_two_renames() -> None:
     d = DiskStats(**values)  # type: ignore[arg-type]  # ints for every numeric field, on purpose distinct
     got = from_message(DiskTierStats, disk_tier_stats(d, "/var/kv", 7, "always"))
     want = {f.name: values.get(f.name) for f in dataclasses.fields(DiskTierStats)}
-    want.update(enabled=True, directory="/var/kv", raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out,
+    want.update(enabled=True, directory="/var/kv", raw_bytes=d.raw_bytes, stored_bytes=d.stored_bytes,
                 write_queue_blocks=7, admission="always")
     assert dataclasses.asdict(got) == want

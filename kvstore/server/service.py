@@ -41,9 +41,8 @@ __all__ = ["KVStoreService", "STREAM_CHUNK_BYTES", "disk_tier_stats"]
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK_BYTES = 1 << 20
-# DiskStats fields the daemon keeps for metrics and logs but does not send in Stats (DiskTierStats lacks them);
-# raw_bytes_in / stored_bytes_out go as the proto's raw_bytes / stored_bytes
-_DISK_NOT_ON_WIRE = ("raw_bytes_in", "stored_bytes_out", "reads", "writes", "dropped_entries", "direct_io",
+# DiskStats fields the daemon keeps for metrics and logs but does not send in Stats (DiskTierStats lacks them)
+_DISK_NOT_ON_WIRE = ("reads", "writes", "dropped_entries", "direct_io",
                      "reinserted_blocks", "quota_kept_blocks", "quota_overcommitted")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -288,10 +287,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
 
 def disk_tier_stats(d: DiskStats, directory: str, write_queue_blocks: int, admission: str) -> pb.DiskTierStats:
-    """DiskStats by field name (kvstore.pbmap); the two it names otherwise (kvstore/tiers/disk/types.py) and
-    what the engine adds are given, and the fields not on the wire are listed in _DISK_NOT_ON_WIRE."""
+    """DiskStats by field name (kvstore.pbmap); what the engine adds is given, and the fields not on the wire
+    are listed in _DISK_NOT_ON_WIRE."""
     return to_message(d, pb.DiskTierStats, ignore=_DISK_NOT_ON_WIRE, enabled=True, directory=directory,
-                      raw_bytes=d.raw_bytes_in, stored_bytes=d.stored_bytes_out,
                       write_queue_blocks=write_queue_blocks, admission=admission)
 
 

@@ -14,8 +14,8 @@ COUNTER_NAMES: tuple[str, ...] = (
     "reads",              # blocks read back and verified
     "bytes_written",      # bytes pwritten to segment files (page-aligned footprints)
     "bytes_read",         # bytes pread from segment files
-    "raw_bytes_in",       # original bytes of committed blocks
-    "stored_bytes_out",   # stored (encoded) bytes of committed blocks: raw/stored is the compression ratio
+    "raw_bytes",          # original bytes of committed blocks
+    "stored_bytes",       # stored (encoded) bytes of committed blocks: raw/stored is the compression ratio
     "checksum_failures",  # reads whose bytes failed xxh3 (or did not decode)
     "io_errors",          # failed or short reads, plus failed write batches
     "evicted_blocks",     # records dropped by FIFO reclamation of their segment

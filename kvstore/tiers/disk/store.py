@@ -378,7 +378,7 @@ class DiskStore:
                 capacity_bytes=cfg.effective_capacity, used_bytes=t.used_bytes, blocks=t.blocks,
                 segments_total=cfg.segments, segments_free=len(t.free), degraded=h.degraded,
                 degraded_reason=h.reason, bytes_written=c.bytes_written, bytes_read=c.bytes_read,
-                raw_bytes_in=c.raw_bytes_in, stored_bytes_out=c.stored_bytes_out,
+                raw_bytes=c.raw_bytes, stored_bytes=c.stored_bytes,
                 checksum_failures=c.checksum_failures, io_errors=c.io_errors, evicted_blocks=c.evicted_blocks,
                 evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
                 direct_io=self._io.direct, reinserted_blocks=c.reinserted_blocks,

@@ -71,7 +71,7 @@ class DiskRecord:
 
 @dataclass(frozen=True)
 class DiskStats:
-    """A snapshot. Space numbers count 4 KiB-aligned footprints of live records; evicted_bytes and raw_bytes_in
+    """A snapshot. Space numbers count 4 KiB-aligned footprints of live records; evicted_bytes and raw_bytes
     count original block bytes; bytes_written/bytes_read count the stored bytes moved to and from the files."""
 
     capacity_bytes: int
@@ -83,8 +83,8 @@ class DiskStats:
     degraded_reason: str
     bytes_written: int
     bytes_read: int
-    raw_bytes_in: int
-    stored_bytes_out: int
+    raw_bytes: int
+    stored_bytes: int
     checksum_failures: int
     io_errors: int
     evicted_blocks: int
@@ -100,7 +100,7 @@ class DiskStats:
     @property
     def compression_ratio(self) -> float:
         """Original bytes / stored bytes of everything written since open (1.0 before any write)."""
-        return self.raw_bytes_in / self.stored_bytes_out if self.stored_bytes_out else 1.0
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
 
 @dataclass(frozen=True)

@@ -293,8 +293,8 @@ class BatchWriter:
                     table.add(p.segment, p.ikey, p.seq, p.footprint)
                     c.writes += 1
                     c.bytes_written += p.footprint
-                    c.raw_bytes_in += p.item.length
-                    c.stored_bytes_out += p.stored
+                    c.raw_bytes += p.item.length
+                    c.stored_bytes += p.stored
         batch.dropped += [k for k, _ in batch.lost]
         return reinserted
 
