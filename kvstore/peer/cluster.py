@@ -140,8 +140,11 @@ def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter
         from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
         return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise,
                         idle_timeout_s=cfg.idle_timeout_s, **common)
-    from kvstore.peer.grpc_plane import GrpcPlane
-    return GrpcPlane(local, counters, meter, control_address=cfg.control_address, **common)
+    if cfg.data_plane == "grpc":
+        from kvstore.peer.grpc_plane import GrpcPlane
+        return GrpcPlane(local, counters, meter, control_address=cfg.control_address, **common)
+    # PeerConfig refuses other names; a PeerConfig built around that check must not get a silent gRPC plane
+    raise ConfigError(f"peer_data_plane={cfg.data_plane!r}: one of {', '.join(PLANES)}")
 
 
 class PeerCluster:

@@ -98,7 +98,7 @@ class EtcdClient:
         self._context = self._security.ssl_context() if https else None
         plain = [e for e in self._endpoints
                  if e.startswith("http://") and not is_loopback_host(urlsplit(e).hostname or "")]
-        if plain:  # config.py lets this through only on an unprotected node or with allow_insecure_remote
+        if plain:  # server/config/security.py lets this through only on an unprotected node or with allow_insecure_remote
             log.warning("SECURITY: etcd %s %s plain http to another host: anyone on the path can rewrite the member "
                         "set (use https:// with etcd_ca)", ", ".join(plain), "is" if len(plain) == 1 else "are")
         self._lock = threading.Lock()  # one call at a time: the token and the preferred endpoint are shared
