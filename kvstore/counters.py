@@ -18,7 +18,7 @@ then go through add() only, since `+=` on an attribute is not atomic across thre
 from __future__ import annotations
 
 import threading
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 __all__ = ["CounterSet"]
 
@@ -27,6 +27,12 @@ class CounterSet:
     __slots__ = ("_lock",)
     NAMES: ClassVar[tuple[str, ...]] = ()  # the subclass's __slots__, in order: snapshot()'s keys
     LOCKED: ClassVar[bool] = False
+
+    if TYPE_CHECKING:
+        # The names live in each subclass's __slots__, a tuple built at import that mypy cannot read. The runtime
+        # keeps the typo check (slots: AttributeError); the checker is told every counter is an int attribute.
+        def __getattr__(self, name: str) -> int: ...
+        def __setattr__(self, name: str, value: object) -> None: ...
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
