@@ -73,6 +73,9 @@ def _common() -> None:
 
 def instrument_daemon() -> None:
     from kvstore.engine.engine import Engine
+    from kvstore.engine.leases import LeaseTable
+    from kvstore.engine.lookups import Lookups
+    from kvstore.engine.ram_space import RamSpace
     from kvstore.engine.read_buffer import ReadBuffer
     from kvstore.fastpath import protocol as fp
     from kvstore.fastpath.sockets import FrameReader
@@ -98,8 +101,10 @@ def instrument_daemon() -> None:
         _wrap(TenantGuard, name, "tenant check")
     for name in ("leased", "reserved", "committed", "released", "aborted"):
         _wrap(ArenaWindows, name, "arena windows")
-    for name in ("_check_keys", "_locate", "_lookup_ram", "_promote", "_answer", "_allocate", "_evict", "_unlease"):
-        _wrap(Engine, name, f"engine: {name.lstrip('_')}")
+    _wrap(Engine, "_check_keys", "engine: check_keys")
+    for owner, name in ((Lookups, "locate"), (Lookups, "ram_hits"), (Lookups, "_promote"), (Lookups, "_answer"),
+                        (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold")):
+        _wrap(owner, name, f"engine: {name.lstrip('_')}")
     _wrap(ReadBuffer, "record", "engine: touches")
 
 

@@ -21,8 +21,8 @@ RAM tier (exact LRU over block keys, kvstore/engine/engine.py):
 
 Disk tier (`SegmentLog`, kvstore/tiers/disk/segments.py + writer.py):
 - write-behind: every stored block is written once, in the writer's batches of 16, in the put's (chain)
-  order (TieringMixin._queue_writes keeps the commit's order); the replayer waits for the writer after each
-  put, so no block is evicted before its write. Promoted blocks are not rewritten.
+  order (kvstore/engine/disk_link.py, DiskLink.queue_writes, keeps the commit's order); the replayer waits
+  for the writer after each put, so no block is evicted before its write. Promoted blocks are not rewritten.
 - space: each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and a free
   one (or, when none is left, the OLDEST sealed one) becomes active; a batch never reclaims a segment it wrote
   into itself (NO_SPACE: tiers.py sizes segments so that this cannot happen).
