@@ -2,7 +2,7 @@
 
 `instrument` shadows the worker's calls (RPCs, the native copy, the copy plan) with timers on the instances it
 uses, so nothing in connector/ knows it is being measured; `profile` runs one save and one load of a
-bench.connector Bench that way and reports ms per phase next to the wall time of the pass.
+bench.connector Bench (bench/connector_rig.py) that way and reports ms per phase next to the wall time of the pass.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from connector.worker import WorkerSide
 from kvstore.client import arena_path
 
 if TYPE_CHECKING:
-    from bench.connector import Bench
+    from bench.connector_rig import Bench
 
 __all__ = ["instrument", "profile"]
 

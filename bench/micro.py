@@ -15,31 +15,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import inspect
-import itertools
-import math
 import time
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from bench import control_plane
 from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, print_table, progress
-from bench.copy_limit import LIMIT_THREADS, Addrs, addrs, best_limit, native_cases
-from bench.micro_phases import phases, rss_anon
+from bench.copy_limit import LIMIT_THREADS, best_limit
+from bench.micro_cases import KIB, MIB, bench_rss, faulted, fill_arena, get_case, keygen, limit_cases, put_case, take
+from bench.micro_phases import phases
 from bench.targets import Target, evaluate, mark
 from bench.uds_limit import UdsPeer
 from kvstore.client import Client
 from kvstore.fastpath import protocol as fp
 from kvstore.testing import DaemonProcess, wait_until
 
-KIB, MIB = 1 << 10, 1 << 20
 SIZES = (256 * KIB, 2 * MIB)
-RSS_BLOCK, RSS_BATCH = 4 * KIB, 4096
 DEFAULT_THREADS: int = inspect.signature(Client).parameters["copy_threads"].default  # what users get
 SINGLE_BLOCK = (8, 2)  # single-block puts/gets: consecutive calls per case and round, the first untimed
 SINGLE_BLOCK_TEXT = f"{SINGLE_BLOCK[0]} calls (the first {SINGLE_BLOCK[1]} untimed)"
@@ -115,68 +108,6 @@ class Plan:
 QUICK = Plan(Budget(2, 5, 0.4, 2000), rss_blocks=200_000)
 FULL = Plan(Budget(5, 20, 2.0, 20000), rss_blocks=1_000_000, cold_iters=100)
 
-
-def keygen(tag: str) -> Iterator[bytes]:
-    """Unique 32-byte keys shaped like the sha256 chain hashes the connector uses."""
-    for i in itertools.count():
-        yield hashlib.sha256(f"{tag}/{i}".encode()).digest()
-
-
-def take(keys: Iterator[bytes], n: int) -> list[bytes]:
-    return list(itertools.islice(keys, n))
-
-
-def faulted(nbytes: int, fill: int = 1) -> np.ndarray:
-    """A buffer whose pages are already touched: first touch would measure the kernel's page allocator."""
-    a = np.empty(nbytes, dtype=np.uint8)
-    a.fill(fill)
-    return a
-
-
-def limit_cases(size: int, batch: int) -> dict[str, Case]:
-    """The copy limit (bench/copy_limit.py) of B blocks into a rotating ring of cold destinations; each thread
-    count has its own sources (run back to back, the second would read what the first pulled into the cache)."""
-    ring = [faulted(size, 0) for _ in range(max(batch, math.ceil(128 * MIB / size)))]
-    pos = itertools.count()
-
-    def rotating(srcs: list[np.ndarray]) -> Callable[[], Addrs]:
-        def next_addrs() -> Addrs:
-            start = next(pos) * batch
-            return addrs([ring[(start + j) % len(ring)] for j in range(batch)], srcs)
-        return next_addrs
-    cases: dict[str, Case] = {}
-    for t in LIMIT_THREADS:
-        cases.update(native_cases(rotating([faulted(size, (i + t) % 251) for i in range(batch)]), threads=(t,)))
-    return cases
-
-
-def fill_arena(c: Client, ns: str, size: int, arena_bytes: int) -> None:
-    """Put 1.25 arena's worth of fresh blocks so the timed puts run in steady-state eviction (a serving cache is
-    full: every real put pays for the victims it displaces)."""
-    keys, value = keygen(f"fill{size}"), faulted(size, 7)
-    per = max(1, min(256, (64 * MIB) // size))
-    for _ in range(math.ceil(1.25 * arena_bytes / size / per)):
-        c.put_many(ns, take(keys, per), [value] * per)
-
-
-def put_case(c: Client, ns: str, values: list[np.ndarray], tag: str) -> Case:
-    """put_many of fresh keys; one value is client.put, the single-block call."""
-    keys = keygen(tag)
-
-    def put(ks: list[bytes]) -> None:
-        stored = int(c.put(ns, ks[0], values[0])) if len(ks) == 1 else c.put_many(ns, ks, values).stored
-        if stored != len(ks):
-            raise RuntimeError(f"put of {len(ks)} fresh keys ({c.control_path}) stored {stored}")
-    return Case(put, lambda: take(keys, len(values)))
-
-
-def get_case(c: Client, ns: str, keys: list[bytes], bufs: list[np.ndarray]) -> Case:
-    """get_many_into of stored keys; one key is client.get_into, the single-block call."""
-    def get(_: object) -> None:
-        got = [c.get_into(ns, keys[0], bufs[0])] if len(keys) == 1 else c.get_many_into(ns, keys, bufs)
-        if None in got:
-            raise RuntimeError(f"get ({c.control_path}) missed {got.count(None)} of {len(keys)} stored keys")
-    return Case(get)
 
 
 @dataclass
@@ -288,34 +219,6 @@ def control_section(r: Report, plan: Plan, fast: Client, grpc: Client) -> None:
     r.out.update(control_plane.fields(hot, cold))
     r.out["checks_exact"] = {"control_calls": dict(cases.calls), **got}
     r.control_rows = control_plane.rows(hot, cold)
-
-
-def bench_rss(n: int) -> dict[str, Any]:
-    """RssAnon growth of a daemon per cataloged block (the catalog's budget is <= 256 B a block)."""
-    arena = math.ceil((n + RSS_BATCH) * RSS_BLOCK / 0.85 / (1 << 30)) << 30  # stay under the 0.95 watermark
-    value, keys = faulted(RSS_BLOCK, 3), keygen("rss")
-    with DaemonProcess(arena_bytes=arena, max_block_bytes="64KiB") as d, Client(d.address) as c:
-        assert c.mode == "arena", c.mode
-        c.register_namespace("rss")
-        c.put_many("rss", take(keys, RSS_BATCH), [value] * RSS_BATCH)  # warm every code path and buffer first
-        time.sleep(0.3)
-        assert d.proc is not None
-        before = rss_anon(d.proc.pid)
-        t0 = time.perf_counter()
-        for done in range(0, n, RSS_BATCH):
-            k = min(RSS_BATCH, n - done)
-            if c.put_many("rss", take(keys, k), [value] * k).stored != k:
-                raise RuntimeError("RSS run: a put of fresh keys was not stored")
-        put_s = time.perf_counter() - t0
-        time.sleep(0.3)
-        after = rss_anon(d.proc.pid)
-        st = c.stats()
-        if st.blocks != n + RSS_BATCH or st.counters.get("evictions", 0):
-            raise RuntimeError(f"RSS run: expected {n + RSS_BATCH} blocks and no evictions, got {st.blocks}, "
-                               f"{st.counters.get('evictions')}")
-    return {"n_blocks_rss": n, "bytes_per_block": round((after - before) / n, 1), "rss_anon_before_mib":
-            round(before / MIB, 1), "rss_anon_after_mib": round(after / MIB, 1), "rss_arena_bytes": arena,
-            "rss_put_blocks_per_s": round(n / put_s)}
 
 
 def run(plan: Plan) -> Report:
