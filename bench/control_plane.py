@@ -122,8 +122,8 @@ class Cases:
             made[f"{p} lookup"] = Case(self._lookup(c, False))
             if p == "fast":
                 made["fast lookup lease"] = self._leased(c)
-                made["fast lookup lease+release"] = Case(lambda _, c=c, look=self._lookup(c, True):
-                                                         c.release([look(None)], wait=True))
+                look = self._lookup(c, True)
+                made["fast lookup lease+release"] = Case(lambda _, c=c, look=look: c.release([look(None)], wait=True))
             made[f"{p} reserve+commit"] = self._reserve_commit(c)
         made["uds rtt"] = Case(self._rtt)
         made["uds echo"] = Case(lambda _: self.peer.call(fp.ECHO, b""))

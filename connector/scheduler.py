@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root
@@ -44,6 +44,9 @@ from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.stats import ConnectorCounters
+
+if TYPE_CHECKING:
+    from kvstore.client import Client
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
 
@@ -166,7 +169,9 @@ class SchedulerSide:
             if n == 0:
                 break
             part = keys[:n]
-            got = self.link.call(ns, lambda c, ns=ns, part=part: c.probe_prefix(ns, part))
+            def probe(c: Client, ns: str = ns, part: list[bytes] = part) -> tuple[int, bool]:
+                return c.probe_prefix(ns, part)
+            got = self.link.call(ns, probe)
             if got is None:  # store down or the call failed -> no hit
                 return 0, False
             n, in_ram = min(n, got[0]), in_ram and got[1]
@@ -240,9 +245,9 @@ class SchedulerSide:
                     self.counters.add(load_rollback_keys=st.stored_keys - (first_key + bad // g))
                     st.stored_keys = first_key + bad // g
         for rid in finished_recving:
-            st = self._reqs.get(rid)
-            if st is not None:
-                st.loading = None
+            done = self._reqs.get(rid)
+            if done is not None:
+                done.loading = None
 
     # -- per step ----------------------------------------------------------------------------------------
     def build(self, scheduled: Iterable[ScheduledRequest], finished_req_ids: Iterable[str] = ()) -> StepPlan:

@@ -71,7 +71,7 @@ class KVStoreStats(KVConnectorStats):
     """Sums of connector counters over an interval (see connector.stats.COUNTER_NAMES)."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in other.data.items():
@@ -108,9 +108,10 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) 
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     pp = int(pc.pipeline_parallel_size)
     total = int(mc.get_total_num_hidden_layers())
-    common = dict(model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
-                  block_size=int(vllm_config.cache_config.block_size), num_kv_heads=int(mc.get_num_kv_heads(pc)),
-                  head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size))
+    common: dict[str, Any] = dict(
+        model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
+        block_size=int(vllm_config.cache_config.block_size), num_kv_heads=int(mc.get_num_kv_heads(pc)),
+        head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size))
     bases = []
     for stage in range(pp):
         start, end = get_pp_indices(total, stage, pp)
@@ -172,7 +173,7 @@ def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
 class KVStoreConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
-        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        super().__init__(vllm_config, role, kv_cache_config)
         self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
         is_sched = role == KVConnectorRole.SCHEDULER
         if is_sched:

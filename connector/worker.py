@@ -121,7 +121,7 @@ class WorkerSide:
             from connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
 
             after = compute_marker(self.layout.device)
-        waits = []
+        waits: list[Future[Any]] = []
         for job in jobs:
             f = self._loader.submit(self._load, job, after)
             (waits if job.sync else self._futures).append(f)
@@ -262,7 +262,7 @@ class WorkerSide:
         try:
             copier.wait(handle)
             m.release()  # the gather is done: the mapping may go (the commit touches no arena memory)
-            m = None  # type: ignore[assignment]
+            m = None  # type: ignore[assignment]  # released above: None tells `finally` not to release it again
             done = self.link.call(ns, lambda cl: cl.commit(res))
             if done is None:
                 self.counters.add(save_failures=1)

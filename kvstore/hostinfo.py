@@ -20,4 +20,4 @@ def byte_view(buf: object) -> np.ndarray:
     """A flat uint8 view of any buffer-protocol object (bytes, bytearray, memoryview, numpy array)."""
     if isinstance(buf, np.ndarray):
         return buf.reshape(-1).view(np.uint8)
-    return np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
+    return np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]  # any buffer; 3.11 has no Buffer type

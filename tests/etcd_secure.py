@@ -54,7 +54,7 @@ def _range(prefix: str) -> dict[str, str]:
 
 def _cert(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, issuer_key, *, ca: bool,
           server: bool = False, ip_san: bool = True) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
          .serial_number(x509.random_serial_number())
          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))

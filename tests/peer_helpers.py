@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 
-import pytest
 
 from kvstore.peer.placement import rank
 from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until

@@ -103,7 +103,7 @@ def closed_by_peer(sock: socket.socket, timeout_s: float) -> float | None:
             pass
     except (ConnectionResetError, BrokenPipeError):
         pass
-    except socket.timeout:
+    except TimeoutError:
         return None
     return time.monotonic()
 

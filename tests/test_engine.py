@@ -649,7 +649,7 @@ def test_validation_errors() -> None:
         "delete": lambda ks: eng.delete(NS, ks),
         "pin": lambda ks: eng.pin(NS, ks, 1),
     }
-    for name, call in key_calls.items():
+    for call in key_calls.values():
         with pytest.raises(InvalidRequestError, match="empty key batch"):
             call([])
         with pytest.raises(BatchTooLargeError, match="max_batch_keys=4"):

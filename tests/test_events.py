@@ -43,7 +43,7 @@ def test_exact_sequence_for_put_evict_promote_delete(make_daemon, tmp_path) -> N
     got: queue.Queue = queue.Queue()
     with d.client() as c, c.subscribe([NS]) as stream:
         _collect(stream, got)
-        wait_until(lambda: d.client().health() is not None, what="subscriber")  # noqa: the stream is open
+        wait_until(lambda: d.client().health() is not None, what="subscriber")  # the stream is open
         c.register_namespace(NS)
         c.register_namespace("ev/other")
         c.put("ev/other", b"x", b"not for us")  # filtered out by the namespace subscription

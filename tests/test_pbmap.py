@@ -102,7 +102,7 @@ def _sample(cls: type = Out, **more: object) -> Out:
 def test_round_trip_maps_every_kind_of_field_by_name() -> None:
     obj = _sample()
     msg = to_message(obj, Outer)
-    assert (msg.name, msg.count, msg.ratio, getattr(msg, "self"), list(msg.nums), msg.tier) == \
+    assert (msg.name, msg.count, msg.ratio, msg.self, list(msg.nums), msg.tier) == \
         ("ns", 7, 0.25, True, [3, 1, 2], 2)
     assert (msg.inner.a, msg.inner.b, msg.HasField("opt")) == (5, "x", False)
     assert [(i.a, i.b, i.enabled) for i in msg.items] == [(1, "p", True), (2, "q", False)]

@@ -247,7 +247,7 @@ class StallingPeer(threading.Thread):
                     conn.send(bytes([B2]))
                     if conn.recv(1) == b"":
                         break
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     break

@@ -38,7 +38,7 @@ def test_tls_server_only(pki: Pki) -> None:
             Client(d.tcp_address, tls=TlsFiles(), timeout_s=2)
         with Client(d.address, tls=TlsFiles(ca=pki.ca)) as c:  # the unix socket stays plain (owner-only)
             assert c.get("tls/ns", b"k") == b"secret bytes"
-        assert "tcp=127.0.0.1:%d+tls" % d.port in d.log()
+        assert f"tcp=127.0.0.1:{d.port}+tls" in d.log()
 
 
 def test_mutual_tls_requires_a_certificate_the_ca_signed(pki: Pki) -> None:
@@ -106,7 +106,7 @@ def test_socket_arena_and_files_are_owner_only() -> None:
         assert stat.S_IMODE(os.stat(d.socket_path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(d.socket_path + ".arena").st_mode) == 0o600  # the arena's only way in
         assert stat.S_IMODE(os.stat(os.path.dirname(d.socket_path)).st_mode) & 0o077 == 0
-        for root, dirs, files in os.walk(os.path.join(d.workdir, "disk")):
+        for root, _dirs, files in os.walk(os.path.join(d.workdir, "disk")):
             for f in files:
                 assert stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) & 0o077 == 0, f
 

@@ -51,7 +51,7 @@ Route = Callable[[int, int, int], int]
 
 async def _agent(http: httpx.AsyncClient, urls: list[str], route: Route, t0: float, sid: int, agent: Agent,
                  context: list[int], out: list[CallResult], tick: Callable[[], None],
-                 on_turn: Callable[[int, list[int]], "asyncio.Future[None] | None"] | None = None) -> list[int]:
+                 on_turn: Callable[[int, list[int]], asyncio.Future[None] | None] | None = None) -> list[int]:
     for k, turn in enumerate(agent.turns):
         if turn.think_s:
             await asyncio.sleep(turn.think_s)

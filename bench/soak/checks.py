@@ -36,7 +36,7 @@ class Verified:
     on_disk: int = 0
     misses: int = 0
 
-    def add(self, other: "Verified") -> None:
+    def add(self, other: Verified) -> None:
         for f in ("blocks", "bytes", "wrong_bytes", "on_disk", "misses"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
 

@@ -14,13 +14,13 @@ fallback: a missing build fails loudly at import time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 try:
-    from kvstore._native import _copy
+    import kvstore._native._copy as _copy
 except ImportError as exc:  # pragma: no cover - only hit on a broken/missing build
     raise ImportError(
         "kvstore's native extension kvstore._native._copy is not built or failed to load "
@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken/missing bu
 __all__ = ["copy_batch", "copy_addrs", "IndexArray"]
 
 #: Anything np.ascontiguousarray(x, dtype=np.uint64) accepts: a sequence of ints or an integer array.
-IndexArray = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+IndexArray = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 
 def _u64(x: IndexArray) -> npt.NDArray[np.uint64]:

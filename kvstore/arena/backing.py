@@ -144,7 +144,7 @@ class ArenaBacking:
         if unmap and self.address:
             if self.locked:
                 vm.munlock(self.address, self.layout.size_bytes)
-            self.view = None  # type: ignore[assignment]
-            self.generations = None  # type: ignore[assignment]
+            self.view = None  # type: ignore[assignment]  # unmapped: a later use fails loudly
+            self.generations = None  # type: ignore[assignment]  # unmapped: a later use fails loudly
             vm.munmap(self.address, self.layout.size_bytes)
             self.address = 0

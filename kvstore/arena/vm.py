@@ -79,12 +79,14 @@ def byte_view(address: int, length: int) -> np.ndarray:
     """A uint8 numpy array over raw memory. It does not keep the mapping alive: the owner must."""
     if length == 0:
         return np.zeros(0, dtype=np.uint8)
-    return np.frombuffer((ctypes.c_uint8 * length).from_address(address), dtype=np.uint8)
+    raw = (ctypes.c_uint8 * length).from_address(address)
+    return np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload]  # ctypes arrays are buffers; numpy's stubs omit them
 
 
 def u64_view(address: int, count: int) -> np.ndarray:
     """A uint64 numpy array over raw memory (same lifetime rule as byte_view)."""
-    return np.frombuffer((ctypes.c_uint64 * count).from_address(address), dtype=np.uint64)
+    raw = (ctypes.c_uint64 * count).from_address(address)
+    return np.frombuffer(raw, dtype=np.uint64)  # type: ignore[call-overload]  # ctypes arrays are buffers; numpy's stubs omit them
 
 
 def set_dumpable(on: bool) -> None:

@@ -99,7 +99,7 @@ def place(key: bytes, info: KeyInfo | None, node: str,
           remote: list[tuple[str, KeyInfo]] | None = None) -> Placement:
     """This node's answer for `key`, plus the (node, info) of other members that hold it."""
     remote = remote or []
-    holders = ((node, info.tier),) if info is not None else ()
+    holders: tuple[tuple[str, str], ...] = ((node, info.tier),) if info is not None else ()
     holders += tuple((n, i.tier) for n, i in remote)
     if info is None:
         if not remote:

@@ -202,7 +202,7 @@ def print_stats(s: Stats) -> None:
     disk = s.disk is not None
     for name, justify in (("namespace", "left"), ("model", "left"), ("blocks", "right"), ("bytes", "right"),
                           *((("on disk", "right"),) if disk else ()), ("hit rate", "right"), ("puts", "right")):
-        ns.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        ns.add_column(name, justify=justify, overflow="fold")
     for n in s.namespaces:
         ns.add_row(Text(n.name), Text(n.model or "-"), str(n.blocks), human_bytes(n.bytes),
                    *((human_bytes(n.disk_bytes),) if disk else ()),

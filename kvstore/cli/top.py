@@ -22,6 +22,7 @@ import sys
 import termios
 import time
 import tty
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -130,9 +131,9 @@ def build_view(prev: Stats, cur: Stats, elapsed_s: float) -> TopView:
 
     disk_w = disk_r = 0
     if cur.disk is not None:
-        before = None if restarted else prev.disk
-        disk_w = cur.disk.bytes_written - (before.bytes_written if before else 0)
-        disk_r = cur.disk.bytes_read - (before.bytes_read if before else 0)
+        disk_before = None if restarted else prev.disk
+        disk_w = cur.disk.bytes_written - (disk_before.bytes_written if disk_before else 0)
+        disk_r = cur.disk.bytes_read - (disk_before.bytes_read if disk_before else 0)
     old = {} if restarted else {n.name: n for n in prev.namespaces}
     rows = []
     for n in cur.namespaces:
@@ -193,7 +194,7 @@ def _bar(used: int, capacity: int) -> Text:
     return Text.assemble(("█" * full, style), ("░" * (_BAR_WIDTH - full), "dim"), f" {render.pct(share):>6}")
 
 
-def _grid(title: str, rows: list[tuple[str, ...]], headers: tuple[str, ...] = ()) -> Table:
+def _grid(title: str, rows: Sequence[tuple[str, ...]], headers: tuple[str, ...] = ()) -> Table:
     t = Table(title=title, title_justify="left", show_header=bool(headers), box=None, padding=(0, 2))
     width = len(rows[0]) if rows else len(headers)
     for i in range(width):

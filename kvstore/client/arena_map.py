@@ -104,7 +104,7 @@ class ArenaMap:
                 fn()
             except Exception:  # noqa: BLE001 - a failing closer must not keep the memory mapped forever
                 log.exception("arena mapping close hook failed")
-        self.generations = None  # type: ignore[assignment]
+        self.generations = None  # type: ignore[assignment]  # unmapped: a later use fails loudly
         vm.munmap(self.address, self.size)
 
     def __enter__(self) -> ArenaMap:

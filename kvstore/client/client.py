@@ -252,7 +252,7 @@ class Client:
                 s, p = stream_path.put(self._rpc, namespace, ks, vs)
                 stored, present = stored + s, present + p
                 continue
-            sizes = [memoryview(v).nbytes for v in vs]
+            sizes = [memoryview(v).nbytes for v in vs]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
             res = self.reserve(namespace, ks, sizes)
             written = self._write(res, vs)
             stored += self.commit(res) if written else 0

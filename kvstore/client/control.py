@@ -69,7 +69,7 @@ class GrpcControl:
         return None
 
 
-def _decoded(fn, body: bytes):  # type: ignore[no-untyped-def]
+def _decoded(fn, body: bytes):
     try:
         return fn(body)
     except fp.FrameError as exc:

@@ -23,7 +23,7 @@ CHUNK_BYTES = 1 << 20
 
 def _chunks(namespace: str, keys: Sequence[bytes], values: Sequence[object]) -> Iterator[pb.PutChunk]:
     for key, value in zip(keys, values):
-        view = memoryview(value).cast("B")  # type: ignore[arg-type]
+        view = memoryview(value).cast("B")  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
         yield pb.PutChunk(header=pb.BlockHeader(namespace=namespace, key=key, size=view.nbytes,
                                                 checksum=xxhash.xxh3_64_intdigest(view)))
         for start in range(0, view.nbytes, CHUNK_BYTES):

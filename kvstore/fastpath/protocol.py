@@ -258,8 +258,9 @@ def decode_lookup(body: bytes | memoryview) -> tuple[str, list[bytes]]:
 
 
 def encode_lookup_reply(num_prefix: int, present: Sequence[bool], tiers: Sequence[int], lease_id: int,
-                        expires_in_ms: int, incarnation: int, offsets: Sequence[int], sizes: Sequence[int],
-                        generations: Sequence[int], checksums: Sequence[int]) -> bytes:
+                        expires_in_ms: int, incarnation: int, offsets: Sequence[int] | np.ndarray,
+                        sizes: Sequence[int] | np.ndarray, generations: Sequence[int] | np.ndarray,
+                        checksums: Sequence[int] | np.ndarray) -> bytes:
     n, hits = len(present), len(offsets)
     return b"".join((
         _LOOKUP_REP.pack(num_prefix, n, hits, lease_id, expires_in_ms, incarnation), bytes(present), bytes(tiers),

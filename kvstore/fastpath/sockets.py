@@ -57,7 +57,7 @@ class FrameReader:
     `body_timeout` (seconds, None = none) bounds the wait for the rest of a frame once its header arrived."""
 
     def __init__(self, sock: socket.socket, header_size: int, body_length, body_timeout: float | None = None,
-                 capacity: int = 1 << 16) -> None:  # type: ignore[no-untyped-def]
+                 capacity: int = 1 << 16) -> None:
         self.sock = sock
         self._hsize = header_size
         self._body_length = body_length

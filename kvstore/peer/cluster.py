@@ -131,18 +131,21 @@ class PeerStatus:
 
 
 def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter: TransferMeter) -> DataPlane:
-    common = dict(timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, max_block_bytes=cfg.max_block_bytes)
+    timeout_s, max_keys, max_block_bytes = cfg.timeout_s, cfg.max_keys, cfg.max_block_bytes
     if cfg.data_plane == "tcp":
         from kvstore.peer.tcp_plane import TcpPlane
         return TcpPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise, tls=cfg.tls,
-                        idle_timeout_s=cfg.idle_timeout_s, **common)
+                        idle_timeout_s=cfg.idle_timeout_s, timeout_s=timeout_s, max_keys=max_keys,
+                        max_block_bytes=max_block_bytes)
     if cfg.data_plane == "ucx":
         from kvstore.peer.ucx_plane import UcxPlane  # imports ucxx: only when asked for
         return UcxPlane(local, counters, meter, listen=cfg.listen, advertise=cfg.advertise,
-                        idle_timeout_s=cfg.idle_timeout_s, **common)
+                        idle_timeout_s=cfg.idle_timeout_s, timeout_s=timeout_s, max_keys=max_keys,
+                        max_block_bytes=max_block_bytes)
     if cfg.data_plane == "grpc":
         from kvstore.peer.grpc_plane import GrpcPlane
-        return GrpcPlane(local, counters, meter, control_address=cfg.control_address, **common)
+        return GrpcPlane(local, counters, meter, control_address=cfg.control_address, timeout_s=timeout_s,
+                         max_keys=max_keys, max_block_bytes=max_block_bytes)
     # PeerConfig refuses other names; a PeerConfig built around that check must not get a silent gRPC plane
     raise ConfigError(f"peer_data_plane={cfg.data_plane!r}: one of {', '.join(PLANES)}")
 

@@ -63,7 +63,7 @@ class ConnTable:
                 if not idle:
                     self._counters.add("conn_refused")
                     return None
-                victim = min(idle, key=lambda c: c.idle_since)  # type: ignore[arg-type, return-value]
+                victim = min(idle, key=lambda c: c.idle_since)  # type: ignore[arg-type, return-value]  # all idle: idle_since set
                 victim.evicted = True
                 self._conns.discard(victim)
                 self._counters.add("idle_evicted")  # counted before anyone can see the socket close

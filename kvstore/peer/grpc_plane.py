@@ -132,7 +132,7 @@ class GrpcPlane(DataPlane):
         try:
             found = np.flatnonzero(out.sizes).tolist()
 
-            def chunks():  # type: ignore[no-untyped-def]
+            def chunks():
                 for j, i in enumerate(found):
                     view = out.views[j]
                     yield pb.PutChunk(header=pb.BlockHeader(namespace=desc.name, key=keys[i], size=len(view),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -62,7 +63,7 @@ class Outgoing:
     sizes: np.ndarray           # per requested key; 0 = not here
     checksums: np.ndarray       # per requested key
     views: list[memoryview]     # one per found block, in key order
-    _close: object = None
+    _close: Callable[[], object] | None = None
     live_until: float = _NEVER  # the lease's safe end: send no slot bytes after it
 
     @property
@@ -71,7 +72,7 @@ class Outgoing:
 
     def close(self) -> None:
         if self._close is not None:
-            self._close()  # type: ignore[operator]
+            self._close()
             self._close = None
 
 
@@ -118,7 +119,7 @@ class LocalStore:
             if not present:
                 continue
             off, size = r.offsets[hit], r.sizes[hit]
-            mv = memoryview(self._view[off: off + size])
+            mv = memoryview(self._view[off: off + size])  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
             sizes[i] = size
             sums[i] = r.checksums[hit] or xxhash.xxh3_64_intdigest(mv)
             views.append(mv)
@@ -160,7 +161,8 @@ class LocalStore:
         except KVStoreError:
             return None
         views: list[memoryview | None] = [
-            memoryview(self._view[off: off + size]) if outcome == ReserveOutcome.RESERVED else None
+            memoryview(self._view[off: off + size])  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
+            if outcome == ReserveOutcome.RESERVED else None
             for off, size, outcome in zip(r.offsets, sizes, r.outcomes)]
         if r.reservation_id:
             with self._own_lock:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
@@ -38,6 +38,8 @@ from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
 
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
+
+R = TypeVar("R")
 
 __all__ = ["RemoteTier"]
 
@@ -101,8 +103,8 @@ class RemoteTier:
                 calls.append((members[node], ks[i: i + self._max_keys]))
         return calls
 
-    def _run_all(self, fn: Callable[[Member, list[bytes]], object], calls: list[tuple[Member, list[bytes]]],
-                 pool: ThreadPoolExecutor) -> list[tuple[Member, list[bytes], object]]:
+    def _run_all(self, fn: Callable[[Member, list[bytes]], R], calls: list[tuple[Member, list[bytes]]],
+                 pool: ThreadPoolExecutor) -> list[tuple[Member, list[bytes], R]]:
         """fn over every call, in parallel; calls still running past the bound are left out (they may land)."""
         if len(calls) == 1:
             m, ks = calls[0]
@@ -137,7 +139,7 @@ class RemoteTier:
         found: list[tuple[Member, list[bytes]]] = []
         for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
                                             self._probes):
-            found.append((member, [k for k, p in zip(ks, mask) if p]))  # type: ignore[call-overload]
+            found.append((member, [k for k, p in zip(ks, mask) if p]))
         usable = _usable(keys, local, held | {k for _, ks in found for k in ks}, prefix)
         for member, ks in found:
             ks = [k for k in ks if k in usable]

@@ -102,10 +102,10 @@ class Replicator:
                 for target in owners(namespace, key, ids, self._copies):
                     if target != self._me:
                         batches.setdefault((target, namespace), []).append(key)
-        for (target, namespace), keys in batches.items():
+        for (target, namespace), queued in batches.items():
             desc = self._local.describe(namespace)
-            for i in range(0, len(keys), self._batch):
-                part = keys[i: i + self._batch]
+            for i in range(0, len(queued), self._batch):
+                part = queued[i: i + self._batch]
                 try:
                     self._plane.push(members[target], desc, part)  # the owner may hold some already: fine
                 except PeerCallError as exc:

@@ -34,7 +34,7 @@ def recv_into_exact(sock: socket.socket, view: memoryview, deadline: Deadline) -
         try:
             deadline.arm(sock)
             got = sock.recv_into(view[pos:], n - pos)
-        except (socket.timeout, DeadlineExceeded):
+        except (TimeoutError, DeadlineExceeded):
             raise DeadlineExceeded(deadline, pos) from None
         if not got:
             raise ConnectionClosed(clean=False)
@@ -63,7 +63,7 @@ def send_all(sock: socket.socket, data: bytes | memoryview, deadline: Deadline) 
         try:
             deadline.arm(sock)
             pos += sock.send(view[pos:])
-        except (socket.timeout, DeadlineExceeded):
+        except (TimeoutError, DeadlineExceeded):
             raise DeadlineExceeded(deadline, pos) from None
 
 

@@ -120,7 +120,7 @@ class TcpPlane(DataPlane):
         host, _, port = member.data.rpartition(":")
         try:
             sock = socket.create_connection((host, int(port)), timeout=max(deadline.remaining(), 1e-3))
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise PeerTimeout(f"connect to {member.node_id} ({member.data}) timed out") from exc
         except OSError as exc:
             raise PeerError(f"cannot connect to {member.node_id} ({member.data}): {exc.strerror}") from exc
@@ -129,7 +129,7 @@ class TcpPlane(DataPlane):
             try:
                 deadline.arm(sock)  # do_handshake keeps one deadline for the whole handshake
                 sock = self._client_ctx.wrap_socket(sock, server_hostname=host.strip("[]"))
-            except (socket.timeout, DeadlineExceeded) as exc:
+            except (TimeoutError, DeadlineExceeded) as exc:
                 sock.close()
                 raise PeerTimeout(f"TLS handshake with {member.node_id} ({member.data}) timed out") from exc
             except (ssl.SSLError, OSError) as exc:
@@ -152,7 +152,7 @@ class TcpPlane(DataPlane):
         sock = self._connect(member, deadline)
         try:
             result = fn(sock, deadline)
-        except (DeadlineExceeded, socket.timeout) as exc:
+        except (TimeoutError, DeadlineExceeded) as exc:
             sock.close()
             self._counters.add("frame_deadline_exceeded")
             raise PeerTimeout(f"{member.node_id} did not answer within {self._timeout}s: {exc}") from exc

@@ -121,7 +121,7 @@ class TcpServer:
         try:
             Deadline(self._idle_timeout, "idle connection").arm(conn.sock)
             first = conn.sock.recv(fr.HEADER.size)
-        except socket.timeout:
+        except TimeoutError:
             self._counters.add("idle_closed")
             log.info("peer data connection closed after %.3gs idle", self._idle_timeout)
             return None

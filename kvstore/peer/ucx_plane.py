@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import numpy as np
 
@@ -80,8 +81,8 @@ class UcxPlane(DataPlane):
         self._limits = proto.Limits(max_keys, max_block_bytes)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-ucx", daemon=True)
-        self._listener = None
-        self._eps: dict[str, tuple[object, asyncio.Lock]] = {}
+        self._listener: Any = None  # a ucxx Listener (ucxx ships no type stubs)
+        self._eps: dict[str, tuple[Any, asyncio.Lock]] = {}  # a ucxx Endpoint per member
         self._ids = itertools.count(1)
         self._abandoned: list[tuple[float, list[np.ndarray]]] = []
         self._bound = ""
@@ -90,7 +91,7 @@ class UcxPlane(DataPlane):
     def address(self) -> str:
         return self._advertise or self._bound or self._listen
 
-    def _run(self, coro, timeout: float | None):  # type: ignore[no-untyped-def]
+    def _run(self, coro, timeout: float | None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def start(self) -> None:
@@ -105,18 +106,18 @@ class UcxPlane(DataPlane):
             self._run(listen(), 30)
         except Exception as exc:
             raise ConfigError(f"cannot listen for UCX peers on {self._listen}: {exc}") from exc
-        self._bound = f"{host}:{self._listener.port}"  # type: ignore[attr-defined]
+        self._bound = f"{host}:{self._listener.port}"
 
     def stop(self) -> None:
         async def close() -> None:
             for ep, _ in list(self._eps.values()):
                 try:
-                    await ep.close()  # type: ignore[attr-defined]
+                    await ep.close()
                 except Exception:
                     pass
             self._eps.clear()
             if self._listener is not None:
-                self._listener.close()  # type: ignore[attr-defined]
+                self._listener.close()
 
         if self._thread.is_alive():
             try:
@@ -128,7 +129,7 @@ class UcxPlane(DataPlane):
 
 
     # -- framing over UCX messages, each under a deadline ------------------------------------------------
-    def _cut(self, ep, buffers: list[np.ndarray]) -> bool:  # type: ignore[no-untyped-def]
+    def _cut(self, ep, buffers: list[np.ndarray]) -> bool:
         """Abort the endpoint (its posted receives and sends are cancelled, waited for); True when UCX can no
         longer touch `buffers`. If ucxx fails to abort, the buffers are kept alive for _ABANDON_S instead."""
         try:
@@ -140,7 +141,7 @@ class UcxPlane(DataPlane):
             self._abandoned = [(t, b) for t, b in self._abandoned if now - t < _ABANDON_S] + [(now, buffers)]
             return False
 
-    async def _recv_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+    async def _recv_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:
         """One message into `buf` before `deadline`; past it the endpoint is aborted, then DeadlineExceeded."""
         try:
             async with asyncio.timeout(max(deadline.remaining(), 0.0)):
@@ -149,7 +150,7 @@ class UcxPlane(DataPlane):
             self._cut(ep, [buf])
             raise DeadlineExceeded(deadline) from None
 
-    async def _send_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+    async def _send_by(self, ep, buf: np.ndarray, deadline: Deadline) -> None:
         try:
             async with asyncio.timeout(max(deadline.remaining(), 0.0)):
                 await ep.send(buf)
@@ -157,26 +158,26 @@ class UcxPlane(DataPlane):
             self._cut(ep, [buf])
             raise DeadlineExceeded(deadline) from None
 
-    async def _recv_header(self, ep, deadline: Deadline) -> bytes:  # type: ignore[no-untyped-def]
+    async def _recv_header(self, ep, deadline: Deadline) -> bytes:
         """A header's raw bytes (the caller checks them: protocol.parse_request or parse_reply)."""
         raw = np.empty(fr.HEADER.size, dtype=np.uint8)
         await self._recv_by(ep, raw, deadline)
         return raw.tobytes()
 
-    async def _recv_meta(self, ep, n: int, deadline: Deadline) -> bytes:  # type: ignore[no-untyped-def]
+    async def _recv_meta(self, ep, n: int, deadline: Deadline) -> bytes:
         if not n:
             return b""
         buf = np.empty(n, dtype=np.uint8)
         await self._recv_by(ep, buf, deadline)
         return buf.tobytes()
 
-    async def _send_frame(self, ep, frame: proto.Frame, deadline: Deadline) -> None:  # type: ignore[no-untyped-def]
+    async def _send_frame(self, ep, frame: proto.Frame, deadline: Deadline) -> None:
         """The header as one message, then the metadata as another when there is any."""
         await self._send_by(ep, np.frombuffer(frame.header.pack(), dtype=np.uint8), deadline)
         if frame.meta:
             await self._send_by(ep, np.frombuffer(frame.meta, dtype=np.uint8), deadline)
 
-    async def _receive_blocks(self, ep, plan: proto.ReceivePlan,  # type: ignore[no-untyped-def]
+    async def _receive_blocks(self, ep, plan: proto.ReceivePlan,
                               frame: Deadline) -> int:
         """One message per block of the plan, into its reserved slot or a scratch buffer; verify, commit."""
         loop = asyncio.get_running_loop()
@@ -207,13 +208,13 @@ class UcxPlane(DataPlane):
             return 0
         return await loop.run_in_executor(None, inc.finish, plan.checksums)
 
-    async def _send_blocks(self, ep, out: Outgoing, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
+    async def _send_blocks(self, ep, out: Outgoing, frame: Deadline) -> None:
         bound = frame.until(out.live_until, "send from leased slots")
         for view in out.views:
             await self._send_by(ep, _np(view), bound)
 
     # -- server ---------------------------------------------------------------------------------------------
-    async def _serve(self, ep) -> None:  # type: ignore[no-untyped-def]
+    async def _serve(self, ep) -> None:
         try:
             while True:
                 try:
@@ -239,7 +240,7 @@ class UcxPlane(DataPlane):
             except Exception:
                 pass
 
-    async def _serve_frame(self, ep, h: Header, frame: Deadline) -> None:  # type: ignore[no-untyped-def]
+    async def _serve_frame(self, ep, h: Header, frame: Deadline) -> None:
         """One request: what to answer is protocol.serve's (run in the executor: it takes the engine's lock)."""
         loop = asyncio.get_running_loop()
         meta = await self._recv_meta(ep, h.meta_len, frame)
@@ -263,7 +264,7 @@ class UcxPlane(DataPlane):
             self._meter.observe("ucx", "peer", "out", served.payload_bytes, time.perf_counter() - start)
 
     # -- client ---------------------------------------------------------------------------------------------
-    async def _endpoint(self, member: Member):  # type: ignore[no-untyped-def]
+    async def _endpoint(self, member: Member):
         import ucxx
         entry = self._eps.get(member.data)
         if entry is None:
@@ -277,16 +278,16 @@ class UcxPlane(DataPlane):
             entry = self._eps.pop(member.data, None)
             if entry is not None:
                 try:
-                    await entry[0].close()  # type: ignore[attr-defined]
+                    await entry[0].close()
                 except Exception:
                     pass
         asyncio.run_coroutine_threadsafe(drop(), self._loop)
 
-    def _call(self, member: Member, coro_fn):  # type: ignore[no-untyped-def]
+    def _call(self, member: Member, coro_fn):
         """coro_fn(ep, deadline) on the member's endpoint, all of it within timeout_s."""
         deadline = Deadline(self._timeout, f"call to {member.node_id}")
 
-        async def run():  # type: ignore[no-untyped-def]
+        async def run():
             try:
                 async with asyncio.timeout(deadline.remaining()):  # connecting and queueing behind other calls
                     ep, lock = await self._endpoint(member)
@@ -317,7 +318,7 @@ class UcxPlane(DataPlane):
             self._drop(member)
             raise PeerError(f"{member.node_id} (ucx): {exc}") from exc
 
-    async def _request(self, ep, req: proto.Frame,  # type: ignore[no-untyped-def]
+    async def _request(self, ep, req: proto.Frame,
                        deadline: Deadline) -> tuple[Header, bytes]:
         """Send a request frame (no blocks) and receive its reply's header, checked, and metadata."""
         await self._send_frame(ep, req, deadline)
@@ -327,7 +328,7 @@ class UcxPlane(DataPlane):
     def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int:
         req = proto.fetch_request(next(self._ids), namespace, keys)
 
-        async def call(ep, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
+        async def call(ep, deadline: Deadline) -> int:
             start = time.perf_counter()
             h, meta = await self._request(ep, req, deadline)
             stored = await self._receive_blocks(ep, proto.fetch_plan(h, meta, namespace, keys, self._limits), deadline)
@@ -339,7 +340,7 @@ class UcxPlane(DataPlane):
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
         req = proto.probe_request(next(self._ids), namespace, keys)
 
-        async def call(ep, deadline: Deadline) -> list[bool]:  # type: ignore[no-untyped-def]
+        async def call(ep, deadline: Deadline) -> list[bool]:
             return proto.probe_result(*await self._request(ep, req, deadline))
 
         return self._call(member, call)
@@ -351,7 +352,7 @@ class UcxPlane(DataPlane):
             if req is None:
                 return 0
 
-            async def call(ep, deadline: Deadline) -> int:  # type: ignore[no-untyped-def]
+            async def call(ep, deadline: Deadline) -> int:
                 start = time.perf_counter()
                 await self._send_frame(ep, req, deadline)
                 await self._send_blocks(ep, out, deadline)

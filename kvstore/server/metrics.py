@@ -295,7 +295,7 @@ class MetricsServer:
         self._rpc_children: dict[str, Any] = {}
         metrics_app = make_wsgi_app(self.registry)
 
-        def app(environ, start_response):  # type: ignore[no-untyped-def]
+        def app(environ, start_response):
             if environ.get("PATH_INFO") == "/healthz":
                 code, text = health()
                 start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",

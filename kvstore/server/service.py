@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -66,7 +66,7 @@ def _rpc(fn: F) -> F:
         finally:
             self._observe(name, time.perf_counter() - start)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
 
 def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
@@ -338,7 +338,8 @@ class _StreamWriter:
         if self._discard:
             self.stored = False
             return True
-        digest = xxhash.xxh3_64_intdigest(self._view[self._start: self._start + self._header.size])
+        block = self._view[self._start: self._start + self._header.size]
+        digest = xxhash.xxh3_64_intdigest(block)  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
         if self._header.checksum and digest != self._header.checksum:
             self._engine.note_checksum_failure()
             raise IntegrityError(f"Put stream: checksum mismatch for key {self._header.key.hex()}: bytes corrupted in flight")

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
+from typing import IO, Any
 
 import grpc
 
@@ -82,7 +83,7 @@ class DaemonProcess:
     def __init__(self, *, workdir: str | None = None, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
                  **options: object) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="kvstore-test-") if workdir is None else None
-        self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]
+        self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]  # _tmp is made when workdir is None
         self.port = free_port()
         self.metrics_port = free_port()
         self.node_id = options.pop("node_id", f"t{uuid.uuid4().hex[:10]}")
@@ -105,7 +106,7 @@ class DaemonProcess:
         self.args += list(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -152,8 +153,9 @@ class DaemonProcess:
         except OSError:
             return ""
 
-    def client(self, **kw: object) -> Client:
-        return Client(self.address, **kw)  # type: ignore[arg-type]
+    def client(self, **kw: Any) -> Client:
+        """A Client of this daemon; `kw` are Client's own keyword options, passed through."""
+        return Client(self.address, **kw)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
         if self.proc is None or self.proc.poll() is not None:

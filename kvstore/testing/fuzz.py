@@ -14,6 +14,7 @@ INTERNAL from grpc's deserializer and are counted apart).
 
 from __future__ import annotations
 
+import builtins
 import random
 import socket
 import struct
@@ -39,8 +40,8 @@ _SERVICE = "/kvstore.v1.KVStore/"
 class Source(Protocol):
     def int(self, lo: int, hi: int) -> int: ...
     def choice(self, seq: Sequence[Any]) -> Any: ...
-    def bytes(self, max_len: int) -> bytes: ...
-    def text(self, max_len: int) -> str: ...
+    def bytes(self, max_len: builtins.int) -> builtins.bytes: ...
+    def text(self, max_len: builtins.int) -> str: ...
 
 
 class RandomSource:
@@ -53,10 +54,10 @@ class RandomSource:
     def choice(self, seq: Sequence[Any]) -> Any:
         return seq[self.r.randrange(len(seq))]
 
-    def bytes(self, max_len: int) -> bytes:
+    def bytes(self, max_len: builtins.int) -> builtins.bytes:
         return self.r.randbytes(self.r.randint(0, max_len))
 
-    def text(self, max_len: int) -> str:
+    def text(self, max_len: builtins.int) -> str:
         alphabet = "abcXYZ019._:/@+=- \t\n\x00é漢\U0001f600"
         return "".join(self.r.choice(alphabet) for _ in range(self.r.randint(0, max_len)))
 
@@ -320,7 +321,7 @@ def fuzz_frame(address: tuple[str, int], src: Source, pools: Pools, stats: FuzzS
             try:
                 while s.recv(65536):
                     pass
-            except (socket.timeout, ConnectionError):
+            except (TimeoutError, ConnectionError):
                 pass
     except OSError:
         pass  # the daemon may close mid-send: that is the expected answer to garbage

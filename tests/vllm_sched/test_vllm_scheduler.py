@@ -128,7 +128,7 @@ def test_vllm_prefix_cache_hit_is_not_loaded_again(daemon, model_dir) -> None:
     h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
     h.add("r1", PROMPT)
     h.run()
-    r2 = h.add("r2", list(PROMPT))                             # no reset: vLLM's own cache has 96 tokens
+    h.add("r2", list(PROMPT))                             # no reset: vLLM's own cache has 96 tokens
     h.run()
     assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (0, 96)
     assert all(not s.kv_connector_metadata.plan.loads for s in h.steps)
@@ -142,7 +142,7 @@ def test_partial_prefix_loads_the_shared_blocks_and_saves_the_rest(daemon, model
     h.run()
     assert h.scheduler.reset_prefix_cache()
     other = PROMPT[:40] + [(5 * i) % 900 + 20 for i in range(40)]  # shares 2 full blocks (32 tokens)
-    r3 = h.add("r3", other)
+    h.add("r3", other)
     h.run()
     assert h.prefill["r3"].num_external_cached_tokens == 32
     assert h.tracked["r3"].scheduled_tokens == 48 + 1
@@ -182,7 +182,7 @@ def test_grouped_keys_with_a_local_hit_inside_the_first_stored_block(daemon, mod
     assert h.scheduler.reset_prefix_cache()
     h.add("b", prompt[:32] + [50 + i % 40 for i in range(30)])  # puts 2 blocks of `prompt` in vLLM's cache
     h.run()
-    c = h.add("c", list(prompt))
+    h.add("c", list(prompt))
     h.run()
     assert (h.prefill["c"].num_external_cached_tokens, h.prefill["c"].num_local_cached_tokens) == (160, 32)
     assert h.tracked["c"].scheduled_tokens == 8 + 1

@@ -31,7 +31,7 @@ def check_security(cfg: ServerConfig) -> None:
     if tls.enabled:
         tls.check("tls", need_identity=True, need_ca=False)
     tenants = TokenTable.load(cfg.tokens_file).tenants if cfg.tokens_file else set()
-    cfg.ram_quotas  # parse errors surface now
+    _ = cfg.ram_quotas  # parse errors surface now
     _check_disk_quotas(cfg, tenants)
     if cfg.listen and not is_loopback_address(cfg.listen) and not tls.enabled:
         require(cfg.allow_insecure_remote,

@@ -193,7 +193,7 @@ class BatchWriter:
                 with st.lock:
                     off = st.table.place(p.footprint)
                     if off is not None:
-                        p.segment, p.offset, p.seq = st.table.active, off, st.alloc_seq()  # type: ignore[assignment]
+                        p.segment, p.offset, p.seq = st.table.active, off, st.alloc_seq()  # type: ignore[assignment]  # placed: a segment is active
                         touched.add(p.segment)
                         placed.append(p)
                         break
