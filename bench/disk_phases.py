@@ -42,15 +42,15 @@ def profile(root: str, p: Passes, plan: Plan, pg: Any, sizes: Sequence[int],
         setattr(io, op, timed(acc, phase, getattr(io, op)))
     store = DiskStore(config_for(os.path.join(root, "store-profile"), len(sizes) * plan.pass_bytes), io=io)
     locks = TimedLock(acc), TimedLock(acc), TimedLock(acc)
-    store._writer_lock, store._mutate, store._lock = locks  # type: ignore[assignment]
+    store._writer_lock, store._mutate, store._lock = locks  # type: ignore[assignment]  # timing proxies stand in for the locks
     store.open()
-    index = store._st.index  # type: ignore[union-attr]
+    index = store._st.index  # type: ignore[union-attr]  # open() has just set _st
     for op in ("commit", "get", "reclaim", "ensure_namespace", "ns_id"):
         setattr(index, op, timed(acc, "lmdb", getattr(index, op)))
     proxy = types.SimpleNamespace(xxh3_64_intdigest=timed(acc, "xxh3", xxhash.xxh3_64_intdigest))
     out: dict[str, dict[str, float]] = {}
     try:
-        disk_writer.xxhash = disk_reader.xxhash = proxy  # type: ignore[assignment]
+        disk_writer.xxhash = disk_reader.xxhash = proxy  # type: ignore[assignment]  # a timing proxy stands in for xxhash
         for size in sizes:
             pg.step(f"phases of DiskStore, {fmt_bytes(size)} blocks")
             for op, fn in (("write_many", lambda: p.tier_write(store, size, plan.pass_bytes)),

@@ -315,7 +315,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
                 daemon_evs = sorted((tuple(e) for e in json.load(fh)), key=lambda e: e[1])
     if not daemon_evs:
         raise RuntimeError(f"the instrumented daemon recorded nothing (its log: {inst.log_path})")
-    req = request_stages(client_evs, daemon_evs)  # type: ignore[arg-type]
+    req = request_stages(client_evs, daemon_evs)
     out["requests_attributed"] = {k: len(v) for k, v in req.items()}
     out["request_stages_us_p50"] = {k: medians(v) for k, v in req.items() if not k.startswith("unattributed")}
     out["api_stages_us_p50"] = {k: medians(v) for k, v in api_stages(client_evs).items()}

@@ -27,7 +27,7 @@ from kvstore.client.fast_channel import request_arena
 from kvstore.errors import KVStoreError
 
 
-def _refusal(fn) -> str:  # type: ignore[no-untyped-def]
+def _refusal(fn) -> str:
     try:
         fn()
     except KVStoreError as exc:

@@ -82,10 +82,10 @@ def make_node(name: str, *, plane: str = "tcp", timeout_s: float = 1.0, reservat
     common = dict(listen="127.0.0.1:0", advertise="", timeout_s=timeout_s, max_keys=64, max_block_bytes=MiB)
     if plane == "tcp":
         from kvstore.peer.tcp_plane import TcpPlane
-        dp: DataPlane = TcpPlane(local, counters, TransferMeter(), **common, **plane_opts)  # type: ignore[arg-type]
+        dp: DataPlane = TcpPlane(local, counters, TransferMeter(), **common, **plane_opts)  # type: ignore[arg-type]  # common mixes str, int and float options
     else:
         from kvstore.peer.ucx_plane import UcxPlane
-        dp = UcxPlane(local, counters, TransferMeter(), **common, **plane_opts)  # type: ignore[arg-type]
+        dp = UcxPlane(local, counters, TransferMeter(), **common, **plane_opts)  # type: ignore[arg-type]  # common mixes str, int and float options
     dp.start()
     return Node(engine, view, counters, local, dp, Member(name, "", dp.address, plane, data_bytes))
 

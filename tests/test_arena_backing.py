@@ -24,7 +24,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture()
-def backing():  # type: ignore[no-untyped-def]
+def backing():
     b = ArenaBacking(ArenaLayout("t-backing", 4, MIB), isolated=True, lock="off")
     yield b
     b.destroy(unmap=True)

@@ -20,7 +20,7 @@ def test_each_set_has_exactly_its_names_starting_at_zero() -> None:
 def test_a_misspelt_name_is_an_attribute_error_in_every_set() -> None:
     engine, peer = Counters(), PeerCounters()
     with pytest.raises(AttributeError, match="evictons"):
-        engine.evictons += 1  # type: ignore[attr-defined]  # the typo under test
+        engine.evictons += 1  # the typo under test
     with pytest.raises(AttributeError, match="erors"):
         peer.add("erors")
     with pytest.raises(AttributeError, match="erors"):
@@ -32,7 +32,7 @@ def test_a_misspelt_name_is_an_attribute_error_in_every_set() -> None:
 
 def test_engine_counters_are_bumped_in_place_and_by_add() -> None:
     c = Counters()
-    c.evictions += 2  # type: ignore[attr-defined]  # named by a tuple in __slots__: mypy cannot see them
+    c.evictions += 2
     c.add("evictions", 3)
     c.add("hit_keys_disk")
     assert (c.get("evictions"), c.snapshot()["hit_keys_disk"], c.snapshot()["hit_keys_ram"]) == (5, 1, 0)
@@ -65,4 +65,4 @@ def test_a_new_set_is_one_slots_line() -> None:
     t.add("b", 4)
     assert (Tiny.NAMES, t.snapshot()) == (("a", "b"), {"a": 0, "b": 4})
     with pytest.raises(AttributeError):
-        t.c = 1  # type: ignore[attr-defined]  # slots: no new names
+        t.c = 1  # slots: no new names

@@ -35,7 +35,7 @@ def test_fill_past_capacity_reclaims_oldest_segment_first(store: DiskStore) -> N
     st = store.stats()
     assert (st.evicted_blocks, st.evicted_bytes) == (4, 4 * blk)
     assert store.contains_many("ns", [key(i) for i in range(4)]) == [0] * 4     # exactly seg 0's blocks gone
-    assert store.lookup("ns", key(5)).segment == 0                               # type: ignore[union-attr]
+    assert store.lookup("ns", key(5)).segment == 0                               # type: ignore[union-attr]  # the key was just written: lookup finds it
     for i in range(12, 15):   # b12-b14 fill seg 0 (after b05)
         assert write(store, buf, "ns", {key(i): data[i]}) == [OK]
     assert write(store, buf, "ns", {key(15): data[15]}) == [OK]   # -> reclaims seg 1: b04, b06, b07 (not b05)
@@ -76,13 +76,13 @@ def test_reclaim_keeps_records_read_since_written_in_offset_order(store: DiskSto
     data = _write_blocks(store, buf, range(12))      # seg0: b00-03  seg1: b04-07  seg2: b08-11
     for i in (2, 1, 2):                      # read b02 twice, b01 once (order of reads does not matter)
         assert read(store, "ns", _bkey(i)) == (OK, data[i])
-    seq_before = store.lookup("ns", _bkey(1)).seq   # type: ignore[union-attr]
+    seq_before = store.lookup("ns", _bkey(1)).seq   # type: ignore[union-attr]  # the key was just written: lookup finds it
     res = store.write_batch([WriteItem("ns", b"b12", buf.put(data.setdefault(12, random_bytes(BLK, 12))), BLK)])
     # b12 reclaims seg0: b01, b02 are copied to its start (offset order), b00, b03 leave; then b12
     assert res.statuses == [OK] and res.reinserted == 2
     assert res.reclaimed == [("ns", b"b00"), ("ns", b"b03")]
     assert [_where(store, i) for i in (1, 2, 12)] == [(0, 0), (0, 1), (0, 2)]
-    assert store.lookup("ns", _bkey(1)).seq > seq_before   # type: ignore[union-attr]
+    assert store.lookup("ns", _bkey(1)).seq > seq_before   # type: ignore[union-attr]  # the key was just written: lookup finds it
     assert store.contains_many("ns", [_bkey(0), _bkey(3)]) == [0, 0]
     st = store.stats()
     assert (st.blocks, st.evicted_blocks, st.reinserted_blocks, st.writes) == (11, 2, 2, 13)

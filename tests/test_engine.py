@@ -659,7 +659,7 @@ def test_validation_errors() -> None:
         with pytest.raises(InvalidRequestError, match="0 bytes"):
             call([b""])
         with pytest.raises(InvalidRequestError, match="expected bytes"):
-            call(["text"])  # type: ignore[list-item]
+            call(["text"])
     # 64-byte keys and a full batch of 4 are fine
     assert eng.exists(NS, [b"x" * 64, b"b", b"c", b"d"]) == [False] * 4
     with pytest.raises(InvalidRequestError, match="size 0 of key 0"):

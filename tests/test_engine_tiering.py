@@ -439,7 +439,7 @@ def test_reclamation_keeps_read_blocks_drops_the_rest_and_publishes_it(make_rig)
         ("stored", (_k(32),), DISK, 0), ("stored", (_k(33),), DISK, 0), ("stored", (_k(34),), DISK, 0),
     ]
     assert sub.next(0) is None
-    a = rig.disk.lookup(NS, _k(1)).segment            # type: ignore[union-attr]
+    a = rig.disk.lookup(NS, _k(1)).segment
     assert [(r.segment, r.offset // BLOCK) for r in (rig.disk.lookup(NS, _k(i)) for i in (1, 32, 33, 34))] == [
         (a, 0), (a, 1), (a, 2), (a, 3)]
     d = eng.stats().disk
@@ -504,11 +504,11 @@ def test_a_joined_promotion_whose_entry_was_reused_by_another_namespace_is_a_mis
 
     enqueue = eng._disk.mover.enqueue_promotion  # noqa: SLF001
 
-    def hooked(p) -> None:  # type: ignore[no-untyped-def]
+    def hooked(p) -> None:
         p.done = Interleave()
         enqueue(p)
 
-    eng._disk.mover.enqueue_promotion = hooked  # type: ignore[method-assign]  # noqa: SLF001
+    eng._disk.mover.enqueue_promotion = hooked  # noqa: SLF001
     res = eng.lookup(NS, [b"k"], lease=True)
     assert reused["deleted"] == 1
     assert (res.present, res.offsets, res.lease_id) == ([False], [], 0)

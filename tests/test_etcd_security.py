@@ -69,7 +69,7 @@ def _node(etcd: SecureEtcd, pki: EtcdPki, password_file: str, **over: object) ->
     opts = dict(etcd_ca=pki.ca, etcd_cert=pki.client.cert, etcd_key=pki.client.key, etcd_user=USER,
                 etcd_password_file=password_file)
     opts.update(over)
-    return DaemonProcess(**peer_options(etcd, ttl_s=2.0, timeout_s=5.0, **opts))  # type: ignore[arg-type]
+    return DaemonProcess(**peer_options(etcd, ttl_s=2.0, timeout_s=5.0, **opts))  # type: ignore[arg-type]  # the options are kvstore-server flags, typed object
 
 
 def _lines(log: str, text: str) -> int:

@@ -183,7 +183,7 @@ def test_the_engines_own_checks_and_messages_are_the_same_on_both_paths(daemon) 
             with pytest.raises(InvalidRequestError, match=r"^key 0 has 300 bytes"):
                 c.lookup("m/ns", [b"x" * 300])          # over 255: the fast client sends it over gRPC
             with pytest.raises(UnknownReservationError, match="reservation 424242 is unknown"):
-                c.commit(type("R", (), {"id": 424242})())  # type: ignore[arg-type]
+                c.commit(type("R", (), {"id": 424242})())
             with pytest.raises(UnknownNamespaceError):
                 c.reserve("m/other", [b"k"], [10])
         assert f.control_path == "fast" and f.echo(b"still") == b"still"   # errors keep the connection

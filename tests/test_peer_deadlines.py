@@ -329,7 +329,7 @@ def test_daemons_cut_a_slow_loris_and_keep_serving_past_65_idle_sockets() -> Non
 needs_ucx = pytest.mark.skipif(not ucx_available(), reason="ucxx not installed (pip install ucxx-cu12)")
 
 
-def on_loop(node: Node, coro, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
+def on_loop(node: Node, coro, timeout_s: float = 20.0):
     """Run a coroutine on the node's UCX event loop (ucxx endpoints belong to the loop that made them)."""
     return asyncio.run_coroutine_threadsafe(coro, node.plane._loop).result(timeout_s)  # noqa: SLF001
 
@@ -338,7 +338,7 @@ def u8(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-async def poll(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def poll(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -407,7 +407,7 @@ def test_ucx_a_peer_that_answers_a_header_and_stalls_costs_a_fetch_its_deadline(
     keys = [b"u1", b"u2", b"u3"]
     answered = threading.Event()
 
-    async def stalling_peer(ep) -> None:  # type: ignore[no-untyped-def]
+    async def stalling_peer(ep) -> None:
         raw = np.empty(fr.HEADER.size, dtype=np.uint8)
         await ep.recv(raw)
         h = fr.check_header(raw.tobytes(), max_keys=64, max_block_bytes=1 << 20)
@@ -418,7 +418,7 @@ def test_ucx_a_peer_that_answers_a_header_and_stalls_costs_a_fetch_its_deadline(
         answered.set()                                    # and never sends a block, holding the endpoint open
         await hold.wait()
 
-    async def listen():  # type: ignore[no-untyped-def]
+    async def listen():
         return asyncio.Event(), ucxx.create_listener(stalling_peer)
 
     hold, listener = on_loop(a, listen())
@@ -438,5 +438,5 @@ def test_ucx_a_peer_that_answers_a_header_and_stalls_costs_a_fetch_its_deadline(
     assert (active, reserved_bytes, c["reserved_blocks"], c["aborted_blocks"], c["committed_blocks"]) == (0, 0, 3, 3, 0)
 
 
-async def _close_listener(listener) -> None:  # type: ignore[no-untyped-def]
+async def _close_listener(listener) -> None:
     listener.close()

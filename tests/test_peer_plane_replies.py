@@ -79,7 +79,7 @@ class UcxLiar:
         import ucxx
         self.node, self.lie, self.request = node, lie, None
 
-        async def answer(ep) -> None:  # type: ignore[no-untyped-def]
+        async def answer(ep) -> None:
             raw = np.empty(fr.HEADER.size, dtype=np.uint8)
             await ep.recv(raw)
             h = fr.check_header(raw.tobytes(), max_keys=64, max_block_bytes=MAX_BLOCK)
@@ -95,13 +95,13 @@ class UcxLiar:
                 await ep.send(np.frombuffer(out[fr.HEADER.size:], dtype=np.uint8))
             await self.hold.wait()  # keep the endpoint open until the plane has read (and refused) the reply
 
-        async def listen():  # type: ignore[no-untyped-def]
+        async def listen():
             return asyncio.Event(), ucxx.create_listener(answer)
 
         self.hold, self.listener = self._on_loop(listen())
         self.port = self.listener.port
 
-    def _on_loop(self, coro):  # type: ignore[no-untyped-def]
+    def _on_loop(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.node.plane._loop).result(10)  # noqa: SLF001
 
     def start(self) -> None:
@@ -116,7 +116,7 @@ class UcxLiar:
 
 
 @pytest.fixture(params=PLANES)
-def node(request):  # type: ignore[no-untyped-def]
+def node(request):
     n = make_node("a", plane=request.param, timeout_s=3.0)
     yield n
     n.close()

@@ -75,7 +75,7 @@ def test_fetch_round_trip(local: FakeLocal) -> None:
     assert isinstance(answer, proto.Answer)
     assert answer.frame.header == Header(fr.FETCH_REPLY, 7, 3, 48, 12)
     assert (answer.served_blocks, answer.payload_bytes, local.leases_open) == (2, 12, 1)
-    assert [bytes(v) for v in answer.blocks.views] == [b"A" * 5, b"C" * 7]  # type: ignore[union-attr]
+    assert [bytes(v) for v in answer.blocks.views] == [b"A" * 5, b"C" * 7]  # type: ignore[union-attr]  # a FETCH answer carries its blocks
     answer.close()
     assert local.leases_open == 0
     reply = proto.parse_reply(answer.frame.header.pack(), req.header, LIMITS)

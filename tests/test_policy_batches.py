@@ -37,7 +37,7 @@ def _lru_order(p: LRUPolicy) -> list[int]:
 def _state(p: EvictionPolicy) -> object:
     if isinstance(p, LRUPolicy):
         return _lru_order(p), len(p)
-    return p._freq.tolist(), p._queue.tolist(), p._prev.tolist(), p._next.tolist(), len(p)  # type: ignore[attr-defined]
+    return p._freq.tolist(), p._queue.tolist(), p._prev.tolist(), p._next.tolist(), len(p)  # type: ignore[attr-defined]  # S3-FIFO's private arrays: the test compares internal state
 
 
 def _drain(p: EvictionPolicy, eligible) -> list[int]:

@@ -394,7 +394,7 @@ def test_cli_exits_non_zero_when_the_store_differs_from_the_simulation(
     # show: one request's hit count, or one counter, off by one. The clean run must exit 0 and say under what
     # conditions it ran; a doctored one exit 2, naming the difference on stderr and in the JSON.
     def doctored(*a: object, **kw: object) -> ReplayResult:
-        r = replay(*a, **kw)  # type: ignore[arg-type]
+        r = replay(*a, **kw)  # type: ignore[arg-type]  # passes the test's arguments through unchanged
         if doctor == "hit":
             r.hits[5] += 1
         elif doctor == "counter":

@@ -171,8 +171,8 @@ class SegmentLog:
         return True
 
     def _append(self, key: bytes) -> None:
-        self._where[key] = self._active  # type: ignore[assignment]
-        self._members[self._active].append(key)  # type: ignore[index]
+        self._where[key] = self._active  # type: ignore[assignment]  # _append runs with a segment active
+        self._members[self._active].append(key)  # type: ignore[index]  # _append runs with a segment active
         self._wp += self.record_bytes
         self._reads.pop(key, None)
 
@@ -202,7 +202,7 @@ class CacheSim:
         if len(tiers) > 2 or (len(tiers) == 2 and not isinstance(tiers[1], SegmentLog)):
             raise ValueError("CacheSim models RAM and at most one disk tier (a SegmentLog) below it")
         self.ram: LRUTier = tiers[0]
-        self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]
+        self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]  # checked above: tiers[1] is a SegmentLog
         self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted, not dropped since)
         # the daemon's counter names (kvstore/engine/counters.py), so store and model compare one to one
         self.counters = dict.fromkeys(("evictions", "evicted_to_disk", "promotions", "promotion_failures",
@@ -229,7 +229,7 @@ class CacheSim:
                 if self._ram_admit([keys[i]], keep):  # a promoting block is no victim either
                     keep.add(keys[i])
                     self._flagged.add(keys[i])
-                    disk.read(keys[i])  # type: ignore[union-attr]
+                    disk.read(keys[i])  # type: ignore[union-attr]  # a disk hit implies a disk tier
                     c["promotions"] += 1
                 else:
                     c["promotion_failures"] += 1

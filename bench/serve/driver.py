@@ -90,7 +90,7 @@ async def _session(http: httpx.AsyncClient, urls: list[str], route: Route, t0: f
     done[s.sid] = time.perf_counter() - start
 
 
-async def _gather(coros: list) -> None:  # type: ignore[type-arg]
+async def _gather(coros: list) -> None:
     await asyncio.gather(*coros)
 
 

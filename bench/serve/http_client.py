@@ -35,7 +35,7 @@ async def complete(http: httpx.AsyncClient, base_url: str, prompt: list[int], ma
     t0 = time.perf_counter()
     ttft = None
     tokens: list[int] = []
-    usage: dict | None = None  # type: ignore[type-arg]
+    usage: dict | None = None
     async with http.stream("POST", base_url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")

@@ -5,6 +5,7 @@ prefill tokens) and the saturated pass (throughput), both over the same sessions
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -60,14 +61,14 @@ def _store_counters(metrics_urls: list[str]) -> dict[str, float]:
 
 
 def measure_config(key: str, label: str, urls: list[str], store_metrics: list[str], agentic: Workload,
-                   saturated: Workload | None, tick: object) -> ConfigRun:
+                   saturated: Workload | None, tick: Callable[[], None]) -> ConfigRun:
     route = round_robin if len(urls) > 1 else None
     reset_all(urls)
     v0, s0 = _vllm_counters(urls), _store_counters(store_metrics)
-    a = run_workload(agentic, urls, route, tick=tick)  # type: ignore[arg-type]
+    a = run_workload(agentic, urls, route, tick=tick)
     v1, s1 = _vllm_counters(urls), _store_counters(store_metrics)
     sat = None
     if saturated is not None:
         reset_all(urls)
-        sat = run_workload(saturated, urls, route, tick=tick)  # type: ignore[arg-type]
+        sat = run_workload(saturated, urls, route, tick=tick)
     return ConfigRun(key, label, a, sat, delta(v0, v1), delta(s0, s1))

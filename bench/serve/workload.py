@@ -105,7 +105,7 @@ def agent_sessions(preset: str | AgentXParams, seed: int = 0) -> Workload:
     by_agent: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     first_ms: dict[int, int] = {}
     for r in generate(p):
-        sid = int(r.session_id)  # type: ignore[arg-type]
+        sid = int(r.session_id)  # type: ignore[arg-type]  # AgentX records always carry an int session_id
         by_agent[(sid, r.agent)].append((r.input_length, r.output_length))
         first_ms.setdefault(sid, r.timestamp_ms)
     system = _tokens(seed, 1 << 30, n=max(1, p.tokens(p.system_tokens) // BLOCK_TOKENS) * BLOCK_TOKENS)

@@ -120,7 +120,7 @@ class Harness:
 
     @property
     def sched_side(self) -> KVStoreConnector:
-        return self.scheduler.connector  # type: ignore[return-value]
+        return self.scheduler.connector
 
     def add(self, rid: str, prompt: list[int], max_tokens: int = 2) -> Request:
         req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
@@ -157,7 +157,7 @@ class Harness:
             self.before_worker(out)
         for w in self.workers:
             w.bind_connector_metadata(out.kv_connector_metadata)
-            w.start_load_kv(None)  # type: ignore[arg-type]
+            w.start_load_kv(None)
         sampled = self._forward(out)
         outputs = []
         for w in self.workers:

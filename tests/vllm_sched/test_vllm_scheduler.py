@@ -392,7 +392,7 @@ def test_policy_that_cannot_be_changed_is_refused_with_the_fix() -> None:
         kv_transfer_config = Frozen()
 
     with pytest.raises(ConfigError) as e:
-        _recompute_failed_loads(Config())  # type: ignore[arg-type]
+        _recompute_failed_loads(Config())
     assert "kv_load_failure_policy='recompute' (it is 'fail'" in str(e.value)
     assert 'add "kv_load_failure_policy": "recompute" to --kv-transfer-config' in str(e.value)
 
