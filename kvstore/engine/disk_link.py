@@ -181,11 +181,11 @@ class DiskLink:
                 if status is DiskStatus.OK:
                     cat.flags[eid] = ON_DISK
                     self._counters.disk_writes += 1
-                    self._events.publish(STORED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.DISK)
+                    self._events.publish(STORED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.DISK)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
                 else:
                     self._counters.disk_write_failures += 1
                 if cat.state[eid] == _DOOMED:
-                    stale.append((cat.namespace_of(eid).name, cat.keys[eid]))
+                    stale.append((cat.namespace_of(eid).name, cat.keys[eid]))  # type: ignore[arg-type]  # a live entry's key is set (None only once dropped)
             if eids:
                 self._leases.unhold(np.array(eids, dtype=np.int64))
         return stale

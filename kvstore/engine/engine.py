@@ -156,7 +156,7 @@ class Engine:
         """Forget a namespace's RAM entries (its disk copies stay): used when its tenant, and so the memory file
         its slots must live in, changes. Reserved entries are unindexed; their commit leaves an invisible entry
         that eviction reclaims."""
-        for key, eid in list(ns.index.items()):
+        for eid in list(ns.index.values()):
             if not self._delete_one(eid):
                 self._cat.unindex(eid)
 
@@ -195,9 +195,9 @@ class Engine:
             ns, eids = self._reservations.take(reservation_id, len(checksums))
             self._ram.commit(ns, eids, checksums)
             if self.events.subscribers:
-                self.events.publish(STORED, ns.name, [self._cat.keys[e] for e in eids], Tier.RAM)
+                self.events.publish(STORED, ns.name, [self._cat.keys[e] for e in eids], Tier.RAM)  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
             if self._remote is not None:  # queues pushes to owners; never blocks
-                self._remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])
+                self._remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
             self._disk.on_commit(eids)
             self._ram.enforce_watermarks()
             return len(eids)

@@ -17,8 +17,16 @@ Not thread-safe: the engine calls it under its lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 __all__ = ["TenantQuotas"]
+
+
+class _Holder(Protocol):
+    """What usage() reads of a namespace (catalog.Namespace), named here so quotas imports nothing of the engine."""
+
+    tenant: str
+    bytes: int
 
 
 class TenantQuotas:
@@ -37,10 +45,10 @@ class TenantQuotas:
         return {**self._quotas, **({"*": self._default} if self._default else {})}
 
     @staticmethod
-    def usage(namespaces: Iterable[object]) -> dict[str, int]:
+    def usage(namespaces: Iterable[_Holder]) -> dict[str, int]:
         out: dict[str, int] = {}
         for ns in namespaces:
-            out[ns.tenant] = out.get(ns.tenant, 0) + ns.bytes  # type: ignore[attr-defined]
+            out[ns.tenant] = out.get(ns.tenant, 0) + ns.bytes
         return out
 
     def over_quota(self, usage: Mapping[str, int], tenant_of: Callable[[int], str],

@@ -179,9 +179,9 @@ class RamSpace:
         if self._events.subscribers:
             ns, key = cat.namespace_of(eid).name, cat.keys[eid]
             if cat.flags[eid] & ON_DISK:
-                self._events.publish(MOVED, ns, [key], Tier.RAM, Tier.DISK)
+                self._events.publish(MOVED, ns, [key], Tier.RAM, Tier.DISK)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
             else:
-                self._events.publish(REMOVED, ns, [key], Tier.RAM)
+                self._events.publish(REMOVED, ns, [key], Tier.RAM)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
         if cat.flags[eid] & ON_DISK:
             counters.evicted_to_disk += 1  # the disk tier keeps it: only the RAM copy goes
         self.forget_committed(eid)
@@ -195,7 +195,7 @@ class RamSpace:
         self._touches.apply()
         self.policy.on_remove(eid)
         if self._events.subscribers:
-            self._events.publish(REMOVED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.RAM)
+            self._events.publish(REMOVED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.RAM)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
         self.forget_committed(eid)
         self._counters.deleted_blocks += 1
         if cat.leases[eid] > 0:

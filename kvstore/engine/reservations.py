@@ -33,7 +33,7 @@ def plan(cat: Catalog, ns: Namespace, keys: Sequence[bytes]) -> tuple[list[int],
     """(outcome per key, indexes of the keys that need a slot, entries found present) for a Reserve, from RAM.
 
     The present entries must not be evicted to make room: that would make their ALREADY_PRESENT a lie."""
-    outcomes = [_RESERVED] * len(keys)
+    outcomes: list[int] = [_RESERVED] * len(keys)  # ReserveOutcome values; ReserveResult holds them as ints
     known = list(map(ns.index.get, keys))
     if known.count(None) == len(keys):  # the common case: every key is new
         return outcomes, list(range(len(keys))), set()
@@ -128,7 +128,7 @@ class ReservationTable:
             raise UnknownReservationError(
                 f"reservation {reservation_id} is unknown to this daemon (never issued, or issued before a restart)"
             )
-        hint = " (reservation_ttl_s is %gs; commit sooner or raise it)" % self._config.reservation_ttl_s
+        hint = f" (reservation_ttl_s is {self._config.reservation_ttl_s:g}s; commit sooner or raise it)"
         raise ReservationClosedError(
             f"reservation {reservation_id} was already {how}" + (hint if how == "expired" else "")
         )
