@@ -2,6 +2,7 @@
 table and, as its last line, one JSON object. A development tool: docs/benchmarks.md has the figures.
 
     micro.py             `python -m bench.micro`: arena puts and gets, single blocks, streaming, control plane
+    micro_cases.py       bench.micro's workloads: keys, pre-faulted buffers, the limit's and the client's cases
     micro_phases.py      bench.micro's view inside a client call: wall time per phase, CPU per process
     control_plane.py     bench.micro's control-plane section: fast path and gRPC against a raw unix socket
     uds_limit.py         the control path's limit: a raw unix-socket request/response between two processes
@@ -11,6 +12,7 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     disk.py              `python -m bench.disk`: the disk tier against raw O_DIRECT on the same directory
     disk_phases.py       where the disk tier's time goes: one instrumented write and read pass
     connector.py         `python -m bench.connector`: the connector's worker side against the copy limit
+    connector_rig.py     its rig: a vLLM-shaped paged KV cache, scheduler and worker sides, the timed cases
     connector_phases.py  where the connector benchmark's time goes: one instrumented save and load
     remote.py            `python -m bench.remote`: the peer tier against loopback sockets between processes
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU

@@ -147,9 +147,9 @@ def _commands_in(path: Path) -> list[Command]:
         if m.group(1).lower() not in SHELL_LANGS:
             continue
         start = line_of(m.start(2))
-        for i, line in enumerate(m.group(2).split("\n")):
+        lines = m.group(2).split("\n")
+        for i in range(len(lines)):
             # a continued line is checked once, where it starts, with its continuation
-            lines = m.group(2).split("\n")
             if i and lines[i - 1].endswith("\\"):
                 continue
             j = i
