@@ -1,21 +1,16 @@
 """Deadlines on the peer data plane: a slow peer cannot hold a frame, a slot or the listener.
 
 In-process nodes (tests/peer_rig.py: a real engine, a real LocalStore, a real TcpPlane on loopback) let these
-tests scan the receiving arena byte by byte and count reservations exactly; the last tests run the same
+tests scan the receiving arena byte by byte and count reservations exactly; the last test runs the same
 attacks against a real daemon pair over etcd. The attacker is always a raw socket speaking the real frames.
-
-Patterns, so that the arena scan can tell who wrote what:
-    0xA1  the honest first half of a block          0xB2  bytes trickled while the reservation is live
-    0xC3  bytes sent after the cutoff (must never land anywhere)
-    0xD4  the block of the slot's next owner (must read back exactly)
+The same deadlines on the UCX plane: test_peer_deadlines_ucx.py; the byte patterns (0xA1 honest, 0xB2 trickled
+while live, 0xC3 after the cutoff, 0xD4 the slot's next owner) and helpers: tests/peer_deadline_helpers.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
-import threading
 import time
 from contextlib import ExitStack
 
@@ -23,79 +18,18 @@ import numpy as np
 import pytest
 
 from kvstore.peer import frames as fr
-from kvstore.peer.membership import Member
 from kvstore.peer.placement import rank
-from kvstore.peer.plane import PeerTimeout
 from kvstore.peer.remote_tier import RemoteTier
 from kvstore.peer.tcp_plane import MAX_CONNECTIONS
 from kvstore.testing import wait_until
-from tests.peer_helpers import Cluster, needs_etcd, register, ucx_available
-from tests.peer_rig import BLOCK, DESC, NS, Node, addr, closed_by_peer, make_node, still_open
+from tests.peer_deadline_helpers import (
+    A1, B2, C3, D4, HALF, SLACK, StallingPeer, Trickler, nodes_fixture, push_frame, recv_n, slot_of,
+)
+from tests.peer_helpers import Cluster, needs_etcd, register
+from tests.peer_rig import BLOCK, NS, addr, closed_by_peer, still_open
 
 pytestmark = pytest.mark.timeout(120)
-
-SLACK = 0.6  # scheduling on a loaded 2-core box; every bound below is deadline + SLACK
-HALF = BLOCK // 2
-A1, B2, C3, D4 = 0xA1, 0xB2, 0xC3, 0xD4
-
-
-def push_frame(key: bytes, size: int = BLOCK, rid: int = 7) -> bytes:
-    meta = fr.encode_push(DESC, [key], np.array([size]), np.array([0], dtype=np.uint64))
-    return fr.Header(fr.PUSH, rid, 1, len(meta), size).pack() + meta
-
-
-def recv_n(s: socket.socket, n: int) -> bytes:
-    out = b""
-    s.settimeout(5)
-    while len(out) < n:
-        chunk = s.recv(n - len(out))
-        assert chunk, "closed"
-        out += chunk
-    return out
-
-
-class Trickler(threading.Thread):
-    """Sends one byte of `pattern` every `interval_s` until stopped; counts what the kernel accepted."""
-
-    def __init__(self, sock: socket.socket, pattern: int, interval_s: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.sock, self.pattern, self.interval_s = sock, pattern, interval_s
-        self.sent: dict[int, int] = {B2: 0, C3: 0}
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            b = self.pattern
-            try:
-                self.sock.send(bytes([b]))
-                self.sent[b] += 1
-            except OSError:
-                pass  # closed by the node: the attacker keeps trying anyway
-            self.halt.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(5)
-
-
-def slot_of(node: Node) -> int:
-    """Where the honest half landed: the slot's offset (exactly HALF bytes of 0xA1, contiguous)."""
-    where = np.flatnonzero(node.view == A1)
-    assert len(where) == HALF and where[-1] - where[0] == HALF - 1
-    return int(where[0])
-
-
-@pytest.fixture
-def nodes():
-    made: list[Node] = []
-
-    def make(name: str, **opts: object) -> Node:
-        made.append(make_node(name, **opts))
-        return made[-1]
-
-    yield make
-    for n in made:
-        n.close()
+nodes = nodes_fixture()
 
 
 # -- the receiving side of a frame ----------------------------------------------------------------------------
@@ -222,39 +156,6 @@ def test_idle_connections_close_after_the_idle_timeout_and_the_client_pool_redia
 
 
 # -- the fetching side -------------------------------------------------------------------------------------
-class StallingPeer(threading.Thread):
-    """Answers one FETCH with a valid header and size table claiming every key, sends 1000 bytes of the
-    payload, then trickles; records when the fetching node hung up."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.member = Member("f", "", f"127.0.0.1:{self.srv.getsockname()[1]}", "tcp", 0)
-        self.hung_up = threading.Event()
-
-    def run(self) -> None:
-        conn, _ = self.srv.accept()
-        with conn:
-            h = fr.check_header(recv_n(conn, fr.HEADER.size), max_keys=64, max_block_bytes=1 << 20)
-            recv_n(conn, h.meta_len)
-            sizes = np.full(h.count, BLOCK)
-            table = fr.encode_sizes(sizes, np.zeros(h.count, dtype=np.uint64))
-            conn.sendall(fr.Header(fr.FETCH_REPLY, h.request_id, h.count, len(table), h.count * BLOCK).pack()
-                         + table + bytes([A1]) * 1000)
-            conn.settimeout(0.05)
-            while True:
-                try:
-                    conn.send(bytes([B2]))
-                    if conn.recv(1) == b"":
-                        break
-                except TimeoutError:
-                    continue
-                except OSError:
-                    break
-        self.hung_up.set()
-        self.srv.close()
-
-
 def test_a_peer_that_answers_a_header_and_stalls_costs_a_fetch_its_deadline_and_the_keys_are_misses(nodes) -> None:
     a = nodes("a", timeout_s=1.0)
     f = StallingPeer()
@@ -323,120 +224,3 @@ def test_daemons_cut_a_slow_loris_and_keep_serving_past_65_idle_sockets() -> Non
             for s in socks:
                 s.close()
         assert all(d.proc.poll() is None for d in cluster.nodes.values())
-
-
-# -- the UCX plane (over UCX's tcp transport here) ----------------------------------------------------------
-needs_ucx = pytest.mark.skipif(not ucx_available(), reason="ucxx not installed (pip install ucxx-cu12)")
-
-
-def on_loop(node: Node, coro, timeout_s: float = 20.0):
-    """Run a coroutine on the node's UCX event loop (ucxx endpoints belong to the loop that made them)."""
-    return asyncio.run_coroutine_threadsafe(coro, node.plane._loop).result(timeout_s)  # noqa: SLF001
-
-
-def u8(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype=np.uint8)
-
-
-async def poll(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
-@needs_ucx
-@pytest.mark.parametrize("timeout_s, ttl_s, fired, other, at", [
-    (1.0, 30.0, "frame_deadline_exceeded", "slot_deadline_exceeded", 1.0),   # the frame's deadline comes first
-    (3.0, 1.0, "slot_deadline_exceeded", "frame_deadline_exceeded", 0.5),    # the reservation's safe end does
-])
-def test_ucx_a_push_whose_block_never_comes_is_cut_at_the_deadline_and_the_late_block_never_lands(
-        nodes, timeout_s: float, ttl_s: float, fired: str, other: str, at: float) -> None:
-    import ucxx
-    b = nodes("b", plane="ucx", timeout_s=timeout_s, reservation_ttl_s=ttl_s)
-    host, port = addr(b)
-    frame = push_frame(b"stall")
-
-    async def attack() -> float:
-        ep = await ucxx.create_endpoint(host, port)
-        await ep.send(u8(frame[:fr.HEADER.size]))
-        await ep.send(u8(frame[fr.HEADER.size:]))          # header and metadata; the block is withheld
-        start = time.monotonic()
-        await poll(lambda: b.counters.get(fired) == 1, 5, fired)
-        cut = time.monotonic() - start
-        try:                                               # the block, late: the endpoint is gone
-            await asyncio.wait_for(ep.send(u8(bytes([C3]) * BLOCK)), 1.0)
-        except Exception:  # noqa: BLE001 - refused or timed out: either way it must not land
-            pass
-        ep.abort()
-        return cut
-
-    cut = on_loop(b, attack())
-    assert at - 0.05 <= cut <= at + SLACK, cut
-    assert b.counters.get(other) == 0
-    active, reserved_bytes, c = b.stats()
-    assert (active, reserved_bytes, c["reserved_blocks"], c["aborted_blocks"], c["committed_blocks"],
-            c["reservation_expirations"]) == (0, 0, 1, 1, 0, 0)
-    assert int(np.count_nonzero(b.view == C3)) == 0
-    b.put(b"next-owner", bytes([D4]) * BLOCK)                # the freed slot's next owner reads back its own bytes
-    assert b.read(b"next-owner") == bytes([D4]) * BLOCK
-    assert int(np.count_nonzero(b.view == C3)) == 0
-
-
-@needs_ucx
-def test_ucx_an_idle_endpoint_is_closed_after_the_idle_timeout(nodes) -> None:
-    import ucxx
-    b = nodes("b", plane="ucx", idle_timeout_s=0.5)
-    host, port = addr(b)
-
-    async def idle() -> float:
-        ep = await ucxx.create_endpoint(host, port)
-        start = time.monotonic()
-        await poll(lambda: b.counters.get("idle_closed") == 1, 5, "the idle timeout")
-        ep.abort()
-        return time.monotonic() - start
-
-    took = on_loop(b, idle())
-    assert took <= 0.5 + SLACK, took
-
-
-@needs_ucx
-def test_ucx_a_peer_that_answers_a_header_and_stalls_costs_a_fetch_its_deadline(nodes) -> None:
-    import ucxx
-    a = nodes("a", plane="ucx", timeout_s=1.0)
-    keys = [b"u1", b"u2", b"u3"]
-    answered = threading.Event()
-
-    async def stalling_peer(ep) -> None:
-        raw = np.empty(fr.HEADER.size, dtype=np.uint8)
-        await ep.recv(raw)
-        h = fr.check_header(raw.tobytes(), max_keys=64, max_block_bytes=1 << 20)
-        await ep.recv(np.empty(h.meta_len, dtype=np.uint8))
-        table = fr.encode_sizes(np.full(h.count, BLOCK), np.zeros(h.count, dtype=np.uint64))
-        await ep.send(u8(fr.Header(fr.FETCH_REPLY, h.request_id, h.count, len(table), h.count * BLOCK).pack()))
-        await ep.send(u8(table))
-        answered.set()                                    # and never sends a block, holding the endpoint open
-        await hold.wait()
-
-    async def listen():
-        return asyncio.Event(), ucxx.create_listener(stalling_peer)
-
-    hold, listener = on_loop(a, listen())
-    try:
-        member = Member("f", "", f"127.0.0.1:{listener.port}", "ucx", 0)
-        start = time.monotonic()
-        with pytest.raises(PeerTimeout):
-            a.plane.fetch(member, NS, keys)
-        took = time.monotonic() - start
-    finally:
-        a.plane._loop.call_soon_threadsafe(hold.set)  # noqa: SLF001
-        on_loop(a, _close_listener(listener))
-    assert answered.is_set()
-    assert 1.0 - 0.05 <= took <= 1.0 + SLACK, took
-    assert a.counters.get("frame_deadline_exceeded") == 1
-    active, reserved_bytes, c = a.stats()
-    assert (active, reserved_bytes, c["reserved_blocks"], c["aborted_blocks"], c["committed_blocks"]) == (0, 0, 3, 3, 0)
-
-
-async def _close_listener(listener) -> None:
-    listener.close()
