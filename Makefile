@@ -68,7 +68,7 @@ demo: setup
 test: test-main test-vllm
 
 # The checkers, configured in pyproject.toml: ruff (kvstore, connector, bench, tests), then mypy (kvstore,
-# connector). test-main runs them first, so a new finding fails `make test` and CI.
+# connector, bench). test-main runs them first, so a new finding fails `make test` and CI.
 lint: setup
 	$(PY) -m ruff check
 	$(PY) -m mypy

@@ -124,7 +124,7 @@ class Bench:
         self.sample = sorted(int(b) for b in picks)
         self.stored = Stored()
         self.n_prompts = 0
-        self.counts = {"save_passes": 0, "load_passes": 0, "saved_blocks": 0, "loaded_blocks": 0,
+        self.counts: dict[str, float] = {"save_passes": 0, "load_passes": 0, "saved_blocks": 0, "loaded_blocks": 0,
                        "sample_blocks_compared": 0}
         self.step_seconds: list[float] = []
 

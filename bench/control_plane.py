@@ -118,12 +118,17 @@ class Cases:
         made: dict[str, Case] = {}
         for c in (self.grpc, self.fast):
             p = c.control_path
-            made[f"{p} echo"] = Case(lambda _, c=c: c.echo(b""))
+            def echo(_: object, c: Client = c) -> object:
+                return c.echo(b"")
+            made[f"{p} echo"] = Case(echo)
             made[f"{p} lookup"] = Case(self._lookup(c, False))
             if p == "fast":
                 made["fast lookup lease"] = self._leased(c)
                 look = self._lookup(c, True)
-                made["fast lookup lease+release"] = Case(lambda _, c=c, look=look: c.release([look(None)], wait=True))
+
+                def lease_release(_: object, c: Client = c, look: Callable[[Any], Any] = look) -> None:
+                    c.release([look(None)], wait=True)
+                made["fast lookup lease+release"] = Case(lease_release)
             made[f"{p} reserve+commit"] = self._reserve_commit(c)
         made["uds rtt"] = Case(self._rtt)
         made["uds echo"] = Case(lambda _: self.peer.call(fp.ECHO, b""))

@@ -40,7 +40,7 @@ class _CopySpy:
                 handle = spy._copy(copier, plan, after)
                 spy.handles.append(handle)
                 return handle
-            CudaCopier.copy = copy  # type: ignore[method-assign]  # a spy for this run; close() restores it
+            CudaCopier.copy = copy  # type: ignore[method-assign, assignment]  # a spy for this run; close() restores it
 
     def fence(self, on: bool) -> None:
         if self._cls is not None:

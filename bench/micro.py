@@ -19,6 +19,7 @@ import inspect
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from bench import control_plane
@@ -170,11 +171,14 @@ def arena_section(r: Report, plan: Plan, clients: dict[str, Client], pid: int, s
         for label, suffix in who:
             c = clients[label]
             fresh = iter([take(keygen(f"ph{size}x{batch}{label}"), batch * n_ph)[i::n_ph] for i in range(n_ph)])
-            r.phases[f"put {fmt_bytes(size)} x {batch}{suffix}"] = phases(
-                c, pid, lambda c=c, fresh=fresh: c.put_many(ns, next(fresh), values), n_ph)
+            def put_op(c: Client = c, fresh: Iterator[list[bytes]] = fresh) -> object:
+                return c.put_many(ns, next(fresh), values)
+            r.phases[f"put {fmt_bytes(size)} x {batch}{suffix}"] = phases(c, pid, put_op, n_ph)
             c1.put_many(ns, stored, values)  # the phase puts above may have evicted them
             get = cases[f"get {label}"]
-            r.phases[f"get {fmt_bytes(size)} x {batch}{suffix}"] = phases(c, pid, lambda get=get: get.fn(None), n_ph)
+            def get_op(get: Case = get) -> object:
+                return get.fn(None)
+            r.phases[f"get {fmt_bytes(size)} x {batch}{suffix}"] = phases(c, pid, get_op, n_ph)
 
 
 def _short(size: int) -> str:

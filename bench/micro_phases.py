@@ -36,7 +36,9 @@ class PhaseClock:
         self._wrapped: list[tuple[Any, str]] = []
         control = c._control
         for op in _CONTROL_OPS:
-            self._wrap(control, op, lambda a, op=op: op.capitalize())  # the row says which path
+            def label(a: tuple[Any, ...], op: str = op) -> str:
+                return op.capitalize()  # the row says which path
+            self._wrap(control, op, label)
         self._wrap(c._releaser, "submit", lambda a: "Release async")  # only the queueing, as the caller sees it
         self._wrap(c, "_write", lambda a: "copy")                     # mapping acquired + copy_addrs
         self._wrap(c, "_read", lambda a: "copy+gen check")

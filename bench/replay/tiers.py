@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, SegmentLog, SimTier
 from bench.replay.trace import BLOCK_TOKENS
@@ -141,10 +141,10 @@ class StoreSpec:
         """The plot series this store belongs to: 'RAM', 'RAM+disk'."""
         return "+".join(t.kind if t.kind != "ram" else "RAM" for t in self.tiers)
 
-    def daemon_options(self) -> dict[str, object]:
+    def daemon_options(self) -> dict[str, Any]:
         """kvstore.testing.DaemonProcess options (= kvstore-server flags) for this store. The disk directory is
         DaemonProcess's default: a `disk` folder in the daemon's private temporary workdir."""
-        opts: dict[str, object] = {"arena_bytes": self.ram_tokens * self.bytes_per_token,
+        opts: dict[str, Any] = {"arena_bytes": self.ram_tokens * self.bytes_per_token,
                                    "max_block_bytes": self.block_bytes, "policy": self.policy,
                                    "high_watermark": 1.0, "low_watermark": 1.0}
         d = self.disk

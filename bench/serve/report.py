@@ -89,8 +89,8 @@ def plot(runs: dict[str, ConfigRun], out_dir: str) -> list[str]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for k, r in runs.items():
-        xs = sorted(x.ttft_s for x in r.agentic.calls)
-        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"({k}) {r.label}")
+        ttfts = sorted(x.ttft_s for x in r.agentic.calls)
+        ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=f"({k}) {r.label}")
     ax.set(xlabel="TTFT (s)", ylabel="share of calls", xscale="log", title="TTFT distribution, every call")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

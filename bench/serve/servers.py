@@ -88,7 +88,7 @@ def kvstore_connector(address: str, save: str = "all", **extra: object) -> dict[
             "kv_connector_extra_config": {"address": address, "save": save, **extra}}
 
 
-def start_kvstore(workdir: str, arena_bytes: str, disk_bytes: str = "0", **options: object) -> DaemonProcess:
+def start_kvstore(workdir: str, arena_bytes: str, disk_bytes: str = "0", **options: Any) -> DaemonProcess:
     """A kvstore-server with its socket, arena and disk files under `workdir`; started and healthy."""
     os.makedirs(workdir, exist_ok=True)
     return DaemonProcess(workdir=workdir, arena_bytes=arena_bytes, disk_bytes=disk_bytes,

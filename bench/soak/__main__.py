@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from typing import Any
 
 from bench._common import emit_json
 from bench.soak.checks import Verified, drain, leaked_slots, offline_disk, tenant_disk, verify_live
@@ -30,7 +31,7 @@ MIB = 1 << 20
 
 
 def _worker_totals(paths: list[str]) -> dict:
-    out = {"ops": 0, "bytes_verified": 0, "wrong_bytes": 0, "hits": 0, "misses": 0, "errors": {}}
+    out: dict[str, Any] = {"ops": 0, "bytes_verified": 0, "wrong_bytes": 0, "hits": 0, "misses": 0, "errors": {}}
     for p in paths:
         try:
             with open(p) as fh:
@@ -63,7 +64,7 @@ def run(cfg: SoakConfig) -> dict:
         a_disk = soak.a.args[soak.a.args.index("--disk-dir") + 1]
         soak.a.stop(signal.SIGTERM)
         disk = offline_disk(a_disk, cfg.disk_bytes, MIB)
-        soak.a._log.close()
+        soak.a._log.close()  # type: ignore[union-attr]  # the daemon was started: its log is open
         soak.a.start(timeout_s=60)
         leaks, final = 0, []
         for d in daemons:

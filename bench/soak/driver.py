@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -56,7 +57,7 @@ class SoakConfig:
     verbose: bool = True
 
 
-def daemon_options(cfg: SoakConfig) -> dict[str, object]:
+def daemon_options(cfg: SoakConfig) -> dict[str, Any]:
     return dict(arena_bytes=cfg.arena_bytes, max_block_bytes="1MiB", disk_bytes=cfg.disk_bytes,
                 disk_segment_bytes="1MiB", lease_ttl_s=2.0, reservation_ttl_s=2.0, quarantine_s=0.5,
                 sweep_interval_s=0.1, promote_timeout_s=3.0, max_subscribers=2, disk_probe_interval_s=0.5,

@@ -86,7 +86,7 @@ class DaemonProcess:
         self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]  # _tmp is made when workdir is None
         self.port = free_port()
         self.metrics_port = free_port()
-        self.node_id = options.pop("node_id", f"t{uuid.uuid4().hex[:10]}")
+        self.node_id = str(options.pop("node_id", f"t{uuid.uuid4().hex[:10]}"))
         self.arena_name = str(options.pop("arena_name", f"/kvstore-{self.node_id}"))
         self.socket_path = os.path.join(self.workdir, "kvstore.sock")
         self.log_path = os.path.join(self.workdir, "daemon.log")
