@@ -322,10 +322,6 @@ def test_connector_page_lists_every_extra_config_key() -> None:
 
 PACKAGE_ROOTS = ("kvstore", "connector", "bench")
 GENERATED = {"kvstore/_proto"}  # protobuf stubs written by the build
-# Packages whose __init__.py other work owns (issue 17, done in parallel): a failing map there is reported
-# as a skip naming what is missing, not hidden; everything else must hold.
-OWNED_ELSEWHERE = {"kvstore/engine", "kvstore/peer", "kvstore/client", "kvstore/tiers", "kvstore/tiers/disk",
-                   "kvstore/testing", "kvstore/server/config", "kvstore/cli"}
 
 
 def _packages() -> list[Path]:
@@ -341,16 +337,16 @@ def _packages() -> list[Path]:
 
 @pytest.mark.parametrize("pkg", _packages(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_module_map_is_true(pkg: Path) -> None:
-    """The package docstring names each module as `name.py` (and each subpackage as `name/`), and every
-    bare `name.py` it names exists here: a map a newcomer can trust."""
+    """The package docstring names each module as `name.py` (and each subpackage as `name/` or by its dotted
+    name), and every bare `name.py` it names exists here: a map a newcomer can trust."""
     doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
     rel = pkg.relative_to(ROOT).as_posix()
     modules = {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
     subpackages = {p.name for p in pkg.iterdir() if (p / "__init__.py").exists()}
     missing = sorted(m for m in modules if not re.search(rf"(?<![\w/.]){re.escape(m)}", doc))
-    missing += sorted(f"{s}/" for s in subpackages if not re.search(rf"(?<![\w/.]){re.escape(s)}/", doc))
+    dotted = rel.replace("/", ".")
+    missing += sorted(f"{s}/" for s in subpackages
+                      if not re.search(rf"(?<![\w/.]){re.escape(s)}/", doc) and f"{dotted}.{s}" not in doc)
     stale = sorted(set(re.findall(r"(?<![\w/.])(\w+\.py)\b", doc)) - modules - {"__init__.py"})
     problems = ([f"does not name {missing}"] if missing else []) + ([f"names {stale}, not in {rel}/"] if stale else [])
-    if problems and rel in OWNED_ELSEWHERE:
-        pytest.skip(f"{rel}/__init__.py (owned by other issue-17 work): " + "; ".join(problems))
     assert not problems, f"{rel}/__init__.py's docstring " + "; ".join(problems)
