@@ -318,6 +318,18 @@ def test_connector_page_lists_every_extra_config_key() -> None:
     assert named - values <= keys, f"docs/connector.md names keys the connector lacks: {sorted(named - values - keys)}"
 
 
+def test_make_demo_tour_runs_and_says_cold_and_warm() -> None:
+    """`make demo` is the README's first tour: it must run, verify what it read, and print both get rates."""
+    proc = subprocess.run([sys.executable, "-m", "bench.demo"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "prefix lookup of the first 40 + 1 unknown key: 40 hits" in lines, proc.stdout
+    assert "got 64 blocks, contents verified: True" in lines, proc.stdout
+    assert [ln.split(" (")[0].strip() for ln in lines if "get (" in ln] == ["cold get", "warm get"], proc.stdout
+    assert any(ln.startswith("stats: 64 blocks, 128 MiB stored of 512 MiB") for ln in lines), proc.stdout
+
+
 # Module maps -----------------------------------------------------------------------------------------------
 
 PACKAGE_ROOTS = ("kvstore", "connector", "bench")
