@@ -1,7 +1,9 @@
 """Python client of kvstore-server: `Client` and its typed results (no protobuf leaks into user code).
 
     client.py        Client: the public API; batching, the arena and stream data paths, reconnects
-    connect.py       on connecting: map the daemon's arena, open the same-node fast path (or say why not)
+    connect.py       on connecting: map the daemon's arena, open the same-node fast path (or say why not,
+                     and whether the why can pass: then the handoff is retried)
+    arena_slot.py    ArenaSlot: the current arena mapping, swapped on reconnect, and when to ask for it again
     control.py       the hot operations' two transports: GrpcControl and FastControl (same results)
     fast_channel.py  the same-node socket: framed calls, and the arena file handed over SCM_RIGHTS
     rpc.py           the gRPC seam: channel, TLS, token, and grpc errors -> kvstore errors

@@ -15,15 +15,16 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client import arena_path, listing, stream_path
+from kvstore.client import arena_path, connect, listing, stream_path
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.batches import chunks, scatter
-from kvstore.client.connect import map_arena, open_fast
+from kvstore.client.arena_slot import ArenaSlot
 from kvstore.client.control import ControlPlane, FastControl, GrpcControl
 from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
@@ -68,8 +69,7 @@ class Client:
         self._rpc = Rpc(self.address, timeout_s, tls=tls, token_file=token_file)
         self._copy_threads = copy_threads
         self._requested_mode = mode
-        self._arena: ArenaMap | None = None   # replaced (never unmapped under a copy) when the daemon restarts
-        self._arena_lock = threading.Lock()   # guards the swap of _arena
+        self._slot = ArenaSlot()  # the arena mapping: replaced (never unmapped under a copy) on a restart
         self._connect_lock = threading.Lock()  # one reconnect at a time
         self._requested_control = control
         self._grpc = GrpcControl(self._rpc)
@@ -88,17 +88,40 @@ class Client:
             self._health = h
             self.max_batch_keys = h.max_batch_keys or 4096
             self.max_block_bytes = h.max_block_bytes
-            self._set_control(open_fast(h, self._rpc, self._grpc, self._requested_control))
+            self._set_control(connect.open_fast(h, self._rpc, self._grpc, self._requested_control))
             new: ArenaMap | None = None
-            why = ""
+            self._slot.retry_at = None
             if self._requested_mode != "stream":
-                new, why = map_arena(h, self._rpc)
+                patience = min(self._rpc.timeout_s, connect.ARENA_PATIENCE_S)
+                new, why, transient = connect.map_arena_patiently(h, self._rpc, patience)
                 if new is None and self._requested_mode == "arena":
-                    self._swap(None)
+                    self._slot.swap(None)
                     raise StoreUnavailableError(f"mode='arena' but {why}; use mode='auto' or 'stream'")
                 if new is None:
-                    log.info("kvstore client using streaming gRPC: %s", why)
-            self._swap(new)
+                    self._slot.retry_at = connect.streaming_because(why, transient)
+            self._slot.swap(new)
+
+    def _current_arena(self) -> ArenaMap | None:
+        """The mapping the data path should use now. In auto mode after a transient handoff failure (the daemon's
+        socket did not answer), the handoff is retried every ARENA_RETRY_S (connect.py): not streamed for good."""
+        if self._slot.retry_due():
+            self._retry_arena()
+        return self._slot.map
+
+    def _retry_arena(self) -> None:
+        if not self._connect_lock.acquire(blocking=False):
+            return  # a reconnect is under way: it decides
+        try:
+            if self._slot.retry_due():
+                self._slot.retry_at = time.monotonic() + connect.ARENA_RETRY_S
+                h, new, keep_trying = connect.remap_arena(self._rpc)
+                if new is not None:
+                    self._health = h
+                    self._slot.swap(new)
+                if not keep_trying:
+                    self._slot.retry_at = None
+        finally:
+            self._connect_lock.release()
 
     def _set_control(self, fast: FastControl | None) -> None:
         old, self._control = self._control, (fast if fast is not None else self._grpc)
@@ -110,18 +133,12 @@ class Client:
         """'fast' when the hot operations go over the daemon's same-node socket, else 'grpc'."""
         return self._control.name
 
-    def _swap(self, new: ArenaMap | None) -> None:
-        with self._arena_lock:
-            old, self._arena = self._arena, new
-        if old is not None:
-            old.retire()  # unmapped once the copies still using it are done
-
     def _check_incarnation(self, incarnation: int) -> None:
         """The daemon restarted since we mapped its arena: map the new one before using any offset."""
-        current = self._arena
+        current = self._slot.map
         if current is not None and incarnation != current.incarnation:
             with self._connect_lock:
-                if self._arena is not current:  # another thread already remapped
+                if self._slot.map is not current:  # another thread already remapped
                     return
             log.warning("kvstore daemon at %s restarted; remapping its arena", self.address)
             self._connect()
@@ -133,33 +150,30 @@ class Client:
         For callers that copy with their own engine (the vLLM connector's gather/scatter, GPU DMA): every copy
         through `m.address + offset` must finish before `m.release()` (or use `with m:`), so a concurrent
         reconnect or close() can never unmap memory under it (arena_map.py)."""
-        with self._arena_lock:
-            m = self._arena
-            if m is None or (incarnation is not None and m.incarnation != incarnation) or not m.acquire():
-                return None
-            return m
+        return self._slot.acquire(incarnation)
 
     @property
     def mode(self) -> str:
-        """'arena' when bytes move through shared memory, else 'stream'."""
-        return "arena" if self._arena is not None else "stream"
+        """'arena' when bytes move through shared memory, else 'stream' (which may retry the arena first: see
+        _current_arena)."""
+        return "arena" if self._current_arena() is not None else "stream"
 
     @property
     def arena_span(self) -> tuple[int, int] | None:
         """(base address, bytes) of the current mapping; None in stream mode. Informational: to copy through
         it, hold a reference (acquire_arena), since a reconnect may replace the mapping at any time."""
-        m = self._arena
+        m = self._slot.map
         return (m.address, m.size) if m is not None else None
 
     @property
     def arena_incarnation(self) -> int | None:
-        m = self._arena
+        m = self._slot.map
         return m.incarnation if m is not None else None
 
     def lease_valid(self, lease: Lease) -> list[bool]:
         """Per hit of `lease`: True when its slot still holds the leased block, checked after a copy made
         outside the client (False: the lease expired mid-copy, or the daemon restarted: treat as a miss)."""
-        if self._arena is None:
+        if self._slot.map is None:
             raise InvalidRequestError("lease_valid needs the arena data path (mode='arena')")
         m = self.acquire_arena(lease.incarnation)
         if m is None:
@@ -174,7 +188,7 @@ class Client:
 
     def close(self) -> None:
         self._releaser.close(self._rpc.timeout_s)
-        self._swap(None)  # copies still running in other threads keep the old mapping until they finish
+        self._slot.swap(None)  # copies still running in other threads keep the old mapping until they finish
         self._set_control(None)
         self._rpc.close()
 
@@ -248,7 +262,7 @@ class Client:
         stored = present = busy = 0
         for part in chunks(len(keys), self.max_batch_keys):
             ks, vs = list(keys[part]), list(values[part])
-            if self._arena is None:
+            if self._current_arena() is None:
                 s, p = stream_path.put(self._rpc, namespace, ks, vs)
                 stored, present = stored + s, present + p
                 continue
@@ -295,7 +309,7 @@ class Client:
         out: list[bytes | None] = []
         for part in chunks(len(keys), self.max_batch_keys):
             ks = list(keys[part])
-            if self._arena is None:
+            if self._current_arena() is None:
                 out.extend(stream_path.get(self._rpc, namespace, ks))
                 continue
             lease = self.lookup(namespace, ks)
@@ -316,7 +330,7 @@ class Client:
         out: list[int | None] = []
         for part in chunks(len(keys), self.max_batch_keys):
             ks, bs = list(keys[part]), list(buffers[part])
-            if self._arena is None:
+            if self._current_arena() is None:
                 out.extend(stream_path.get_into(self._rpc, namespace, ks, bs))
                 continue
             lease = self.lookup(namespace, ks)
