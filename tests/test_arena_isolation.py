@@ -1,6 +1,6 @@
 """Tenant isolation of the arena's bytes, tried by a hostile tenant process (tests/arena_adversary.py).
 
-The promise (README, Security): with tokens, a tenant's process can map, read or write only its own tenant's
+The promise (docs/security.md): with tokens, a tenant's process can map, read or write only its own tenant's
 arena memory. Each test starts a real daemon with two tenants' tokens; the adversary is a separate process
 with bob's token, run without CAP_SYS_PTRACE (`setpriv`), as a process of the daemon's own user would be.
 Before per-tenant arena files, bob mapped /dev/shm/kvstore-<node> and found alice's marker in it; its

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
 README_MAX_CHARS = 10_000
 
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
