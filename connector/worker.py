@@ -41,11 +41,13 @@ from connector.plan import LoadJob, SaveJob
 from connector.stats import ConnectorCounters
 from kvstore.client import Client, arena_path
 from kvstore.client.arena_map import ArenaMap
+from kvstore.vocab import ReserveOutcome
 
 __all__ = ["WorkerSide"]
 
+_RESERVED = int(ReserveOutcome.RESERVED)  # a plain int: compared once per saved block
+
 log = logging.getLogger(__name__)
-RESERVED = 0
 
 
 class WorkerSide:
@@ -232,7 +234,7 @@ class WorkerSide:
         if res is None:
             self.counters.add(save_failures=1)
             return
-        idx = [i for i, o in enumerate(res.outcomes) if o == RESERVED]
+        idx = [i for i, o in enumerate(res.outcomes) if o == _RESERVED]
         self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
         if not idx:
             return  # nothing reserved: the daemon holds no reservation to abort

@@ -42,12 +42,12 @@ from kvstore.client import Client
 from kvstore.client.types import Stats
 from kvstore.errors import StoreFullError
 from kvstore.testing import DaemonProcess, wait_until
+from kvstore.vocab import Tier
 
 __all__ = ["ReplayResult", "replay", "wait_for_leases", "memcpy_gbps"]
 
 NAMESPACE = "replay"
 SYNC_BELOW_REQUESTS = 4
-TIER_DISK = 2  # Lease.tiers: 0 miss, 1 RAM, 2 disk
 WRITE_S_PER_32K = 0.00025  # the disk writer's best case here (O_DIRECT, no fsync): where polling starts
 DISK_STATS = ("blocks", "used_bytes", "capacity_bytes", "segments_total", "segments_free", "bytes_written",
               "bytes_read", "evicted_blocks", "evicted_bytes", "io_errors", "checksum_failures")
@@ -167,7 +167,7 @@ def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...]]
     for start in range(0, len(keys), step):
         part = list(keys[start:start + step])
         r = client.lookup(NAMESPACE, part, prefix=True, lease=False)
-        on_disk += [start + i for i, t in enumerate(r.tiers[:r.num_prefix]) if t == TIER_DISK]
+        on_disk += [start + i for i, t in enumerate(r.tiers[:r.num_prefix]) if t == Tier.DISK]
         n += r.num_prefix
         if r.num_prefix < len(part):
             break
