@@ -21,8 +21,6 @@ import ipaddress
 import json
 import os
 import ssl
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -102,7 +100,7 @@ def make_etcd_pki(directory: str, ip_san: bool = True) -> EtcdPki:
 
 class SecureEtcd(EtcdProcess):
     """etcd on https://<host>:<port> (listening on 127.0.0.1); `client_cert_auth` makes it require a client
-    certificate. The data directory, ports, log and stop/close are EtcdProcess's; start() adds TLS flags."""
+    certificate. Ports, data directory, start, log and stop/close are EtcdProcess's; the hooks add TLS."""
 
     def __init__(self, pki: EtcdPki, *, client_cert_auth: bool = False, auth_token_ttl_s: int | None = None,
                  host: str = "127.0.0.1") -> None:
@@ -123,34 +121,22 @@ class SecureEtcd(EtcdProcess):
             ctx.load_cert_chain(self.pki.client.cert, self.pki.client.key)
         return ctx
 
-    def start(self, timeout_s: float = 15.0) -> SecureEtcd:
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        args = [self._binary, "--name", "kvstore-tls", "--data-dir", os.path.join(self._tmp.name, "data"),
-                "--listen-client-urls", f"https://127.0.0.1:{self.client_port}",
-                "--advertise-client-urls", self.endpoint,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"kvstore-tls={peer}", "--log-level", "error",
-                "--cert-file", self.pki.server.cert, "--key-file", self.pki.server.key]
+    def _name(self) -> str:
+        return "kvstore-tls"
+
+    def _listen_client_url(self) -> str:
+        return f"https://127.0.0.1:{self.client_port}"
+
+    def _extra_args(self) -> list[str]:
+        args = ["--cert-file", self.pki.server.cert, "--key-file", self.pki.server.key]
         if self.client_cert_auth:
             args += ["--client-cert-auth", "--trusted-ca-file", self.pki.ca]
         if self.auth_token_ttl_s is not None:
             args += ["--auth-token-ttl", str(self.auth_token_ttl_s)]
-        log = open(os.path.join(self._tmp.name, "etcd.log"), "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log()}")
-            try:
-                with urllib.request.urlopen(self.endpoint + "/health", timeout=0.5, context=self._context()) as r:
-                    if json.loads(r.read()).get("health") == "true":
-                        return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd not healthy after {timeout_s}s: {self.log()}")
-            time.sleep(0.05)
+        return args
+
+    def _health_context(self) -> ssl.SSLContext:
+        return self._context()
 
     def call(self, path: str, body: dict, token: str = "") -> tuple[int, dict]:
         """One gateway call as a test-side admin: (HTTP status, JSON answer)."""

@@ -11,11 +11,13 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
 from types import TracebackType
+from typing import Self
 
 from kvstore.testing.daemon import free_port
 
@@ -41,12 +43,26 @@ class EtcdProcess:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
-    def start(self, timeout_s: float = 15.0) -> EtcdProcess:
+    # hooks a subclass overrides (tests/etcd_secure.py: TLS, client certificates, auth), start() stays one
+    def _name(self) -> str:
+        return "kvstore-test"
+
+    def _listen_client_url(self) -> str:
+        return self.endpoint
+
+    def _extra_args(self) -> list[str]:
+        return []
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        return None
+
+    def start(self, timeout_s: float = 15.0) -> Self:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        args = [self._binary, "--name", "kvstore-test", "--data-dir", os.path.join(self._tmp.name, "data"),
-                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+        name = self._name()
+        args = [self._binary, "--name", name, "--data-dir", os.path.join(self._tmp.name, "data"),
+                "--listen-client-urls", self._listen_client_url(), "--advertise-client-urls", self.endpoint,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"kvstore-test={peer}", "--log-level", "error"]
+                "--initial-cluster", f"{name}={peer}", "--log-level", "error", *self._extra_args()]
         log = open(os.path.join(self._tmp.name, "etcd.log"), "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -55,7 +71,8 @@ class EtcdProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log()}")
             try:
-                with urllib.request.urlopen(self.endpoint + "/health", timeout=0.5) as r:
+                with urllib.request.urlopen(self.endpoint + "/health", timeout=0.5,
+                                            context=self._health_context()) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return self
             except OSError:
@@ -84,7 +101,7 @@ class EtcdProcess:
         self.stop()
         self._tmp.cleanup()
 
-    def __enter__(self) -> EtcdProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
