@@ -96,7 +96,8 @@ def registration(spec: KVLayoutSpec) -> dict[str, object]:
 
 
 class StageLayouts:
-    """The layouts of every pipeline stage of one model (one entry without pipeline parallelism).
+    """The layouts of every pipeline stage of one model (one entry without pipeline parallelism); on the
+    scheduler, of every (stage, TP rank) shard, since each TP rank stores its own heads in its own namespace.
 
     All stages share one key chain, so they must agree on tokens per stored block; a mismatch is a bug in
     whoever built the specs (every process must resolve ``blocks_per_key`` for the whole model, not per stage).

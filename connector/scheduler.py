@@ -24,7 +24,9 @@ step it turns that into a `StepPlan`:
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
   gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
 
-Tensor parallelism: the scheduler looks up TP rank 0's namespaces only (each TP rank stores its own shard).
+Tensor parallelism: each TP rank stores its own heads under its own namespace, and the scheduler's stages are
+every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load, one
+probe per shard (TP 8 without pipeline stages: 8 probes per new request, each over what the previous hold).
 
 Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
 all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
@@ -66,7 +68,7 @@ class ScheduledRequest:
 @dataclass
 class _ReqState:
     request: Any
-    namespaces: list[str]       # one per pipeline stage
+    namespaces: list[str]       # one per shard: pipeline stage x TP rank
     salt: str | None
     chain: KeyChain
     block_ids: list[int] = field(default_factory=list)

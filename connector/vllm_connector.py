@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "stage_specs"]
+__all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "shard_specs", "stage_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +120,24 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) 
     return [replace(b, blocks_per_key=g) for b in bases]
 
 
-def _tp_rank() -> int:
-    """This worker's tensor-parallel rank (0 when vLLM's parallel groups are not set up, e.g. in tests)."""
+def _tp_rank(vllm_config: VllmConfig) -> int:
+    """This worker's tensor-parallel rank: its rank in vLLM's TP group, or, before the groups exist (tests), the
+    one vLLM derives from the worker's global rank (the layout order is DP x PP x TP)."""
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
 
-    return get_tensor_model_parallel_rank() if model_parallel_is_initialized() else 0
+    if model_parallel_is_initialized():
+        return int(get_tensor_model_parallel_rank())
+    pc = vllm_config.parallel_config
+    return int(pc.rank) % int(pc.tensor_parallel_size)
+
+
+def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig) -> list[KVLayoutSpec]:
+    """Every shard's layout, for the scheduler's lookup: each pipeline stage of TP rank 0, then of rank 1, ...
+    Each TP rank stores its own heads under its own namespace (the rank is in the digest), so a prefix is a
+    hit only when every (stage, rank) shard holds it: a rank missing a block would otherwise fail its load and
+    make vLLM recompute the whole request."""
+    tp = int(vllm_config.parallel_config.tensor_parallel_size)
+    return [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank)]
 
 
 def _pp_rank(vllm_config: VllmConfig) -> int:
@@ -178,7 +191,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         is_sched = role == KVConnectorRole.SCHEDULER
         if is_sched:
             _recompute_failed_loads(vllm_config)
-        stages = stage_specs(vllm_config, self.config, 0 if is_sched else _tp_rank())
+        stages = shard_specs(vllm_config, self.config) if is_sched else stage_specs(vllm_config, self.config,
+                                                                                     _tp_rank(vllm_config))
         self.stages = StageLayouts(stages)
         self.spec = stages[0] if is_sched else stages[_pp_rank(vllm_config)]
         timeout = self.config.lookup_timeout_s if is_sched else self.config.load_timeout_s

@@ -1,14 +1,15 @@
 """Drive vLLM's real v1 Scheduler with KVStoreConnector on CPU, with a fake model runner.
 
 vLLM builds the connector itself from the KVTransferConfig (scheduler role, inside the Scheduler); the harness
-builds the worker-role instances (one per pipeline stage, each with its own global rank in its own copy of the
-config, as vLLM's workers have), registers CPU KV caches with vLLM's per-layer layout (2, blocks, block_size,
-heads, head_dim) for each stage's layers, and plays the model runners each step: bind metadata ->
+builds the worker-role instances (one per pipeline stage and TP rank, each with its own global rank in its own
+copy of the config, as vLLM's workers have), registers CPU KV caches with vLLM's per-layer layout (2, blocks,
+block_size, heads, head_dim) for each stage's layers and each rank's share of the heads, and plays the model runners each step: bind metadata ->
 start_load_kv -> "forward" -> wait_for_save -> get_finished -> ModelRunnerOutput per worker -> vLLM's own
 KVOutputAggregator (a request is received once every stage reports it) -> Scheduler.update_from_output.
 
-The fake forward writes a KV value that is a pure function of (layer, K/V, position, token), so a test can
-check that blocks vLLM never computed (loaded from the store) hold exactly what a forward would have written.
+The fake forward writes a KV value that is a pure function of (layer, K/V, position, token), times (TP rank + 1)
+so that ranks hold different bytes, and a test can check that blocks vLLM never computed (loaded from the store)
+hold exactly what a forward would have written on that rank.
 """
 
 from __future__ import annotations
@@ -55,9 +56,18 @@ def write_model_config(path: str) -> str:
     return path
 
 
-def kv_value(layer: int, kv: int, pos: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-    """What the fake forward writes for (layer, K/V, position, token): exact in float32."""
-    return (tok.float() * 4096 + pos.float()) * 4 + layer * 2 + kv
+def kv_value(layer: int, kv: int, pos: torch.Tensor, tok: torch.Tensor, tp_rank: int = 0) -> torch.Tensor:
+    """What the fake forward writes for (layer, K/V, position, token) on TP rank `tp_rank`: exact in float32."""
+    return ((tok.float() * 4096 + pos.float()) * 4 + layer * 2 + kv) * (tp_rank + 1)
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One worker's KV cache of one layer: (2, blocks, block_size, its heads, head_dim)."""
+
+    layer: int
+    tp_rank: int
+    tensor: torch.Tensor
 
 
 @dataclass
@@ -68,11 +78,11 @@ class Tracked:
 
 
 class Harness:
-    """``pp``: pipeline stages (one worker each); ``policy``: kv_load_failure_policy as the user writes it
-    (None: not written, vLLM's default)."""
+    """``pp``: pipeline stages, ``tp``: tensor-parallel ranks (one worker per stage and rank); ``policy``:
+    kv_load_failure_policy as the user writes it (None: not written, vLLM's default)."""
 
     def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1,
-                 policy: str | None = "recompute") -> None:
+                 tp: int = 1, policy: str | None = "recompute") -> None:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
@@ -84,7 +94,8 @@ class Harness:
                               **({"kv_load_failure_policy": policy} if policy is not None else {}))
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
                                       device_config=DeviceConfig("cpu"),
-                                      parallel_config=ParallelConfig(pipeline_parallel_size=pp))
+                                      parallel_config=ParallelConfig(pipeline_parallel_size=pp,
+                                                                     tensor_parallel_size=tp))
         self.vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
         kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(LAYER_NAMES, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS,
@@ -93,19 +104,20 @@ class Harness:
                                    structured_output_manager=StructuredOutputManager(self.vllm_config),
                                    block_size=BLOCK, log_stats=True)
         assert isinstance(self.scheduler.connector, KVStoreConnector)
-        self.caches: dict[str, torch.Tensor] = {}
+        self.caches: list[LayerCache] = []
         self.workers: list[KVStoreConnector] = []
         for stage in range(pp):
-            cfg = self.vllm_config
-            if pp > 1:
-                cfg = copy.deepcopy(self.vllm_config)  # each worker process has its own config, rank set
-                cfg.parallel_config.rank = stage       # tensor_parallel_size=1: global rank == stage
-            w = KVStoreConnector(cfg, KVConnectorRole.WORKER, kcc)
-            start, end = get_pp_indices(LAYERS, stage, pp)
-            caches = {n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD_DIM) for n in LAYER_NAMES[start:end]}
-            w.register_kv_caches(caches)
-            self.caches.update(caches)
-            self.workers.append(w)
+            for rank in range(tp):
+                cfg = self.vllm_config
+                if pp * tp > 1:
+                    cfg = copy.deepcopy(self.vllm_config)  # each worker process has its own config, rank set
+                    cfg.parallel_config.rank = stage * tp + rank  # vLLM's global rank order: DP x PP x TP
+                w = KVStoreConnector(cfg, KVConnectorRole.WORKER, kcc)
+                start, end = get_pp_indices(LAYERS, stage, pp)
+                caches = {n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS // tp, HEAD_DIM) for n in LAYER_NAMES[start:end]}
+                w.register_kv_caches(caches)
+                self.caches += [LayerCache(LAYER_NAMES.index(n), rank, t) for n, t in caches.items()]
+                self.workers.append(w)
         self.worker = self.workers[0]
         self._aggregator = KVOutputAggregator(len(self.workers))
         init_none_hash(sha256)
@@ -201,10 +213,10 @@ class Harness:
             pos = torch.arange(start, start + n)
             blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
             off = pos % BLOCK
-            for li, name in enumerate(LAYER_NAMES):
+            for lc in self.caches:
                 for kv in range(2):
-                    self.caches[name][kv, blk, off] = kv_value(li, kv, pos, toks)[:, None, None].expand(-1, HEADS,
-                                                                                                     HEAD_DIM)
+                    value = kv_value(lc.layer, kv, pos, toks, lc.tp_rank)[:, None, None]
+                    lc.tensor[kv, blk, off] = value.expand(-1, lc.tensor.shape[3], HEAD_DIM)
             t.scheduled_tokens += n
             if start + n >= t.req.num_prompt_tokens:
                 sampled[rid] = [SAMPLED]
@@ -219,10 +231,10 @@ class Harness:
         toks = torch.tensor(t.req.all_token_ids[:upto])
         blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
         off = pos % BLOCK
-        for li, name in enumerate(LAYER_NAMES):
+        for lc in self.caches:
             for kv in range(2):
-                got = self.caches[name][kv, blk, off]
-                if not torch.equal(got, kv_value(li, kv, pos, toks)[:, None, None].expand(-1, HEADS, HEAD_DIM)):
+                want = kv_value(lc.layer, kv, pos, toks, lc.tp_rank)[:, None, None]
+                if not torch.equal(lc.tensor[kv, blk, off], want.expand(-1, lc.tensor.shape[3], HEAD_DIM)):
                     return False
         return True
 

@@ -23,12 +23,13 @@ def daemon_keys(h: Harness, address: str) -> list[bytes]:
         return [k.key for k in c.keys(namespace_for(h.sched_side.spec))]
 
 
-def expected_key_bytes(tokens: list[int], key: int, layers: range) -> bytes:
-    """One stored block (blocks_per_key=1) as a forward writes it: per layer of the stage, K then V."""
+def expected_key_bytes(tokens: list[int], key: int, layers: range, tp_rank: int = 0, tp: int = 1) -> bytes:
+    """One stored block (blocks_per_key=1) as a forward writes it on TP rank `tp_rank` of `tp`: per layer of the
+    stage, K then V, that rank's heads."""
     pos = torch.arange(key * BLOCK, (key + 1) * BLOCK)
     tok = torch.tensor(tokens[key * BLOCK:(key + 1) * BLOCK])
-    return b"".join(kv_value(li, kv, pos, tok)[:, None, None].expand(-1, HEADS, HEAD_DIM).contiguous().numpy()
-                    .tobytes() for li in layers for kv in range(2))
+    return b"".join(kv_value(li, kv, pos, tok, tp_rank)[:, None, None].expand(-1, HEADS // tp, HEAD_DIM)
+                    .contiguous().numpy().tobytes() for li in layers for kv in range(2))
 
 
 def chain_keys(n: int, prompt: list[int]) -> list[bytes]:

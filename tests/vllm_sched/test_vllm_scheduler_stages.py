@@ -73,3 +73,42 @@ def test_stage_specs_follow_vllms_layer_split_and_share_one_key_size(tmp_path) -
         vc.parallel_config.rank = rank
         assert vc.model_config.get_layers_start_end_indices(vc.parallel_config) == layers
         assert specs[vllm_connector._pp_rank(vc)].layer_range == layers
+
+
+# -- tensor parallelism (issue 18 item 3) ------------------------------------------------------------------
+def test_tensor_parallel_ranks_store_their_own_heads_and_hits_are_what_every_rank_holds(daemon, model_dir) -> None:
+    """tensor_parallel_size=2 under vLLM's real Scheduler, one worker per rank (one KV head each). Each rank
+    stores its own heads in its own namespace; with key 3 missing from rank 1 only, the scheduler offers 3 keys
+    (48 tokens), both ranks load them, and rank 1's hole is stored again. (Before: the scheduler asked rank 0's
+    namespace only, offered 6 keys, and rank 1's load of key 3 failed, so vLLM recomputed from there.)"""
+    h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1}, tp=2)
+    r0, r1 = h.sched_side.stages.specs
+    assert [(s.tp_rank, s.tp_size, s.num_kv_heads, s.layer_range) for s in (r0, r1)] == [(0, 2, 1, (0, 2)),
+                                                                                      (1, 2, 1, (0, 2))]
+    assert [w.spec for w in h.workers] == [r0, r1]
+    ns0, ns1 = h.sched_side.stages.names()
+    assert ns0 != ns1
+    h.add("r1", PROMPT)
+    h.run()
+    keys = chain_keys(6, PROMPT)
+    with Client(daemon.address) as c:
+        assert sorted(k.key for k in c.keys(ns0)) == sorted(k.key for k in c.keys(ns1)) == sorted(keys)
+        assert c.get_many(ns0, keys) == [expected_key_bytes(PROMPT, k, range(0, 2), 0, 2) for k in range(6)]
+        assert c.get_many(ns1, keys) == [expected_key_bytes(PROMPT, k, range(0, 2), 1, 2) for k in range(6)]
+        assert c.delete(ns1, keys[3:4]) == 1
+    assert h.scheduler.reset_prefix_cache()
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (48, 0)
+    loads = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads]
+    assert [(j.req_id, j.keys) for j in loads] == [("r2", keys[:3])]
+    assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [3, 3]
+    assert [w.counters.totals.get("load_failed_blocks", 0) for w in h.workers] == [0, 0]
+    assert h.tracked["r2"].scheduled_tokens == 52 + 1
+    assert h.kv_matches_tokens("r2", 101)                              # each rank holds its own heads' KV
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert [w.counters.totals["saved_blocks"] for w in h.workers] == [6, 6 + 1]   # r2: only rank 1 lacked key 3
+    with Client(daemon.address) as c:
+        assert sorted(k.key for k in c.keys(ns1)) == sorted(keys)
+        assert c.get(ns1, keys[3]) == expected_key_bytes(PROMPT, 3, range(0, 2), 1, 2)
+    h.close()
