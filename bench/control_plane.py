@@ -10,6 +10,8 @@ bytes between two Python processes over a unix socket (bench/uds_limit.py). The 
   lookup lease           lease=True, the lease released untimed (wait=True) after each call
   lookup lease+release   lease=True and its Release(wait=True), both timed: the get path's two round trips
   reserve+commit         Reserve of 1 fresh key of 4 KiB and its Commit (no copy: the control plane alone)
+  probe x8 / x8 seq      the scheduler's probe of a TP 8 model: the same chain in 8 rank namespaces,
+                         Client.probe_prefix_many (pipelined: one round trip) / 8 probe_prefix calls in a row
 
 Two conditions, because on this VM the state of the answering process dominates a round trip: a raw socket
 round trip takes ~30 us back to back but ~80 us when the peer sat idle for 1 ms and ~200 us after 20 ms (waking
@@ -44,12 +46,13 @@ from kvstore.client import Client
 from kvstore.client.types import Lease, Stats
 from kvstore.fastpath import protocol as fp
 
-__all__ = ["LOOKUP_KEYS", "LOOKUP_NS", "RC_BYTES", "COLD_GAP_S", "HOT_BLOCK", "chain_keys", "lookup_sizes",
-           "store_chain", "Cases", "counted", "fields", "rows"]
+__all__ = ["LOOKUP_KEYS", "LOOKUP_NS", "TP_NAMESPACES", "RC_BYTES", "COLD_GAP_S", "HOT_BLOCK", "chain_keys",
+           "lookup_sizes", "store_chain", "Cases", "counted", "fields", "rows"]
 
 LOOKUP_KEYS = 280                                            # a 142K-token prompt in 512-token blocks
 LOOKUP_NS = "vllm/meta-llama/Llama-3.1-8B-Instruct/5f0c3e9a1b7d2468"  # shaped like connector/namespace.py's names
 RC_BYTES = 4 << 10
+TP_NAMESPACES = [LOOKUP_NS[:-1] + str(r) for r in range(8)]  # a TP 8 model's rank namespaces, same name length
 COLD_GAP_S = 0.02        # idle time before each cold call: one vLLM step under load
 HOT_BLOCK = (20, 4)      # consecutive calls per case and round, of which the first are untimed
 COLD = ("uds rtt", "uds echo", "fast echo", "fast lookup", "grpc lookup")
@@ -64,6 +67,8 @@ EFFECTS: dict[str, dict[str, int]] = {
     "fast lookup lease+release": {"lookup_calls": 1, "fast_requests": 2},
     "fast reserve+commit": {"reserve_calls": 1, "committed_blocks": 1, "fast_requests": 2},
     "uds rtt": {}, "uds echo": {},
+    "fast probe x8": {"lookup_calls": 8, "fast_requests": 8},
+    "fast probe x8 seq": {"lookup_calls": 8, "fast_requests": 8},
 }
 COUNTERS = ("lookup_calls", "reserve_calls", "committed_blocks")
 
@@ -85,12 +90,15 @@ def lookup_sizes(n: int = LOOKUP_KEYS, ns: str = LOOKUP_NS) -> tuple[int, int]:
 
 
 def store_chain(c: Client, keys: list[bytes]) -> None:
-    c.register_namespace(LOOKUP_NS)
-    value = np.ones(_BLOCK, dtype=np.uint8)
-    c.put_many(LOOKUP_NS, keys, [value] * len(keys))
-    found = c.lookup(LOOKUP_NS, keys, prefix=True, lease=False).num_prefix
-    if found != len(keys):
-        raise RuntimeError(f"stored a chain of {len(keys)} keys but a lookup finds {found}")
+    """The chain in LOOKUP_NS (16 KiB blocks) and in each of TP_NAMESPACES (4 KiB: a Lookup's cost does not
+    depend on the block size)."""
+    for ns, size in ((LOOKUP_NS, _BLOCK), *((ns, 4 << 10) for ns in TP_NAMESPACES)):
+        c.register_namespace(ns)
+        value = np.ones(size, dtype=np.uint8)
+        c.put_many(ns, keys, [value] * len(keys))
+        found = c.lookup(ns, keys, prefix=True, lease=False).num_prefix
+        if found != len(keys):
+            raise RuntimeError(f"stored a chain of {len(keys)} keys in {ns} but a lookup finds {found}")
 
 
 def _fresh(tag: str) -> Iterator[bytes]:
@@ -129,6 +137,8 @@ class Cases:
                 def lease_release(_: object, c: Client = c, look: Callable[[Any], Any] = look) -> None:
                     c.release([look(None)], wait=True)
                 made["fast lookup lease+release"] = Case(lease_release)
+                made["fast probe x8"] = Case(self._probe8(c, pipelined=True))
+                made["fast probe x8 seq"] = Case(self._probe8(c, pipelined=False))
             made[f"{p} reserve+commit"] = self._reserve_commit(c)
         made["uds rtt"] = Case(self._rtt)
         made["uds echo"] = Case(lambda _: self.peer.call(fp.ECHO, b""))
@@ -156,6 +166,18 @@ class Cases:
             if r.num_prefix != n or (lease and not r.id):
                 raise RuntimeError(f"lookup ({c.control_path}) found {r.num_prefix} of {n} keys, lease {r.id}")
             return r
+        return go
+
+    def _probe8(self, c: Client, pipelined: bool) -> Callable[[object], None]:
+        keys, want = self.keys, (len(self.keys), True)
+
+        def go(_: object) -> None:
+            if pipelined:
+                got = c.probe_prefix_many(TP_NAMESPACES, keys)
+            else:
+                got = min(c.probe_prefix(ns, keys) for ns in TP_NAMESPACES)
+            if got != want:
+                raise RuntimeError(f"the TP 8 probe ({'pipelined' if pipelined else 'sequential'}) answered {got}")
         return go
 
     def _leased(self, c: Client) -> Case:
@@ -205,7 +227,8 @@ def counted(before: Stats, after: Stats) -> dict[str, int]:
 FIELD = {"uds rtt": "uds_rtt", "uds echo": "uds_echo", "fast echo": "fast_echo", "grpc echo": "grpc_echo",
          "fast lookup": "fast_lookup280", "grpc lookup": "grpc_lookup280", "fast lookup lease": "fast_lookup280_lease",
          "fast lookup lease+release": "fast_lookup280_lease_release", "fast reserve+commit": "fast_reserve_commit",
-         "grpc reserve+commit": "grpc_reserve_commit"}
+         "grpc reserve+commit": "grpc_reserve_commit", "fast probe x8": "fast_probe280x8",
+         "fast probe x8 seq": "fast_probe280x8_seq"}
 LABELS = {
     "uds rtt": "limit: raw unix socket, Lookup-sized frames", "uds echo": "limit: raw unix socket, empty frames",
     "fast echo": "fast echo (ECHO: the daemon does nothing)", "grpc echo": "gRPC echo (Health)",
@@ -214,6 +237,8 @@ LABELS = {
     "fast lookup lease+release": "fast Lookup 280 (lease) + Release(wait)",
     "fast reserve+commit": "fast Reserve + Commit (1 x 4 KiB, no copy)",
     "grpc reserve+commit": "gRPC Reserve + Commit (1 x 4 KiB, no copy)",
+    "fast probe x8": "fast probe 280 x 8 namespaces (TP 8), pipelined",
+    "fast probe x8 seq": "fast probe 280 x 8 namespaces, one after another",
 }
 ROW_TARGETS = {"fast lookup": ("fast_lookup280_us_p50", "fast_lookup280_vs_uds"), "fast echo": ("fast_echo_us_p50",)}
 
@@ -232,6 +257,8 @@ def fields(hot: dict[str, Samples], cold: dict[str, Samples]) -> dict[str, Any]:
         out[f"fast_echo_vs_uds{suffix}"] = round(res["fast echo"].p50 / res["uds echo"].p50, 3)
         out[f"grpc_lookup280_vs_fast{suffix}"] = round(res["grpc lookup"].p50 / res["fast lookup"].p50, 3)
     out["lookup_ratio"] = round(hot["fast lookup"].p50 / hot["fast echo"].p50, 3)
+    out["tp8_probe_vs_seq"] = round(hot["fast probe x8"].p50 / hot["fast probe x8 seq"].p50, 3)
+    out["tp8_probe_vs_lookup"] = round(hot["fast probe x8"].p50 / hot["fast lookup"].p50, 3)
     req, rep = lookup_sizes()
     out.update(uds_request_bytes=req, uds_reply_bytes=rep, control_iters_hot=len(hot["fast lookup"]),
                control_iters_cold=len(cold["fast lookup"]), control_cold_gap_ms=COLD_GAP_S * 1e3,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore.client import Client
@@ -68,18 +68,22 @@ class StoreLink:
         with self._lock:
             self._mark_down_locked(exc)
 
-    def call(self, namespace: str, fn: Callable[[Client], T]) -> T | None:
-        """Run ``fn(client)`` with ``namespace`` registered; None (and a log line) on any store error."""
+    def call(self, namespace: str | Sequence[str], fn: Callable[[Client], T]) -> T | None:
+        """Run ``fn(client)`` with ``namespace`` (or each of several) registered; None (and a log line) on any
+        store error."""
         c = self.client
         if c is None:
             return None
+        names = [namespace] if isinstance(namespace, str) else list(namespace)
         try:
-            self._ensure(c, namespace)
+            for name in names:
+                self._ensure(c, name)
             try:
                 return fn(c)
             except UnknownNamespaceError:
-                self._registered.discard(namespace)  # daemon restarted: it forgot its namespaces
-                self._ensure(c, namespace)
+                self._registered.difference_update(names)  # daemon restarted: it forgot its namespaces
+                for name in names:
+                    self._ensure(c, name)
                 return fn(c)
         except KVStoreError as exc:
             if exc.grpc_code == "UNAVAILABLE":

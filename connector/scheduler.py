@@ -4,10 +4,10 @@ Per request it keeps the chained keys of its full stored blocks (`KeyChain`), it
 stored blocks the store already has (from the lookup) and how many it has asked the worker to save. Each
 step it turns that into a `StepPlan`:
 
-- get_num_new_matched_tokens: one batched prefix Lookup per pipeline stage (lease=False: it only counts, and
-  starts promoting disk-resident blocks into RAM) for the request's full stored blocks; the hit is the
-  shortest stage's answer, since every stage must load its own layers of each block (stage s > 0 is asked
-  only about the prefix the stages before it hold). The answer is remembered until the request is
+- get_num_new_matched_tokens: one batched prefix Lookup per shard (pipeline stage x TP rank; lease=False:
+  it only counts, and starts promoting disk-resident blocks into RAM) for the request's full stored blocks,
+  pipelined into one round trip; the hit is the shortest shard's answer, since every shard must load its
+  own layers and heads of each block. The answer is remembered until the request is
   scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. A hit all in RAM
   loads synchronously by default (load_mode "auto"): the request is scheduled in the same step and the
   worker copies its blocks before the forward. Other hits load asynchronously (load_kv_async=True): the
@@ -25,8 +25,8 @@ step it turns that into a `StepPlan`:
   gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
 
 Tensor parallelism: each TP rank stores its own heads under its own namespace, and the scheduler's stages are
-every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load, one
-probe per shard (TP 8 without pipeline stages: 8 probes per new request, each over what the previous hold).
+every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load (TP 8:
+8 prefix Lookups per new request, pipelined on the fast path: one round trip plus the daemon's work for each).
 
 Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
 all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
@@ -163,21 +163,16 @@ class SchedulerSide:
         return mode == "sync" or (mode == "auto" and st.lookup_in_ram)
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, bool]:
-        """(leading keys every stage holds, whether all of them are in RAM): one prefix probe per stage, each
-        over what the previous ones hold (probe_prefix splits chains longer than the daemon's max_batch_keys,
-        a 64K+ token prompt)."""
-        n, in_ram = len(keys), True
-        for ns in st.namespaces:
-            if n == 0:
-                break
-            part = keys[:n]
-            def probe(c: Client, ns: str = ns, part: list[bytes] = part) -> tuple[int, bool]:
-                return c.probe_prefix(ns, part)
-            got = self.link.call(ns, probe)
-            if got is None:  # store down or the call failed -> no hit
-                return 0, False
-            n, in_ram = min(n, got[0]), in_ram and got[1]
-        return n, in_ram
+        """(leading keys every shard holds, whether all of them are in RAM): one prefix probe per shard
+        namespace, pipelined into one round trip on the fast path (Client.probe_prefix_many; it splits chains
+        longer than the daemon's max_batch_keys, a 64K+ token prompt)."""
+        if not keys:
+            return 0, True
+        namespaces = st.namespaces
+        def probe(c: Client) -> tuple[int, bool]:
+            return c.probe_prefix_many(namespaces, keys)
+        got = self.link.call(namespaces, probe)
+        return (0, False) if got is None else got  # None: store down or the call failed -> no hit
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be

@@ -74,11 +74,16 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
     assert set(calls) == set(control_plane.EFFECTS)
     for name, n in calls.items():
         assert n == HOT_CALLS + (COLD_CALLS if name in cold else 0), name
-    # what the daemon counted over the control section: 4 Lookup cases (2 of them cold too), 2 Reserve+Commit,
-    # and on the fast path: echo 1, lookup 1, lookup lease 2 (its Release), lease+release 2, reserve+commit 2
-    assert checks["lookup_calls"] == 4 * HOT_CALLS + 2 * COLD_CALLS
+    # what the daemon counted over the control section: 4 Lookup cases (2 of them cold too) and 2 TP 8 probes of
+    # 8 Lookups each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1, lookup lease 2 (its Release),
+    # lease+release 2, reserve+commit 2, each TP 8 probe 8
+    assert checks["lookup_calls"] == (4 + 16) * HOT_CALLS + 2 * COLD_CALLS
     assert checks["reserve_calls"] == checks["committed_blocks"] == 2 * HOT_CALLS
-    assert checks["fast_requests"] == 8 * HOT_CALLS + 2 * COLD_CALLS
+    assert checks["fast_requests"] == (8 + 16) * HOT_CALLS + 2 * COLD_CALLS
+    assert out["fast_probe280x8_us_p50"] > 0 and out["fast_probe280x8_seq_us_p50"] > 0
+    # the ratio is of the unrounded p50s, the fields are rounded to 0.1 us
+    assert out["tp8_probe_vs_seq"] == pytest.approx(out["fast_probe280x8_us_p50"] / out["fast_probe280x8_seq_us_p50"],
+                                                    rel=0.01)
     assert checks["leases_active_after"] == 0
     assert out["control_iters_hot"] == BUDGET.min_iters * (control_plane.HOT_BLOCK[0] - control_plane.HOT_BLOCK[1])
     assert out["control_iters_cold"] == TINY.cold_iters

@@ -11,6 +11,7 @@
     arena_path.py    copies into and out of arena slots (gather / scatter, generation checks)
     stream_path.py   the Put / Get streams for clients that cannot map the arena
     releaser.py      lease releases off the caller's path (a background thread)
+    probes.py        how much of a key chain every one of several namespaces holds (pipelined probes)
     batches.py       split batches at max_batch_keys; spread per-hit results over the keys asked
     listing.py       Describe in batches and ListKeys page by page
     events.py        EventStream: a Subscribe call as an iterator that any thread can close

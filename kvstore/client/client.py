@@ -21,7 +21,7 @@ from typing import Any
 
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client import arena_path, connect, listing, stream_path
+from kvstore.client import arena_path, connect, listing, probes, stream_path
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.batches import chunks, scatter
 from kvstore.client.arena_slot import ArenaSlot
@@ -34,7 +34,7 @@ from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, Store
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
-from kvstore.vocab import ReserveOutcome, Tier
+from kvstore.vocab import ReserveOutcome
 
 __all__ = ["Client", "EventStream"]
 
@@ -350,16 +350,12 @@ class Client:
         """(how many leading keys of a chain are stored, whether all of those are in this node's RAM), with
         no lease taken. RAM hits load with one memcpy; disk and peer hits wait for a promotion or a fetch
         (started by this probe), which a caller may rather wait for off its critical path."""
-        total, in_ram = 0, True
-        for part in chunks(len(keys), self.max_batch_keys):
-            r = self._control.lookup(namespace, list(keys[part]), True, False, summary=True)
-            self._check_incarnation(r.incarnation)
-            n = r.num_prefix
-            total += n
-            in_ram = in_ram and all(t == Tier.RAM for t in r.tiers[:n])
-            if n < part.stop - part.start:
-                break
-        return total, in_ram
+        return self.probe_prefix_many([namespace], keys)
+
+    def probe_prefix_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, bool]:
+        """probe_prefix over several namespaces at once (the shards of one model: TP ranks, pipeline stages):
+        (leading keys every namespace holds, whether all of those are in RAM in every one); see probes.py."""
+        return probes.common_prefix(self._control, self._check_incarnation, self.max_batch_keys, namespaces, keys)
 
     # -- management -------------------------------------------------------------------------------------
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:

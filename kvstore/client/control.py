@@ -16,7 +16,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.fast_channel import FastChannel
 from kvstore.client.rpc import Rpc
 from kvstore.client.types import Lease, Reservation
-from kvstore.errors import StoreUnavailableError
+from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
@@ -33,6 +33,7 @@ class ControlPlane(Protocol):
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
     def close(self) -> None: ...
 
@@ -61,6 +62,10 @@ class GrpcControl:
 
     def release(self, lease_ids: list[int]) -> int:
         return self._rpc.call("Release", pb.ReleaseRequest(lease_ids=lease_ids)).released
+
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]:
+        """A prefix Lookup without lease of `keys` in each namespace, one call after another."""
+        return [self.lookup(ns, keys, True, False, summary=True) for ns in namespaces]
 
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         return list(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys)).present)
@@ -117,6 +122,23 @@ class FastControl:
         r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)
+
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]:
+        """A prefix Lookup without lease (summary) of `keys` in each namespace, pipelined: one round trip for all
+        (the scheduler's probe of every TP rank's and pipeline stage's namespace). The first refused one raises."""
+        try:
+            bodies = [fp.encode_lookup(ns, keys) for ns in namespaces]
+        except _ENCODE_ERRORS:
+            return self._grpc.probe_many(namespaces, keys)
+        flags = fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY
+        out = []
+        for ns, reply in zip(namespaces, self.channel.call_many([(fp.LOOKUP, b, flags) for b in bodies])):
+            if isinstance(reply, KVStoreError):
+                raise reply
+            r = _decoded(fp.decode_lookup_reply, reply)
+            out.append(Lease(ns, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums,
+                             r.lease_id, r.incarnation, r.tiers))
+        return out
 
     def release(self, lease_ids: list[int]) -> int:
         try:

@@ -18,9 +18,10 @@ import itertools
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from kvstore.errors import StoreUnavailableError, error_for_reason
+from kvstore.errors import KVStoreError, StoreUnavailableError, error_for_reason
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import FrameReader, recv_exact, set_kernel_timeouts
 
@@ -131,9 +132,30 @@ class FastChannel:
         """Send one request and return its reply body; raises the daemon's error as its KVStoreError class."""
         c = self._conn()
         rid = next(c.ids) & 0xFFFFFFFF
-        request = fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body
+        c = self._send(c, fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body)
+        reply = self._reply(c, rid)
+        if isinstance(reply, KVStoreError):
+            raise reply
+        return reply
+
+    def call_many(self, calls: Sequence[tuple[int, bytes, int]]) -> list[bytes | KVStoreError]:
+        """Pipelined: every (op, body, flags) request sent at once, the replies read in order (the daemon answers
+        a connection's frames one after another), so K calls cost one round trip plus the daemon's work. A
+        request the daemon refuses comes back as its KVStoreError in its slot (the others stand); a broken
+        connection raises StoreUnavailableError."""
+        c = self._conn()
+        rids, frames = [], []
+        for op, body, flags in calls:
+            rid = next(c.ids) & 0xFFFFFFFF
+            rids.append(rid)
+            frames.append(fp.HEADER.pack(len(body), op, flags, fp.OK, rid) + body)
+        c = self._send(c, b"".join(frames))
+        return [self._reply(c, rid) for rid in rids]
+
+    def _send(self, c: _Conn, request: bytes) -> _Conn:
         try:
             c.sock.sendall(request)
+            return c
         except OSError:
             # The connection died while idle (the daemon restarted or closed it): the daemon never read this
             # request, so sending it once more on a fresh connection cannot apply it twice.
@@ -141,9 +163,13 @@ class FastChannel:
             c = self._conn()
             try:
                 c.sock.sendall(request)
+                return c
             except OSError as exc:
                 self._drop(c)
                 raise StoreUnavailableError(f"kvstore fast path {self.path} failed: {exc}") from exc
+
+    def _reply(self, c: _Conn, rid: int) -> bytes | KVStoreError:
+        """The reply to request `rid`: its body, or the daemon's error as a KVStoreError (returned, not raised)."""
         try:
             raw, reply = c.reader.frame()
             head = fp.Header.parse(raw)
@@ -155,7 +181,8 @@ class FastChannel:
             if head.status == fp.OK:
                 raise StoreUnavailableError(f"fast path reply {head.request_id} to request {rid}: connection reset")
         if head.status != fp.OK:
-            _raise_error(reply)
+            reason, message = fp.decode_error(reply)
+            return error_for_reason(reason)(message)
         return reply
 
     def close(self) -> None:

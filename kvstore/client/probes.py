@@ -1,0 +1,34 @@
+"""How much of a key chain every one of several namespaces holds: the scheduler's probe of a model's shards.
+
+A model served with tensor or pipeline parallelism stores each shard (TP rank x pipeline stage) under its own
+namespace, and a prefix is only a hit when every shard can load it. Over the fast path the namespaces' prefix
+Lookups (no lease, summary) are pipelined: one round trip for all, then the daemon's work for each. Each
+namespace is probed over the whole chunk, so one that holds more than the others may start promotions of
+disk blocks past the common prefix (bounded by the chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvstore.client.batches import chunks
+from kvstore.client.control import ControlPlane
+from kvstore.vocab import Tier
+
+__all__ = ["common_prefix"]
+
+
+def common_prefix(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
+                  namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, bool]:
+    """(leading keys every namespace holds, whether all of those are in RAM in every one)."""
+    total, in_ram = 0, True
+    for part in chunks(len(keys), max_batch_keys):
+        leases = control.probe_many(namespaces, list(keys[part]))
+        for r in leases:
+            check_incarnation(r.incarnation)
+        n = min((r.num_prefix for r in leases), default=part.stop - part.start)
+        total += n
+        in_ram = in_ram and all(t == Tier.RAM for r in leases for t in r.tiers[:n])
+        if n < part.stop - part.start:
+            break
+    return total, in_ram
