@@ -89,12 +89,12 @@ def lookup_sizes(n: int = LOOKUP_KEYS, ns: str = LOOKUP_NS) -> tuple[int, int]:
     return len(req), len(rep)
 
 
-def store_chain(c: Client, keys: list[bytes]) -> None:
-    """The chain in LOOKUP_NS (16 KiB blocks) and in each of TP_NAMESPACES (4 KiB: a Lookup's cost does not
-    depend on the block size)."""
-    for ns, size in ((LOOKUP_NS, _BLOCK), *((ns, 4 << 10) for ns in TP_NAMESPACES)):
+def store_chain(c: Client, keys: list[bytes], namespaces: tuple[str, ...] = (LOOKUP_NS,)) -> None:
+    """The chain in each namespace (16 KiB blocks in LOOKUP_NS, 4 KiB in the others: a Lookup's cost does not
+    depend on the block size), each checked by a Lookup."""
+    for ns in namespaces:
         c.register_namespace(ns)
-        value = np.ones(size, dtype=np.uint8)
+        value = np.ones(_BLOCK if ns == LOOKUP_NS else 4 << 10, dtype=np.uint8)
         c.put_many(ns, keys, [value] * len(keys))
         found = c.lookup(ns, keys, prefix=True, lease=False).num_prefix
         if found != len(keys):

@@ -208,7 +208,7 @@ def stream_section(r: Report, plan: Plan, address: str) -> None:
 def control_section(r: Report, plan: Plan, fast: Client, grpc: Client) -> None:
     """bench/control_plane.py, hot then cold, with the daemon's counters checked against what the cases sent."""
     keys = control_plane.chain_keys("chain", plan.lookup_keys)
-    control_plane.store_chain(fast, keys)
+    control_plane.store_chain(fast, keys, (control_plane.LOOKUP_NS, *control_plane.TP_NAMESPACES))
     wait_until(lambda: fast.stats().leases_active == 0, timeout_s=10, what="the background Releases to land")
     _, rep = control_plane.lookup_sizes(plan.lookup_keys)
     with UdsPeer({fp.LOOKUP: rep - fp.HEADER.size}) as peer:
