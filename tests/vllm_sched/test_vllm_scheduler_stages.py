@@ -6,6 +6,7 @@ layer split with one key size. Block size 16, blocks_per_key=1 (see test_vllm_sc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 
 from connector import vllm_connector
@@ -26,33 +27,7 @@ def test_pipeline_stages_store_their_own_layers_and_hits_are_what_every_stage_ho
     h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1}, pp=2)
     s0, s1 = h.sched_side.stages.specs
     assert (s0.layer_range, s1.layer_range) == ((0, 1), (1, 2))
-    assert [w.spec for w in h.workers] == [s0, s1]
-    ns0, ns1 = h.sched_side.stages.names()
-    assert ns0 != ns1
-    h.add("r1", PROMPT)
-    h.run()
-    keys = chain_keys(6, PROMPT)
-    with Client(daemon.address) as c:
-        assert sorted(k.key for k in c.keys(ns0)) == sorted(k.key for k in c.keys(ns1)) == sorted(keys)
-        assert c.get_many(ns0, keys) == [expected_key_bytes(PROMPT, k, range(0, 1)) for k in range(6)]
-        assert c.get_many(ns1, keys) == [expected_key_bytes(PROMPT, k, range(1, 2)) for k in range(6)]
-        assert c.delete(ns1, keys[3:4]) == 1
-    assert h.scheduler.reset_prefix_cache()
-    r2 = h.add("r2", list(PROMPT))
-    h.run()
-    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (48, 0)
-    loads = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads]
-    assert [(j.req_id, j.keys) for j in loads] == [("r2", keys[:3])]
-    assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [3, 3]
-    assert [w.counters.totals.get("load_failed_blocks", 0) for w in h.workers] == [0, 0]
-    assert h.tracked["r2"].scheduled_tokens == 52 + 1
-    assert h.kv_matches_tokens("r2", 101)                              # both layers hold what a forward writes
-    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
-    assert [w.counters.totals["saved_blocks"] for w in h.workers] == [6, 6 + 1]   # r2: only stage 1 lacked key 3
-    with Client(daemon.address) as c:
-        assert sorted(k.key for k in c.keys(ns1)) == sorted(keys)
-        assert c.get(ns1, keys[3]) == expected_key_bytes(PROMPT, 3, range(1, 2))
-    h.close()
+    _hole_in_the_second_shard(h, daemon.address, lambda shard, k: expected_key_bytes(PROMPT, k, range(shard, shard + 1)))
 
 
 def test_stage_specs_follow_vllms_layer_split_and_share_one_key_size(tmp_path) -> None:
@@ -85,16 +60,25 @@ def test_tensor_parallel_ranks_store_their_own_heads_and_hits_are_what_every_ran
     r0, r1 = h.sched_side.stages.specs
     assert [(s.tp_rank, s.tp_size, s.num_kv_heads, s.layer_range) for s in (r0, r1)] == [(0, 2, 1, (0, 2)),
                                                                                       (1, 2, 1, (0, 2))]
-    assert [w.spec for w in h.workers] == [r0, r1]
+    _hole_in_the_second_shard(h, daemon.address, lambda shard, k: expected_key_bytes(PROMPT, k, range(0, 2), shard, 2))
+
+
+def _hole_in_the_second_shard(h: Harness, address: str, stored: Callable[[int, int], bytes]) -> None:
+    """The scenario both shard kinds share (two shards, one worker each; `stored(shard, key)`: the bytes a
+    forward makes that shard store for a key). The first request stores 6 keys in both shards' namespaces;
+    with key 3 deleted from shard 1 only, the second request is offered 3 keys (48 tokens), both shards load
+    them with no failure and hold what a forward writes, and only shard 1 stores key 3 again."""
+    shards = list(h.sched_side.stages.specs)
+    assert [w.spec for w in h.workers] == shards
     ns0, ns1 = h.sched_side.stages.names()
     assert ns0 != ns1
     h.add("r1", PROMPT)
     h.run()
     keys = chain_keys(6, PROMPT)
-    with Client(daemon.address) as c:
+    with Client(address) as c:
         assert sorted(k.key for k in c.keys(ns0)) == sorted(k.key for k in c.keys(ns1)) == sorted(keys)
-        assert c.get_many(ns0, keys) == [expected_key_bytes(PROMPT, k, range(0, 2), 0, 2) for k in range(6)]
-        assert c.get_many(ns1, keys) == [expected_key_bytes(PROMPT, k, range(0, 2), 1, 2) for k in range(6)]
+        assert c.get_many(ns0, keys) == [stored(0, k) for k in range(6)]
+        assert c.get_many(ns1, keys) == [stored(1, k) for k in range(6)]
         assert c.delete(ns1, keys[3:4]) == 1
     assert h.scheduler.reset_prefix_cache()
     r2 = h.add("r2", list(PROMPT))
@@ -105,10 +89,10 @@ def test_tensor_parallel_ranks_store_their_own_heads_and_hits_are_what_every_ran
     assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [3, 3]
     assert [w.counters.totals.get("load_failed_blocks", 0) for w in h.workers] == [0, 0]
     assert h.tracked["r2"].scheduled_tokens == 52 + 1
-    assert h.kv_matches_tokens("r2", 101)                              # each rank holds its own heads' KV
+    assert h.kv_matches_tokens("r2", 101)                              # every shard holds what a forward writes
     assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
-    assert [w.counters.totals["saved_blocks"] for w in h.workers] == [6, 6 + 1]   # r2: only rank 1 lacked key 3
-    with Client(daemon.address) as c:
+    assert [w.counters.totals["saved_blocks"] for w in h.workers] == [6, 6 + 1]   # r2: only shard 1 lacked key 3
+    with Client(address) as c:
         assert sorted(k.key for k in c.keys(ns1)) == sorted(keys)
-        assert c.get(ns1, keys[3]) == expected_key_bytes(PROMPT, 3, range(0, 2), 1, 2)
+        assert c.get(ns1, keys[3]) == stored(1, 3)
     h.close()
