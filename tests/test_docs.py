@@ -266,6 +266,7 @@ def test_readme_is_a_front_page() -> None:
 
 REPO_PATH = re.compile(r"^(?:kvstore|connector|bench|tests|deploy|proto|docs)/[\w./-]*$")
 BUILT = ("kvstore/_proto",)  # written by the build into the installed package, not in the tree
+OUTPUTS = "bench/out/"  # written by the benchmarks when they run; gitignored, so a clean clone has none
 
 
 def _repo_paths(path: Path) -> list[str]:
@@ -280,12 +281,22 @@ def _repo_paths(path: Path) -> list[str]:
     return sorted({p for p in found if REPO_PATH.match(p) and not p.startswith(BUILT)})
 
 
-PATHS = [(path, p) for path in DOC_FILES for p in _repo_paths(path)]
+PATHS = [(path, p) for path in DOC_FILES for p in _repo_paths(path) if not p.startswith(OUTPUTS)]
+OUTPUT_PATHS = [(path, p) for path in DOC_FILES for p in _repo_paths(path) if p.startswith(OUTPUTS)]
 
 
 @pytest.mark.parametrize("path,named", PATHS, ids=lambda v: v.name if isinstance(v, Path) else v)
 def test_named_repository_path_exists(path: Path, named: str) -> None:
     assert (ROOT / named).exists(), f"{path.relative_to(ROOT)} names {named}, which does not exist (moved?)"
+
+
+@pytest.mark.parametrize("path,named", OUTPUT_PATHS, ids=lambda v: v.name if isinstance(v, Path) else v)
+def test_named_benchmark_output_is_written(path: Path, named: str) -> None:
+    """A benchmark output a doc names (bench/out/ is gitignored, so it need not exist) is one a bench script
+    writes: its file name appears in bench/'s source."""
+    name = Path(named).name
+    writers = [p for p in (ROOT / "bench").rglob("*.py") if name in p.read_text()]
+    assert writers, f"{path.relative_to(ROOT)} names {named}, but no bench/ script writes {name}"
 
 
 def test_main_settings_table_names_real_settings() -> None:
