@@ -151,7 +151,7 @@ class Bench:
         while done < self.tokens:
             n = min(chunk or self.tokens, self.tokens - done)
             need = -(-(done + n) // BLOCK_TOKENS)            # vLLM allocates the blocks this step writes
-            plan = self.sched.build([ScheduledRequest(rid, self.table[have:need], done == 0, n)])
+            plan = self.sched.build([ScheduledRequest(rid, [self.table[have:need]], done == 0, n)])
             steps.append(plan.saves)
             done, have = done + n, need
             req.num_computed_tokens = done
@@ -211,7 +211,7 @@ class Bench:
             for b in self.sample:
                 self.cache.stamp(b, 0)          # overwrite: the load must bring the saved bytes back
             g = self.spec.blocks_per_key
-            job = LoadJob(f"load-{self.n_prompts}", None, self.stored.keys, self.table[:len(self.stored.keys) * g])
+            job = LoadJob(f"load-{self.n_prompts}", None, self.stored.keys, [self.table[:len(self.stored.keys) * g]])
             return job, dict(w.counters.totals)
 
         def fn(arg: tuple[LoadJob, dict[str, float]]) -> None:

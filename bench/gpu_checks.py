@@ -207,7 +207,7 @@ def save_load_check(address: str, torch: Any, device: str) -> dict[str, Any]:
             before = dict(worker.counters.totals)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            worker.save([SaveJob(f"save-{r}", None, keys, src_blocks)])   # the kernel runs after the "forward"
+            worker.save([SaveJob(f"save-{r}", None, keys, [src_blocks])])   # the kernel runs after the "forward"
             worker.drain()
             save_s.append(time.perf_counter() - t0)
             saved = worker.counters.totals.get("saved_blocks", 0) - before.get("saved_blocks", 0)
@@ -215,7 +215,7 @@ def save_load_check(address: str, torch: Any, device: str) -> dict[str, Any]:
                 t[:, dst_blocks] = 0                         # the load must bring every byte back
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            worker.start_loads([LoadJob(f"load-{r}", None, keys, dst_blocks)])
+            worker.start_loads([LoadJob(f"load-{r}", None, keys, [dst_blocks])])
             worker.drain()
             load_s.append(time.perf_counter() - t0)
             _, recv = worker.finished(set())

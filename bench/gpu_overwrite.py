@@ -118,7 +118,7 @@ def overwrite_during_save_check(address: str, torch: Any, device: str, keys: int
                 t[:, src_blocks] = torch.randn(step_kv, generator=gen, device=device).to(torch.bfloat16)
             want = {name: t[:, src_blocks].clone() for name, t in caches.items()}
             spy.handles.clear()
-            worker.save([SaveJob(f"overwrite-{r}", None, ks, src_blocks)])   # what wait_for_save runs
+            worker.save([SaveJob(f"overwrite-{r}", None, ks, [src_blocks])])   # what wait_for_save runs
             for t in caches.values():                 # the next step reuses the freed blocks at once
                 t.index_fill_(1, src_idx, OVERWRITE_VALUE)
             in_flight = (bool(spy.handles) and not spy.handles[-1].query()) if cuda else None
@@ -128,7 +128,7 @@ def overwrite_during_save_check(address: str, torch: Any, device: str, keys: int
             overwritten = all(bool((t[:, src_blocks] == OVERWRITE_VALUE).all()) for t in caches.values())
             for t in caches.values():
                 t[:, dst_blocks] = 0                  # the load must bring every byte back
-            worker.start_loads([LoadJob(f"overwrite-load-{r}", None, ks, dst_blocks)])
+            worker.start_loads([LoadJob(f"overwrite-load-{r}", None, ks, [dst_blocks])])
             worker.drain()
             sync()
             _, recv = worker.finished(set())

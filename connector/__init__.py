@@ -12,6 +12,7 @@
     pinning.py         which parts of an arena mapping are pinned for the GPU, kept true as slabs move
     keys.py            stable block keys: a chained xxh3-128 over token ids, the same in every process
     namespace.py       namespaces: blocks are exchanged only between identical KV layouts
+    groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save
     link.py            a fail-soft handle on the daemon for code running inside vLLM
     stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
 """

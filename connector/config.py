@@ -25,6 +25,12 @@ Keys (all optional)::
     key_seed           seed of the chained block hash (0); change it to start a fresh key space
     model_id           name used in the namespace instead of vLLM's model path (e.g. when paths differ per node)
     copy_threads       threads of the native CPU copy (2)
+    window_save        hybrid models (sliding-window or chunked-local KV cache groups): "trim" (default) stores
+                       of such a group only the blocks a later hit can use (the window before the prompt's end
+                       and before every window_checkpoint_tokens), "all" every block
+    window_checkpoint_tokens
+                       with "trim": also keep the window before every this many tokens (8192), so a request
+                       that shares only part of a long prompt (a forked sub-agent) still hits; 0: prompt ends only
 """
 
 from __future__ import annotations
@@ -35,10 +41,11 @@ from typing import Any
 
 from kvstore.errors import ConfigError
 
-__all__ = ["ConnectorConfig", "SAVE_POLICIES", "LOAD_MODES"]
+__all__ = ["ConnectorConfig", "SAVE_POLICIES", "LOAD_MODES", "WINDOW_SAVES"]
 
 SAVE_POLICIES = ("prompt", "all", "off")
 LOAD_MODES = ("auto", "sync", "async")
+WINDOW_SAVES = ("trim", "all")
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -77,6 +84,8 @@ class ConnectorConfig:
     key_seed: int = 0
     model_id: str = ""
     copy_threads: int = 2
+    window_save: str = "trim"
+    window_checkpoint_tokens: int = 8192
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -99,6 +108,11 @@ class ConnectorConfig:
             if extra["save"] not in SAVE_POLICIES:
                 raise ConfigError(f"kv_connector_extra_config.save={extra['save']!r}: use one of {SAVE_POLICIES}")
             kw["save"] = extra["save"]
+        if "window_save" in extra:
+            if extra["window_save"] not in WINDOW_SAVES:
+                raise ConfigError(f"kv_connector_extra_config.window_save={extra['window_save']!r}: use one of "
+                                  f"{WINDOW_SAVES}")
+            kw["window_save"] = extra["window_save"]
         if "load" in extra:
             kw["load"] = _bool("load", extra["load"])
         if "load_mode" in extra:
@@ -112,7 +126,8 @@ class ConnectorConfig:
         if "blocks_per_key" in extra and extra["blocks_per_key"] not in ("auto", None):
             kw["blocks_per_key"] = _number("blocks_per_key", extra["blocks_per_key"], int, 1, 1024)
         for name, lo, hi in (("min_transfer_bytes", 4096, 1 << 30), ("max_blocks_per_key", 1, 1024),
-                             ("key_seed", 0, (1 << 64) - 1), ("copy_threads", 1, 64)):
+                             ("key_seed", 0, (1 << 64) - 1), ("copy_threads", 1, 64),
+                             ("window_checkpoint_tokens", 0, 1 << 24)):
             if name in extra:
                 kw[name] = _number(name, extra[name], int, lo, hi)
         if "model_id" in extra:

@@ -22,6 +22,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from connector.groups import FULL, GroupKind
+
 __all__ = ["KVLayoutSpec", "StageLayouts", "namespace_for", "registration"]
 
 _BAD = re.compile(r"[^A-Za-z0-9._:@+=-]+")
@@ -39,10 +41,24 @@ class KVLayoutSpec:
     tp_size: int
     blocks_per_key: int
     first_layer: int = 0   # global index of this stage's first layer (0 without pipeline parallelism)
+    # KV cache groups (vLLM's hybrid manager): which group of how many this shard stores, its kind, its layers
+    # on this stage, and the bytes of one vLLM block of them (vLLM's page size: MLA has one latent, not K and V)
+    kind: GroupKind | None = None  # None: the model's only group, full attention (names as before groups)
+    group_index: int = 0
+    group_count: int = 1
+    group_layers: int = 0
+    page_bytes: int = 0            # 0: the standard K and V formula
+
+    @property
+    def group_kind(self) -> GroupKind:
+        return self.kind or FULL
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V for every layer, this rank's heads (standard attention; the worker checks the real size)."""
+        """vLLM's page size when known, else K and V for every layer, this rank's heads (the worker checks the
+        real size)."""
+        if self.page_bytes:
+            return self.page_bytes // self.block_size
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _dtype_bytes(self.dtype)
 
     @property
@@ -62,10 +78,16 @@ class KVLayoutSpec:
 
         ``first_layer`` enters only when it is not 0, so a layout without pipeline stages keeps the name it
         had before stages were named (blocks stored by an earlier version stay reachable); stage 0 is still
-        told apart from the whole model by ``num_layers``."""
+        told apart from the whole model by ``num_layers``. The group fields enter the same way: a model with one
+        full-attention group keeps its name, and so does every layout whose page size follows the K and V formula."""
         body = asdict(self)
         if not self.first_layer:
             del body["first_layer"]
+        if self.kind is None:
+            for name in ("kind", "group_index", "group_count", "group_layers"):
+                del body[name]
+        if not self.page_bytes:
+            del body["page_bytes"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

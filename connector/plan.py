@@ -1,9 +1,13 @@
 """What the scheduler side tells the worker side each step: small, picklable value objects.
 
 vLLM ships the connector metadata from the scheduler process to every worker each step, so it carries only
-keys and block ids; the worker owns the bytes. `block_ids` of a job is flat, ``blocks_per_key`` entries per
-key in key order; an entry of -1 is a block the worker must not touch (already in vLLM's own prefix cache,
-possibly shared with other requests), which happens when a hit starts inside a stored block.
+keys and block ids; the worker owns the bytes. `block_ids` of a job holds one list per KV cache group (one for
+a model without hybrid groups), each flat, ``blocks_per_key`` entries per key in key order. An entry of -1 is a
+block the worker must not touch: already in vLLM's own prefix cache (possibly shared with other requests),
+which happens when a hit starts inside a stored block; or, in a sliding-window or chunked-local group, a block
+vLLM does not keep (a load) or one this group does not store (a save, see connector/groups.py). A load copies
+every key of a group with at least one block to fill; a save stores a group's key only when all its blocks are
+there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ class LoadJob:
     req_id: str
     cache_salt: str | None  # the worker derives its own rank's namespace from it
     keys: list[bytes]
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     sync: bool = False
 
 
@@ -33,7 +37,7 @@ class SaveJob:
     req_id: str
     cache_salt: str | None  # the worker derives its own rank's namespace from it
     keys: list[bytes]
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
 
 
 @dataclass

@@ -28,6 +28,12 @@ Tensor parallelism: each TP rank stores its own heads under its own namespace, a
 every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load (TP 8:
 8 prefix Lookups per new request, pipelined on the fast path: one round trip plus the daemon's work for each).
 
+Hybrid models (KV cache groups, vLLM's hybrid manager; connector/groups.py): every group is a shard of its own,
+with its own block table. The hit is the full-attention shards' common prefix, shortened until every
+sliding-window or chunked-local shard holds the window vLLM keeps there (one more pipelined probe of those
+shards' keys). Loads fill only the blocks vLLM keeps (its null block marks the others); a windowed group saves
+only the keys later hits can use (`groups.saved_in_window`) unless window_save is "all".
+
 Requests are read through attribute names vLLM's ``Request`` has (request_id, prompt_token_ids,
 all_token_ids, num_computed_tokens, cache_salt, lora_request, mm_features), so tests can drive this class
 with a plain object and no vLLM installed.
@@ -41,11 +47,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from connector.config import ConnectorConfig
+from connector.groups import NULL_BLOCK, first_needed_key, save_points, saved_in_window, window_hit
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.stats import ConnectorCounters
+from kvstore.vocab import Tier
 
 if TYPE_CHECKING:
     from kvstore.client import Client
@@ -57,10 +65,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """One request in this step's scheduler output: its block table (whole, or this step's additions)."""
+    """One request in this step's scheduler output: its block tables, one per KV cache group (whole, or this
+    step's additions)."""
 
     req_id: str
-    block_ids: list[int] | None
+    block_ids: list[list[int]] | None
     is_full_table: bool
     num_scheduled_tokens: int
 
@@ -68,15 +77,15 @@ class ScheduledRequest:
 @dataclass
 class _ReqState:
     request: Any
-    namespaces: list[str]       # one per shard: pipeline stage x TP rank
+    namespaces: list[str]       # one per shard: pipeline stage x TP rank x KV cache group
     salt: str | None
     chain: KeyChain
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     stored_keys: int = 0        # keys known to be in the store (lookup answer or saved)
     lookup_keys: int | None = None  # remembered lookup answer until scheduled
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
-    loading: tuple[int, list[int]] | None = None  # in-flight load: (first key, its job's block ids)
+    loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
     lookup_in_ram: bool = False  # the remembered lookup's hits are all in this node's RAM
     sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
     #                             reach update_connector_output after the step it ran in, which with async
@@ -111,6 +120,10 @@ class SchedulerSide:
         self.counters = counters or ConnectorCounters()
         self.tokens_per_key = spec.tokens_per_key
         self.blocks_per_key = spec.blocks_per_key
+        # KV cache groups: every shard's group, and each group's kind (the same in every stage and TP rank)
+        self._kinds = {s.group_index: s.group_kind for s in self.stages.specs}
+        self.num_groups = len(self._kinds)
+        self._windowed = [s.group_kind.windowed for s in self.stages.specs]
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
         self._stored: list[StoredRecord] = []
@@ -169,10 +182,30 @@ class SchedulerSide:
         if not keys:
             return 0, True
         namespaces = st.namespaces
+        full = [ns for ns, w in zip(namespaces, self._windowed) if not w]
         def probe(c: Client) -> tuple[int, bool]:
-            return c.probe_prefix_many(namespaces, keys)
+            n, in_ram = c.probe_prefix_many(full, keys) if full else (len(keys), True)
+            return self._window_hit(c, st, keys, n, in_ram) if n and len(full) < len(namespaces) else (n, in_ram)
         got = self.link.call(namespaces, probe)
         return (0, False) if got is None else got  # None: store down or the call failed -> no hit
+
+    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes], n: int, in_ram: bool) -> tuple[int, bool]:
+        """The hit of at most ``n`` keys every windowed shard can serve: its window before ``n`` first (the
+        common case, one probe of a window's keys), else every key up to ``n`` and the longest hit they allow."""
+        shards = [(ns, s.group_kind) for ns, s in zip(st.namespaces, self.stages.specs) if s.group_kind.windowed]
+        t, bs = self.tokens_per_key, self.spec.block_size
+        lo = min(first_needed_key(kind, n, tokens_per_key=t, block_size=bs) for _, kind in shards)
+        tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
+        if all(all(x != Tier.NONE for x in shard_tiers) for shard_tiers in tiers):
+            return n, in_ram and all(x == Tier.RAM for shard_tiers in tiers for x in shard_tiers)
+        if lo:
+            tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
+        hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard_tiers])
+                             for (_, kind), shard_tiers in zip(shards, tiers)], tokens_per_key=t, block_size=bs)
+        self.counters.add(lookup_window_short_keys=n - hit)
+        ram = all(x == Tier.RAM for (_, kind), shard_tiers in zip(shards, tiers)
+                  for x in shard_tiers[first_needed_key(kind, hit, tokens_per_key=t, block_size=bs):hit])
+        return hit, in_ram and ram
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -190,7 +223,7 @@ class SchedulerSide:
                       "access for vLLM's user.", c.address)
         return False
 
-    def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+    def after_alloc(self, request: Any, block_ids: list[list[int]], num_external_tokens: int) -> None:
         """Blocks are allocated; when the store supplies tokens, plan their load into ``block_ids``.
 
         Always queues a job when ``num_external_tokens`` > 0: an asynchronous load put the request in
@@ -200,7 +233,7 @@ class SchedulerSide:
         if num_external_tokens <= 0:
             return
         st.lookup_keys = None  # used: if this load fails and vLLM asks again, look again
-        t, g = self.tokens_per_key, self.blocks_per_key
+        t = self.tokens_per_key
         local = st.local_tokens
         end = local + num_external_tokens
         first_key = local // t
@@ -208,22 +241,33 @@ class SchedulerSide:
         # recomputes (overwrites) the positions past ``end``.
         last_key = -(-end // t)
         keys = st.chain.extend(request.prompt_token_ids or [])[first_key:last_key]
-        if len(keys) != last_key - first_key or len(block_ids) < -(-end // self.spec.block_size):
+        allocated = min((len(b) for b in block_ids), default=0)
+        if len(keys) != last_key - first_key or allocated < -(-end // self.spec.block_size):
             log.error("request %s: vLLM expects %d tokens from the store after %d of its own, beyond the %d keys "
                       "looked up or the %d blocks allocated; loading what fits", request.request_id,
-                      num_external_tokens, local, len(st.chain.keys), len(block_ids))
+                      num_external_tokens, local, len(st.chain.keys), allocated)
             last_key = first_key + len(keys)
-        blocks = list(block_ids[first_key * g: last_key * g])
-        blocks += [-1] * ((last_key - first_key) * g - len(blocks))
         st.load_skip_blocks = (local - first_key * t) // self.spec.block_size
-        for i in range(st.load_skip_blocks):
-            blocks[i] = -1
-        st.block_ids = list(block_ids)
+        blocks = [self._load_blocks(gi, block_ids[gi], first_key, last_key, st.load_skip_blocks)
+                  for gi in range(len(block_ids))]
+        st.block_ids = [list(b) for b in block_ids]
         st.loading = (first_key, blocks)
         sync = self._sync(st)
         st.sync_builds = 2 if sync else 0
         self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync))
         self.counters.add(load_requests=1, load_sync_requests=int(sync))
+
+    def _load_blocks(self, group: int, table: list[int], first_key: int, last_key: int, skip: int) -> list[int]:
+        """One group's blocks for the keys first_key .. last_key-1: -1 where the worker must not write (blocks
+        of vLLM's own prefix-cache hit, and in a windowed group the null blocks vLLM does not keep)."""
+        g = self.blocks_per_key
+        blocks = list(table[first_key * g: last_key * g])
+        blocks += [-1] * ((last_key - first_key) * g - len(blocks))
+        for i in range(skip):
+            blocks[i] = -1
+        if self._kinds.get(group, self.spec.group_kind).windowed:
+            blocks = [-1 if b == NULL_BLOCK else b for b in blocks]
+        return blocks
 
     def on_worker_output(self, finished_recving: Iterable[str], invalid_block_ids: Iterable[int]) -> None:
         """vLLM's update_connector_output: blocks that failed to load are not in the store (evicted since the
@@ -236,8 +280,9 @@ class SchedulerSide:
             for st in self._reqs.values():
                 if st.loading is None:
                     continue
-                first_key, blocks = st.loading
-                bad = next((i for i, b in enumerate(blocks) if b >= 0 and b in invalid), None)
+                first_key, groups = st.loading
+                bad = min((i for blocks in groups for i, b in enumerate(blocks) if b >= 0 and b in invalid),
+                          default=None)
                 if bad is not None and first_key + bad // g < st.stored_keys:
                     self.counters.add(load_rollback_keys=st.stored_keys - (first_key + bad // g))
                     st.stored_keys = first_key + bad // g
@@ -260,10 +305,11 @@ class SchedulerSide:
             else:
                 st.loading = None  # a scheduled request's asynchronous load has been reported
             if s.block_ids is not None:
-                if s.is_full_table:
-                    st.block_ids = list(s.block_ids)
+                if s.is_full_table or not st.block_ids:
+                    st.block_ids = [list(b) for b in s.block_ids]
                 else:
-                    st.block_ids.extend(s.block_ids)
+                    for table, new in zip(st.block_ids, s.block_ids):
+                        table.extend(new)
             job = self._save_job(st, s.num_scheduled_tokens)
             if job is not None:
                 plan.saves.append(job)
@@ -278,18 +324,39 @@ class SchedulerSide:
         tokens = req.all_token_ids if self.config.save == "all" else req.prompt_token_ids
         computed = min(req.num_computed_tokens + num_scheduled_tokens, len(tokens))
         g = self.blocks_per_key
-        full = min(computed // self.tokens_per_key, len(st.block_ids) // g)
+        full = min(computed // self.tokens_per_key, min((len(b) for b in st.block_ids), default=0) // g)
         if full <= st.stored_keys:
             return None
         keys = st.chain.extend(tokens[: full * self.tokens_per_key])[st.stored_keys:full]
-        blocks = st.block_ids[st.stored_keys * g: full * g]
         first = st.stored_keys
+        blocks = [self._save_blocks(gi, table, first, full, len(req.prompt_token_ids or ()))
+                  for gi, table in enumerate(st.block_ids)]
         st.stored_keys = full
         self.counters.add(save_keys=full - first)
         t = self.tokens_per_key
         self._stored.append(StoredRecord(list(keys), st.chain.keys[first - 1] if first else None,
                                          list(tokens[first * t: full * t]), t, _lora_name(req)))
-        return SaveJob(req.request_id, st.salt, list(keys), list(blocks))
+        return SaveJob(req.request_id, st.salt, list(keys), blocks)
+
+    def _save_blocks(self, group: int, table: list[int], first: int, full: int, prompt_len: int) -> list[int]:
+        """One group's blocks for the keys first .. full-1. A windowed group keeps (window_save "trim") only the
+        keys a later hit can use (groups.saved_in_window: the window before the prompt's end and before every
+        checkpoint; with save "all", every key past the prompt too) and never a key holding a null block
+        (vLLM handed it back before this save: its bytes are not this request's); the others are -1."""
+        g, t = self.blocks_per_key, self.tokens_per_key
+        blocks = list(table[first * g: full * g])
+        kind = self._kinds.get(group, self.spec.group_kind)
+        if not kind.windowed:
+            return blocks
+        points = save_points(prompt_len, t, self.config.window_checkpoint_tokens)
+        trim = self.config.window_save == "trim"
+        for k in range(first, full):
+            part = blocks[(k - first) * g:(k - first + 1) * g]
+            keep = NULL_BLOCK not in part and (not trim or (k + 1) * t > prompt_len or saved_in_window(
+                kind, k, tokens_per_key=t, block_size=self.spec.block_size, save_points=points))
+            if not keep:
+                blocks[(k - first) * g:(k - first + 1) * g] = [-1] * g
+        return blocks
 
     def request_finished(self, request: Any) -> bool:
         """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state."""

@@ -21,18 +21,23 @@ child cannot reach: set "kv_load_failure_policy": "recompute" there yourself.
 
 Pipeline parallelism: every stage stores its own layers in its own namespace (connector.namespace); the
 scheduler looks a prefix up in all of them and offers what every stage holds.
+
+Hybrid models (SupportsHMA): with several KV cache groups (sliding-window or chunked-local layers next to full
+ones) vLLM keeps its hybrid KV cache manager on for this connector, so it keeps only the blocks each group's
+layers can still attend to. Each group is stored under its own namespace; see connector/groups.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from connector.config import ConnectorConfig
+from connector.groups import KVGroup, groups_from_config
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
@@ -45,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
@@ -95,13 +101,17 @@ def _dtype_name(vllm_config: VllmConfig) -> str:
     return str(vllm_config.model_config.dtype).removeprefix("torch.")
 
 
-def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) -> list[KVLayoutSpec]:
-    """The KV layout of every pipeline stage, in stage order (one without pipeline parallelism).
+def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
+                groups: Sequence[KVGroup] = ()) -> list[KVLayoutSpec]:
+    """The KV layout of every pipeline stage and KV cache group, stage by stage (one without pipeline
+    parallelism and hybrid groups); ``groups`` from `connector.groups.groups_from_config` (none: one full group).
 
     Every process derives the same list from the vLLM config: stage s holds the global layers vLLM itself
     gives it (vllm.distributed.utils.get_pp_indices, which honours VLLM_PP_LAYER_PARTITION). Stored blocks
-    hold one key's tokens in every stage, so ``blocks_per_key`` is resolved once, from the stage with the
-    smallest block (every stage's transfer unit reaches min_transfer_bytes, up to the cap).
+    hold one key's tokens in every stage and group, so ``blocks_per_key`` is resolved once, from the stage with
+    the smallest block (every stage's transfer unit reaches min_transfer_bytes, up to the cap). A model with
+    one full-attention group keeps the names it had before groups (no group fields in the digest); a hybrid one
+    names each group's index, kind and layer count (vLLM gives every stage the same groups, its own layers).
     """
     from vllm.distributed.utils import get_pp_indices
 
@@ -112,12 +122,31 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int) 
         model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
         block_size=int(vllm_config.cache_config.block_size), num_kv_heads=int(mc.get_num_kv_heads(pc)),
         head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size))
-    bases = []
+    hybrid = len(groups) > 1 or any(g.kind.windowed for g in groups)
+    bases: list[KVLayoutSpec] = []
     for stage in range(pp):
         start, end = get_pp_indices(total, stage, pp)
-        bases.append(KVLayoutSpec(**common, num_layers=end - start, first_layer=start, blocks_per_key=1))
-    g = config.resolve_blocks_per_key(min(b.block_bytes for b in bases))
-    return [replace(b, blocks_per_key=g) for b in bases]
+        base = KVLayoutSpec(**common, num_layers=end - start, first_layer=start, blocks_per_key=1)
+        options: list[KVGroup | None] = [*groups] or [None]
+        for g in options:
+            bases.append(_group_spec(base, g, len(groups), hybrid))
+    stage_bytes = [sum(b.block_bytes for b in bases[i:i + max(1, len(groups))])
+                   for i in range(0, len(bases), max(1, len(groups)))]
+    k = config.resolve_blocks_per_key(min(stage_bytes))
+    return [replace(b, blocks_per_key=k) for b in bases]
+
+
+def _group_spec(base: KVLayoutSpec, group: KVGroup | None, count: int, hybrid: bool) -> KVLayoutSpec:
+    """One stage's spec for one group: a hybrid model's group counts its own layers (vLLM gives each stage the
+    same groups); vLLM's page size replaces the K and V formula where they differ (MLA: one latent per token)."""
+    if group is None:
+        return base
+    layers = group.num_layers if hybrid else base.num_layers
+    page = group.block_bytes // group.num_layers * layers if group.num_layers and group.block_bytes else 0
+    if hybrid:
+        return replace(base, kind=group.kind, group_index=group.index, group_count=count, group_layers=layers,
+                       page_bytes=page)
+    return replace(base, page_bytes=page if page != base.block_bytes else 0)
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -131,13 +160,14 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
     return int(pc.rank) % int(pc.tensor_parallel_size)
 
 
-def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig) -> list[KVLayoutSpec]:
-    """Every shard's layout, for the scheduler's lookup: each pipeline stage of TP rank 0, then of rank 1, ...
-    Each TP rank stores its own heads under its own namespace (the rank is in the digest), so a prefix is a
-    hit only when every (stage, rank) shard holds it: a rank missing a block would otherwise fail its load and
-    make vLLM recompute the whole request."""
+def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig,
+                groups: Sequence[KVGroup] = ()) -> list[KVLayoutSpec]:
+    """Every shard's layout, for the scheduler's lookup: each pipeline stage (and KV cache group) of TP rank 0,
+    then of rank 1, ... Each TP rank stores its own heads under its own namespace (the rank is in the digest),
+    so a prefix is a hit only when every (stage, rank, group) shard holds it: a rank missing a block would
+    otherwise fail its load and make vLLM recompute the whole request."""
     tp = int(vllm_config.parallel_config.tensor_parallel_size)
-    return [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank)]
+    return [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank, groups)]
 
 
 def _pp_rank(vllm_config: VllmConfig) -> int:
@@ -169,21 +199,25 @@ def _recompute_failed_loads(vllm_config: VllmConfig) -> None:
                 '"kv_load_failure_policy": "recompute" to --kv-transfer-config to silence this warning.', policy)
 
 
+def _tables(block_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+    return [list(b) for b in block_ids]
+
+
 def _scheduled(out: SchedulerOutput) -> list[ScheduledRequest]:
-    """New and cached requests of one step, with their block tables (group 0: full-attention models)."""
-    res = [ScheduledRequest(r.req_id, list(r.block_ids[0]), True, out.num_scheduled_tokens.get(r.req_id, 0))
+    """New and cached requests of one step, with their block tables (one per KV cache group)."""
+    res = [ScheduledRequest(r.req_id, _tables(r.block_ids), True, out.num_scheduled_tokens.get(r.req_id, 0))
            for r in out.scheduled_new_reqs]
     cached = out.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)  # 0.33; older releases: resumed_from_preemption
     flags = ([rid in resumed for rid in cached.req_ids] if resumed is not None
              else list(getattr(cached, "resumed_from_preemption", [False] * len(cached.req_ids))))
     for rid, blocks, full in zip(cached.req_ids, cached.new_block_ids, flags):
-        res.append(ScheduledRequest(rid, list(blocks[0]) if blocks is not None else None, bool(full),
+        res.append(ScheduledRequest(rid, _tables(blocks) if blocks is not None else None, bool(full),
                                     out.num_scheduled_tokens.get(rid, 0)))
     return res
 
 
-class KVStoreConnector(KVConnectorBase_V1):
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
@@ -191,10 +225,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         is_sched = role == KVConnectorRole.SCHEDULER
         if is_sched:
             _recompute_failed_loads(vllm_config)
-        stages = shard_specs(vllm_config, self.config) if is_sched else stage_specs(vllm_config, self.config,
-                                                                                     _tp_rank(vllm_config))
+        self.groups = groups_from_config(kv_cache_config)
+        stages = (shard_specs(vllm_config, self.config, self.groups) if is_sched
+                  else stage_specs(vllm_config, self.config, _tp_rank(vllm_config), self.groups))
         self.stages = StageLayouts(stages)
-        self.spec = stages[0] if is_sched else stages[_pp_rank(vllm_config)]
+        per_stage = len(self.groups)
+        first = 0 if is_sched else _pp_rank(vllm_config) * per_stage
+        self.spec = stages[first]
+        own = stages[first:first + per_stage]  # this worker's stage: one spec per group
         timeout = self.config.lookup_timeout_s if is_sched else self.config.load_timeout_s
         self.counters = ConnectorCounters()
         self.link = StoreLink(self.config.address, timeout_s=timeout, copy_threads=self.config.copy_threads,
@@ -204,7 +242,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         if is_sched:
             self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters, stages=self.stages)
         else:
-            self._worker = WorkerSide(self.config, self.spec, self.link, self.counters)
+            self._worker = WorkerSide(self.config, self.spec, self.link, self.counters, group_specs=own,
+                                      group_layers=[g.layer_names for g in self.groups])
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -221,8 +260,8 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self._sched is not None
-        ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
-        self._sched.after_alloc(request, list(ids), num_external_tokens)
+        ids = _tables(blocks.get_block_ids()) if num_external_tokens > 0 else []
+        self._sched.after_alloc(request, ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._sched is not None
@@ -233,6 +272,12 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._sched.on_worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._sched is not None
+        return self._sched.request_finished(request), None
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """SupportsHMA's request_finished (vLLM calls this one for a connector that supports HMA)."""
         assert self._sched is not None
         return self._sched.request_finished(request), None
 

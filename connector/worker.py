@@ -19,6 +19,11 @@ get_finished reports loads as received (failed ones too, as vLLM requires). It n
 reads vLLM's blocks only during its gather, which is complete when wait_for_save returns (CPU) or ordered
 before any later kernel (CUDA), so vLLM may free a finished request's blocks at once; the Commit that follows
 touches only the arena. (Holding blocks until commits finish would also block reset_prefix_cache.)
+
+KV cache groups (hybrid models, connector/groups.py): each group has its own layers, namespace and block table;
+every job carries one block list per group, and each group is loaded and saved on its own (its own Lookup lease
+or Reserve, gather and Commit). A load copies the keys of a group that have a block to fill; a save stores the
+keys whose blocks are all given (the scheduler marks what a group does not keep or store with -1).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -34,7 +40,7 @@ import numpy as np
 
 from connector.config import ConnectorConfig
 from connector.copier import Copier, make_copier
-from connector.layout import KVLayout
+from connector.layout import KVLayout, LayoutError
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for
 from connector.plan import LoadJob, SaveJob
@@ -52,12 +58,18 @@ log = logging.getLogger(__name__)
 
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
-                 counters: ConnectorCounters | None = None) -> None:
+                 counters: ConnectorCounters | None = None, *, group_specs: Sequence[KVLayoutSpec] = (),
+                 group_layers: Sequence[Sequence[str]] = ()) -> None:
+        """``group_specs``: this worker's spec of every KV cache group, in group order (default: ``spec`` alone);
+        ``group_layers``: each group's layer names (default: every registered layer)."""
         self.config = config
         self.spec = spec
+        self.specs = list(group_specs) or [spec]
+        self._group_layers = [list(names) for names in group_layers]
         self.link = link
         self.counters = counters or ConnectorCounters()
-        self.layout: KVLayout | None = None
+        self.layout: KVLayout | None = None  # group 0's (the only one without hybrid groups)
+        self.layouts: list[KVLayout] = []
         self._copier: Copier | None = None
         self._copier_map: ArenaMap | None = None  # the mapping _copier is bound to
         self._copier_lock = threading.Lock()
@@ -71,18 +83,33 @@ class WorkerSide:
 
     # -- setup -------------------------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, Any], num_blocks: int) -> None:
-        self.layout = KVLayout(kv_caches, num_blocks)
-        if self.layout.block_bytes != self.spec.block_bytes:
-            log.warning("KV block is %d bytes per vLLM block, the config predicts %d: stored blocks use the real "
-                        "size", self.layout.block_bytes, self.spec.block_bytes)
-        log.info("kvstore connector: %d layers, %d pieces per block, %d B per vLLM block, %d per stored block, "
-                 "device %s", len(self.layout.layer_names), self.layout.num_pieces, self.layout.block_bytes,
-                 self.spec.blocks_per_key, self.layout.device)
+        """One layout per KV cache group, over that group's layers (several groups' layers may share one tensor:
+        the groups' block tables then index disjoint blocks of it)."""
+        layouts = []
+        for gi, spec in enumerate(self.specs):
+            names = self._group_layers[gi] if gi < len(self._group_layers) and len(self.specs) > 1 else list(kv_caches)
+            mine = {n: kv_caches[n] for n in names if n in kv_caches}
+            if not mine:
+                raise LayoutError(f"KV cache group {gi} names layers {names[:4]}... none of which were registered "
+                                  f"(registered: {list(kv_caches)[:4]}...)")
+            lay = KVLayout(mine, num_blocks)
+            if lay.block_bytes != spec.block_bytes:
+                log.warning("KV cache group %d: %d bytes per vLLM block, the config predicts %d: stored blocks use "
+                            "the real size", gi, lay.block_bytes, spec.block_bytes)
+            layouts.append(lay)
+        self.layouts, self.layout = layouts, layouts[0]
+        log.info("kvstore connector: %d KV cache group(s), %d layers, %s B per vLLM block, %d per stored block, "
+                 "device %s", len(layouts), sum(len(x.layer_names) for x in layouts),
+                 "+".join(str(x.block_bytes) for x in layouts), self.spec.blocks_per_key, self.layout.device)
 
     @property
     def key_bytes(self) -> int:
-        assert self.layout is not None
-        return self.layout.block_bytes * self.spec.blocks_per_key
+        """Bytes of one stored block of group 0 (the only group without hybrid groups)."""
+        return self.group_key_bytes(0)
+
+    def group_key_bytes(self, group: int) -> int:
+        assert self.layouts
+        return self.layouts[group].block_bytes * self.spec.blocks_per_key
 
     def _client(self) -> Client | None:
         """The connected client when it can move bytes through the arena; None otherwise (store down, or the
@@ -119,7 +146,7 @@ class WorkerSide:
         if not jobs:
             return
         after = None
-        if self.layout is not None and self.layout.device.startswith("cuda"):
+        if self.layout is not None and self.layout.is_cuda:
             from connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
 
             after = compute_marker(self.layout.device)
@@ -137,34 +164,38 @@ class WorkerSide:
             ok = self._load_inner(job, after)
         except Exception:  # noqa: BLE001 - a load must fail toward recompute, never crash the worker
             log.exception("kvstore load for request %s failed", job.req_id)
+        failed = [b for blocks in job.block_ids for b in blocks if b >= 0] if not ok else []
         with self._lock:
-            if not ok:
-                self._failed_blocks.update(b for b in job.block_ids if b >= 0)
+            self._failed_blocks.update(failed)
             if not job.sync:  # vLLM waits for the report of an asynchronous load only
                 self._recv_done.add(job.req_id)
         self.counters.add(load_seconds=time.perf_counter() - t0)
         if not ok:
-            self.counters.add(load_failed_blocks=sum(1 for b in job.block_ids if b >= 0))
+            self.counters.add(load_failed_blocks=len(failed))
 
     def _load_inner(self, job: LoadJob, after: Any = None) -> bool:
-        """All of the job's keys, in parts of at most max_batch_keys (one Lookup lease each); any part that
-        fails fails the whole job (vLLM recomputes from its first failed block anyway)."""
+        """Every group's keys that have a block to fill, in parts of at most max_batch_keys (one Lookup lease
+        each); any part that fails fails the whole job (vLLM recomputes from its first failed block anyway)."""
         c = self._client()
         if c is None:
             return False
-        ns = namespace_for(self.spec, job.cache_salt)
-        n, g = max(1, c.max_batch_keys), self.spec.blocks_per_key
-        nbytes = 0
-        for i in range(0, len(job.keys), n):
-            got_bytes = self._load_part(c, ns, job.req_id, job.keys[i:i + n], job.block_ids[i * g:(i + n) * g],
-                                        after)
-            if got_bytes is None:
-                return False
-            nbytes += got_bytes
-        self.counters.add(loaded_blocks=len(job.keys), loaded_bytes=nbytes)
+        n = max(1, c.max_batch_keys)
+        nbytes = nkeys = 0
+        for gi, blocks in enumerate(job.block_ids):
+            ns = namespace_for(self.specs[gi], job.cache_salt)
+            want = self._blocks(blocks)
+            idx = np.flatnonzero((want >= 0).any(axis=1))
+            keys = [job.keys[i] for i in idx]
+            for i in range(0, len(keys), n):
+                got_bytes = self._load_part(c, ns, gi, job.req_id, keys[i:i + n], want[idx[i:i + n]], after)
+                if got_bytes is None:
+                    return False
+                nbytes += got_bytes
+            nkeys += len(keys)
+        self.counters.add(loaded_blocks=nkeys, loaded_bytes=nbytes)
         return True
 
-    def _load_part(self, c: Client, ns: str, req_id: str, keys: list[bytes], block_ids: list[int],
+    def _load_part(self, c: Client, ns: str, group: int, req_id: str, keys: list[bytes], block_ids: np.ndarray,
                    after: Any = None) -> int | None:
         """Bytes copied into ``block_ids``, or None when this part cannot be loaded.
 
@@ -175,9 +206,10 @@ class WorkerSide:
         if lease is None:
             return None
         try:
-            if lease.hits != len(keys) or any(s != self.key_bytes for s in lease.sizes):
-                log.warning("kvstore load for %s: %d of %d blocks present (sizes %s, expected %d)", req_id,
-                            lease.hits, len(keys), sorted(set(lease.sizes)), self.key_bytes)
+            key_bytes = self.group_key_bytes(group)
+            if lease.hits != len(keys) or any(s != key_bytes for s in lease.sizes):
+                log.warning("kvstore load for %s: %d of %d blocks present in group %d (sizes %s, expected %d)",
+                            req_id, lease.hits, len(keys), group, sorted(set(lease.sizes)), key_bytes)
                 return None
             m = c.acquire_arena(lease.incarnation)
             if m is None:
@@ -186,8 +218,7 @@ class WorkerSide:
             with m:
                 copier = self._copier_for(m)
                 slots = np.uint64(m.address) + np.asarray(lease.offsets, dtype=np.uint64)
-                assert self.layout is not None
-                plan = self.layout.plan(slots, self._blocks(block_ids), to_store=False)
+                plan = self.layouts[group].plan(slots, block_ids, to_store=False)
                 copier.wait(copier.copy(plan, after))
                 if any(v is None for v in arena_path.validated(m, lease, [1] * lease.hits)):
                     log.warning("kvstore load for %s: a lease expired during the copy", req_id)
@@ -200,13 +231,14 @@ class WorkerSide:
     def save(self, jobs: list[SaveJob]) -> None:
         """Gather now (the KV of this step exists now), commit in the background.
 
-        A job with more keys than the daemon takes in one RPC (max_batch_keys, 4096 by default: a 64K-token
-        prompt at one 16-token block per key) is saved as consecutive parts, each its own Reserve, gather and
-        Commit; a failed part costs only its own keys."""
+        Each KV cache group is saved on its own: the keys whose blocks the job gives in full. A job with more
+        keys than the daemon takes in one RPC (max_batch_keys, 4096 by default: a 64K-token prompt at one
+        16-token block per key) is saved as consecutive parts, each its own Reserve, gather and Commit; a failed
+        part costs only its own keys."""
         for job in jobs:
-            for part in self._parts(job):
+            for group, part in self._parts(job):
                 try:
-                    self._save_one(part)
+                    self._save_one(group, part)
                 except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
                     log.exception("kvstore save for request %s failed", part.req_id)
                     self.counters.add(save_failures=1)
@@ -215,21 +247,27 @@ class WorkerSide:
         c = self.link.client
         return max(1, c.max_batch_keys) if c is not None else 1 << 62
 
-    def _parts(self, job: SaveJob) -> list[SaveJob]:
+    def _parts(self, job: SaveJob) -> list[tuple[int, SaveJob]]:
+        """(group, a job of one group's complete keys, at most max_batch_keys of them) pairs."""
         n, g = self._batch_keys(), self.spec.blocks_per_key
-        if len(job.keys) <= n:
-            return [job]
-        return [replace(job, keys=job.keys[i:i + n], block_ids=job.block_ids[i * g:(i + n) * g])
-                for i in range(0, len(job.keys), n)]
+        out = []
+        for gi, blocks in enumerate(job.block_ids):
+            have = self._blocks(blocks)
+            idx = np.flatnonzero((have >= 0).all(axis=1))
+            keys, flat = [job.keys[i] for i in idx], have[idx].reshape(-1).tolist()
+            out += [(gi, replace(job, keys=keys[i:i + n], block_ids=[flat[i * g:(i + n) * g]]))
+                    for i in range(0, len(keys), n)]
+        return out
 
-    def _save_one(self, job: SaveJob) -> None:
+    def _save_one(self, group: int, job: SaveJob) -> None:
+        """Save one group's part: ``job.block_ids`` holds that group's blocks only."""
         c = self._client()
         if c is None:
             self.counters.add(save_failures=1)
             return
         t0 = time.perf_counter()
-        sizes = [self.key_bytes] * len(job.keys)
-        ns = namespace_for(self.spec, job.cache_salt)
+        sizes = [self.group_key_bytes(group)] * len(job.keys)
+        ns = namespace_for(self.specs[group], job.cache_salt)
         res = self.link.call(ns, lambda cl: cl.reserve(ns, job.keys, sizes))
         if res is None:
             self.counters.add(save_failures=1)
@@ -245,10 +283,9 @@ class WorkerSide:
             return
         try:
             copier = self._copier_for(m)
-            blocks = self._blocks(job.block_ids)[idx]
+            blocks = self._blocks(job.block_ids[0])[idx]
             slots = np.uint64(m.address) + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)
-            assert self.layout is not None
-            plan = self.layout.plan(slots, blocks, to_store=True)
+            plan = self.layouts[group].plan(slots, blocks, to_store=True)
             handle = copier.copy(plan)
             fence = getattr(copier, "fence", None)  # CUDA: every later kernel on the compute stream (the next
             if fence is not None:                   # forward, block zeroing) waits for this gather, on the GPU

@@ -66,7 +66,7 @@ class Side:
     def prefill(self, req: Req, blocks: list[int]) -> None:
         """Schedule the whole prompt in one step (after any load), then run the worker's save."""
         self.sched.track(req)  # vLLM's on_new_request
-        plan = self.sched.build([ScheduledRequest(req.request_id, blocks, True,
+        plan = self.sched.build([ScheduledRequest(req.request_id, [blocks], True,
                                                   len(req.prompt_token_ids) - req.num_computed_tokens)])
         self.worker.start_loads(plan.loads)
         self.worker.save(plan.saves)

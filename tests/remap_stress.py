@@ -101,10 +101,10 @@ def connector_mode(address: str, seconds: float) -> dict[str, int]:
     it = 0
     while time.monotonic() < deadline:
         it += 1
-        w.save([SaveJob(f"s{it}", None, keys, src)])
+        w.save([SaveJob(f"s{it}", None, keys, [src])])
         for t in caches.values():
             t[:, 32:32 + n].zero_()
-        w.start_loads([LoadJob(f"l{it}", None, keys, dst)])
+        w.start_loads([LoadJob(f"l{it}", None, keys, [dst])])
         w.drain()
         _, recv = w.finished(set())
         assert recv == {f"l{it}"}, recv

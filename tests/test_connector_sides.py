@@ -45,7 +45,7 @@ def test_save_then_load_into_other_blocks_round_trips_exact_bytes(daemon) -> Non
     again = Req("r2", list(req.prompt_token_ids))
     assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
     target = list(range(30, 55))
-    b.sched.after_alloc(again, target, 96)
+    b.sched.after_alloc(again, [target], 96)
     b.prefill(again, target)
     sent, recv = b.worker.finished(set())
     assert (sent, recv) == (set(), {"r2"}) and b.worker.load_errors() == set()
@@ -66,8 +66,8 @@ def test_a_ram_hit_loads_in_the_step_that_schedules_it(daemon) -> None:
     again = Req("s2", list(req.prompt_token_ids))
     assert b.sched.num_new_matched_tokens(again, 0) == (96, False)
     target = list(range(30, 55))
-    b.sched.after_alloc(again, target, 96)
-    plan = b.sched.build([ScheduledRequest("s2", target, True, 4)])   # scheduled in the same step
+    b.sched.after_alloc(again, [target], 96)
+    plan = b.sched.build([ScheduledRequest("s2", [target], True, 4)])   # scheduled in the same step
     assert [j.sync for j in plan.loads] == [True]
     b.worker.start_loads(plan.loads)
     assert [block_bytes_of(b.caches, x) for x in target[:24]] == [block_bytes_of(a.caches, x) for x in range(24)]
@@ -90,17 +90,17 @@ def test_a_failed_sync_load_fails_its_blocks_and_they_are_saved_again(daemon) ->
     with Client(daemon.address) as c:
         assert c.delete(namespace_for(SPEC), keys[5:6]) == 1
     target = list(range(30, 55))
-    b.sched.after_alloc(again, target, 96)
-    plan = b.sched.build([ScheduledRequest("f2", target, True, 4)])
+    b.sched.after_alloc(again, [target], 96)
+    plan = b.sched.build([ScheduledRequest("f2", [target], True, 4)])
     b.worker.start_loads(plan.loads)
     errors = b.worker.load_errors()
     assert errors == set(target[:24]) and b.worker.finished(set()) == (set(), set())
-    b.sched.build([ScheduledRequest("f2", [], False, 1)])    # async scheduling: the next step is built first
+    b.sched.build([ScheduledRequest("f2", [[]], False, 1)])    # async scheduling: the next step is built first
     b.sched.on_worker_output(set(), errors)                  # then the load's step reports its failures
     assert b.sched.counters.totals["load_rollback_keys"] == 12
     again.num_computed_tokens = 0                            # vLLM recomputes the prompt
-    (job,) = b.sched.build([ScheduledRequest("f2", [], False, 100)]).saves
-    assert job.keys == keys and job.block_ids == target[:24]
+    (job,) = b.sched.build([ScheduledRequest("f2", [[]], False, 100)]).saves
+    assert job.keys == keys and job.block_ids == [target[:24]]
     a.close(), b.close()
 
 
@@ -115,10 +115,10 @@ def test_partial_prefix_and_local_prefix_cache(daemon) -> None:
     req2 = Req("r3", list(diverge))
     assert b.sched.num_new_matched_tokens(req2, 12) == (28, True)
     target = list(range(40, 60))
-    b.sched.after_alloc(req2, target, 28)
+    b.sched.after_alloc(req2, [target], 28)
     plan = b.sched.build([])
     (job,) = plan.loads
-    assert job.block_ids == [-1, target[3]] + target[4:10]   # block 2 of key 1 is vLLM's: left untouched
+    assert job.block_ids == [[-1, target[3]] + target[4:10]]   # block 2 of key 1 is vLLM's: left untouched
     before = block_bytes_of(b.caches, target[2])
     b.worker.start_loads(plan.loads)
     b.worker.drain()
@@ -136,7 +136,7 @@ def test_evicted_between_lookup_and_load_fails_those_blocks_for_recompute(daemon
     with Client(daemon.address) as c:
         keys = KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)
         assert c.delete(namespace_for(SPEC), keys[2:3]) == 1
-    a.sched.after_alloc(req, list(range(20, 29)), 32)
+    a.sched.after_alloc(req, [list(range(20, 29))], 32)
     a.worker.start_loads(a.sched.build([]).loads)
     a.worker.drain()
     assert a.worker.finished(set()) == (set(), {"r2"})
@@ -152,7 +152,7 @@ def test_finished_request_frees_its_blocks_at_once(daemon) -> None:
     a = Side(daemon.address, make_caches(40), save="all")
     req = Req("r1", prompt_tokens(20, start=3))
     a.sched.track(req)
-    plan = a.sched.build([ScheduledRequest("r1", list(range(5)), True, 20)])   # 20 tokens -> 2 keys
+    plan = a.sched.build([ScheduledRequest("r1", [list(range(5))], True, 20)])   # 20 tokens -> 2 keys
     before = [block_bytes_of(a.caches, 2 * k) + block_bytes_of(a.caches, 2 * k + 1) for k in range(2)]
     a.worker.save(plan.saves)                                # gathers now; the Commit may still be pending
     keep_blocks = a.sched.request_finished(req)
@@ -165,7 +165,7 @@ def test_finished_request_frees_its_blocks_at_once(daemon) -> None:
     assert keep_blocks is False and a.worker.finished({"r1"}) == (set(), set())  # nothing for vLLM to wait for
     assert a.sched.num_tracked == 0
     req.output = [1, 2, 3, 4]                                # a late step for the finished id saves nothing
-    assert a.sched.build([ScheduledRequest("r1", [5], False, 4)]).saves == []
+    assert a.sched.build([ScheduledRequest("r1", [[5]], False, 4)]).saves == []
     a.close()
 
 
@@ -177,7 +177,7 @@ def test_generated_tokens_are_saved_only_with_save_all(daemon) -> None:
         req.output = [5, 6, 7, 8]                            # 4 generated tokens -> 16 tokens, 2 keys
         s.sched.build([ScheduledRequest(req.request_id, None, False, 0)])
         req.num_computed_tokens = 16
-        plan = s.sched.build([ScheduledRequest(req.request_id, [4], False, 0)])
+        plan = s.sched.build([ScheduledRequest(req.request_id, [[4]], False, 0)])
         s.worker.save(plan.saves)
         s.worker.drain()
         assert s.worker.counters.totals["saved_blocks"] == expect, policy
@@ -189,13 +189,13 @@ def test_store_down_costs_hits_not_requests(tmp_path) -> None:
     s = Side(dead, make_caches(60), lookup_timeout_s=0.2)
     req = Req("r1", prompt_tokens(40))
     assert s.sched.num_new_matched_tokens(req, 0) == (0, False)
-    s.sched.after_alloc(req, list(range(10)), 0)
-    plan = s.sched.build([ScheduledRequest("r1", list(range(10)), True, 40)])
+    s.sched.after_alloc(req, [list(range(10))], 0)
+    plan = s.sched.build([ScheduledRequest("r1", [list(range(10))], True, 40)])
     assert len(plan.saves) == 1
     s.worker.save(plan.saves)                                # no exception, counted
     assert s.worker.counters.totals["save_failures"] == 1
     fake = Req("r2", prompt_tokens(40))
-    s.sched.after_alloc(fake, list(range(10, 20)), 32)       # a load planned while the store was up
+    s.sched.after_alloc(fake, [list(range(10, 20))], 32)       # a load planned while the store was up
     s.worker.start_loads(s.sched.build([]).loads)
     s.worker.drain()
     assert s.worker.finished(set()) == (set(), {"r2"})
@@ -214,7 +214,7 @@ def test_requests_longer_than_max_batch_keys_save_and_load_in_parts(make_daemon)
     again = Req("long2", list(req.prompt_token_ids))
     assert b.sched.num_new_matched_tokens(again, 0) == (96, True)   # the scheduler's prefix lookup splits too
     target = list(range(30, 55))
-    b.sched.after_alloc(again, target, 96)
+    b.sched.after_alloc(again, [target], 96)
     b.worker.start_loads(b.sched.build([]).loads)            # one LoadJob of 12 keys -> Lookups of 5, 5, 2
     b.worker.drain()
     assert b.worker.finished(set()) == (set(), {"long2"}) and b.worker.load_errors() == set()
@@ -245,7 +245,7 @@ def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> 
         assert after["probe_calls"] - before["probe_calls"] == (1 if on_a_only else 0)
         assert after["prefetch_keys"] - before["prefetch_keys"] == on_a_only
         target = list(range(30, 55))
-        b.sched.after_alloc(again, target, 96)
+        b.sched.after_alloc(again, [target], 96)
         b.prefill(again, target)
         assert b.worker.finished(set())[1] == {"c2"} and b.worker.load_errors() == set()
         assert [block_bytes_of(b.caches, x) for x in target[:24]] == [block_bytes_of(a.caches, x) for x in range(24)]
@@ -295,9 +295,9 @@ def test_a_load_with_fewer_blocks_than_keys_still_gets_a_job(daemon, caplog) -> 
     req = Req("r2", prompt_tokens(100, start=7))
     assert b.sched.num_new_matched_tokens(req, 0) == (96, True)
     with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
-        b.sched.after_alloc(req, list(range(30, 50)), 96)    # 20 blocks for 24
+        b.sched.after_alloc(req, [list(range(30, 50))], 96)    # 20 blocks for 24
     (job,) = b.sched.build([]).loads
-    assert len(job.keys) == 12 and job.block_ids == list(range(30, 50)) + [-1] * 4
+    assert len(job.keys) == 12 and job.block_ids == [list(range(30, 50)) + [-1] * 4]
     assert any("beyond the 12 keys looked up or the 20 blocks allocated" in r.getMessage() for r in caplog.records)
     b.worker.start_loads([job])
     b.worker.drain()
@@ -317,16 +317,16 @@ def test_blocks_that_failed_to_load_are_saved_again(daemon) -> None:
     with Client(daemon.address) as c:
         assert c.delete(namespace_for(SPEC), keys[5:6]) == 1   # evicted between lookup and load
     target = list(range(30, 55))
-    b.sched.after_alloc(again, target, 96)
+    b.sched.after_alloc(again, [target], 96)
     b.worker.start_loads(b.sched.build([]).loads)
     b.worker.drain()
     recv, errors = b.worker.finished(set())[1], b.worker.load_errors()
     assert recv == {"r2"} and errors == set(target[:24])     # the whole job fails
     b.sched.on_worker_output(recv, errors)                   # vLLM's update_connector_output
     assert b.sched.counters.totals["load_rollback_keys"] == 12
-    plan = b.sched.build([ScheduledRequest("r2", target, True, 100)])   # vLLM recomputed the prompt
+    plan = b.sched.build([ScheduledRequest("r2", [target], True, 100)])   # vLLM recomputed the prompt
     (job,) = plan.saves
-    assert job.keys == keys and job.block_ids == target[:24]
+    assert job.keys == keys and job.block_ids == [target[:24]]
     b.worker.save(plan.saves)
     b.worker.drain()
     assert (b.worker.counters.totals["saved_blocks"], b.worker.counters.totals["save_skipped_blocks"]) == (1, 11)
@@ -338,12 +338,12 @@ def test_blocks_that_failed_to_load_are_saved_again(daemon) -> None:
     # failure of another request's block changes nothing.
     c3 = Req("r3", prompt_tokens(100, start=6))
     assert b.sched.num_new_matched_tokens(c3, 0) == (96, True)
-    b.sched.after_alloc(c3, list(range(25)), 96)
+    b.sched.after_alloc(c3, [list(range(25))], 96)
     b.sched.build([])
     b.sched.on_worker_output(set(), {60})
     b.sched.on_worker_output({"r3"}, {7})
-    (job,) = b.sched.build([ScheduledRequest("r3", list(range(25)), True, 100)]).saves
-    assert job.keys == keys[3:] and job.block_ids == list(range(6, 24))
+    (job,) = b.sched.build([ScheduledRequest("r3", [list(range(25))], True, 100)]).saves
+    assert job.keys == keys[3:] and job.block_ids == [list(range(6, 24))]
     a.close(), b.close()
 
 

@@ -324,7 +324,7 @@ def test_connector_page_lists_every_extra_config_key() -> None:
     entry = text.split("- **Config**", 1)[1].split("\n\n", 1)[0].split("\n- ", 1)[0]
     named = set(re.findall(r"`(\w+)`", entry)) - {"kv_connector_extra_config"}
     keys = {f.name for f in dataclasses.fields(ConnectorConfig)}
-    values = {"prompt", "all", "off", "auto", "sync", "async"}  # values the entry quotes, not keys
+    values = {"prompt", "all", "off", "auto", "sync", "async", "trim"}  # values the entry quotes, not keys
     assert keys <= named, f"not in docs/connector.md: {sorted(keys - named)}"
     assert named - values <= keys, f"docs/connector.md names keys the connector lacks: {sorted(named - values - keys)}"
 

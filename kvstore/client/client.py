@@ -357,6 +357,11 @@ class Client:
         (leading keys every namespace holds, whether all of those are in RAM in every one); see probes.py."""
         return probes.common_prefix(self._control, self._check_incarnation, self.max_batch_keys, namespaces, keys)
 
+    def probe_tiers_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[list[int]]:
+        """Each key's tier in each namespace (kvstore.vocab.Tier; NONE: absent), no lease taken, pipelined over
+        the namespaces like probe_prefix_many: the window a sliding-window KV cache group needs (probes.py)."""
+        return probes.tiers_many(self._control, self._check_incarnation, self.max_batch_keys, namespaces, keys)
+
     # -- management -------------------------------------------------------------------------------------
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         out: list[bool] = []

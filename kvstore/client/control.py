@@ -33,7 +33,7 @@ class ControlPlane(Protocol):
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
-    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]: ...
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
     def close(self) -> None: ...
 
@@ -63,9 +63,10 @@ class GrpcControl:
     def release(self, lease_ids: list[int]) -> int:
         return self._rpc.call("Release", pb.ReleaseRequest(lease_ids=lease_ids)).released
 
-    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]:
-        """A prefix Lookup without lease of `keys` in each namespace, one call after another."""
-        return [self.lookup(ns, keys, True, False, summary=True) for ns in namespaces]
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
+        """A Lookup without lease of `keys` in each namespace, one call after another: a prefix one counts only,
+        one without `prefix` answers every key's tier."""
+        return [self.lookup(ns, keys, prefix, False, summary=prefix) for ns in namespaces]
 
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         return list(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys)).present)
@@ -123,14 +124,16 @@ class FastControl:
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)
 
-    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]:
-        """A prefix Lookup without lease (summary) of `keys` in each namespace, pipelined: one round trip for all
-        (the scheduler's probe of every TP rank's and pipeline stage's namespace). The first refused one raises."""
+    def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
+        """A Lookup without lease of `keys` in each namespace, pipelined: one round trip for all (the scheduler's
+        probe of every TP rank's, pipeline stage's and KV cache group's namespace). A prefix one counts only
+        (summary); one without `prefix` answers every key's tier (a sliding-window group's window). The first
+        refused one raises."""
         try:
             bodies = [fp.encode_lookup(ns, keys) for ns in namespaces]
         except _ENCODE_ERRORS:
-            return self._grpc.probe_many(namespaces, keys)
-        flags = fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY
+            return self._grpc.probe_many(namespaces, keys, prefix)
+        flags = fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY if prefix else 0
         out = []
         for ns, reply in zip(namespaces, self.channel.call_many([(fp.LOOKUP, b, flags) for b in bodies])):
             if isinstance(reply, KVStoreError):

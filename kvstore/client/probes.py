@@ -15,7 +15,7 @@ from kvstore.client.batches import chunks
 from kvstore.client.control import ControlPlane
 from kvstore.vocab import Tier
 
-__all__ = ["common_prefix"]
+__all__ = ["common_prefix", "tiers_many"]
 
 
 def common_prefix(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
@@ -32,3 +32,17 @@ def common_prefix(control: ControlPlane, check_incarnation: Callable[[int], None
         if n < part.stop - part.start:
             break
     return total, in_ram
+
+
+def tiers_many(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
+               namespaces: Sequence[str], keys: Sequence[bytes]) -> list[list[int]]:
+    """Every key's tier (a kvstore.vocab.Tier value, NONE when absent) in each namespace, no lease taken; disk and
+    peer hits start their promotion or fetch, as a prefix probe's do."""
+    out: list[list[int]] = [[] for _ in namespaces]
+    for part in chunks(len(keys), max_batch_keys):
+        leases = control.probe_many(namespaces, list(keys[part]), prefix=False)
+        for acc, r in zip(out, leases):
+            check_incarnation(r.incarnation)
+            n = part.stop - part.start
+            acc.extend(list(r.tiers[:n]) + [int(Tier.NONE)] * (n - len(r.tiers)))
+    return out

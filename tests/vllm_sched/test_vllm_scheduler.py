@@ -32,7 +32,8 @@ def test_repeat_after_reset_prefix_cache_loads_exactly_the_stored_blocks(daemon,
     r2 = h.add("r2", list(PROMPT))
     out = h.step()                                             # r2 is admitted, its load planned ...
     (job,) = out.kv_connector_metadata.plan.loads
-    assert len(job.keys) == 6 and len(job.block_ids) == 6 and -1 not in job.block_ids
+    (blocks,) = job.block_ids  # one KV cache group
+    assert len(job.keys) == 6 and len(blocks) == 6 and -1 not in blocks
     assert "r2" not in out.num_scheduled_tokens                # ... and it waits: asynchronous load
     assert r2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     h.run()
