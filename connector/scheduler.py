@@ -194,10 +194,12 @@ class SchedulerSide:
         common case, one probe of a window's keys), else every key up to ``n`` and the longest hit they allow."""
         shards = [(ns, s.group_kind) for ns, s in zip(st.namespaces, self.stages.specs) if s.group_kind.windowed]
         t, bs = self.tokens_per_key, self.spec.block_size
-        lo = min(first_needed_key(kind, n, tokens_per_key=t, block_size=bs) for _, kind in shards)
+        firsts = [first_needed_key(kind, n, tokens_per_key=t, block_size=bs) for _, kind in shards]
+        lo = min(firsts)
         tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
-        if all(all(x != Tier.NONE for x in shard_tiers) for shard_tiers in tiers):
-            return n, in_ram and all(x == Tier.RAM for shard_tiers in tiers for x in shard_tiers)
+        needed = [shard_tiers[first - lo:] for first, shard_tiers in zip(firsts, tiers)]
+        if all(all(x != Tier.NONE for x in window) for window in needed):
+            return n, in_ram and all(x == Tier.RAM for window in needed for x in window)
         if lo:
             tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
         hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard_tiers])
@@ -310,14 +312,17 @@ class SchedulerSide:
                 else:
                     for table, new in zip(st.block_ids, s.block_ids):
                         table.extend(new)
-            job = self._save_job(st, s.num_scheduled_tokens)
+            job = self._save_job(st, s.num_scheduled_tokens, s.is_full_table and s.block_ids is not None)
             if job is not None:
                 plan.saves.append(job)
         for rid in finished_req_ids:
             self._reqs.pop(rid, None)
         return plan
 
-    def _save_job(self, st: _ReqState, num_scheduled_tokens: int) -> SaveJob | None:
+    def _save_job(self, st: _ReqState, num_scheduled_tokens: int, fresh_table: bool) -> SaveJob | None:
+        """``fresh_table``: this step's output carried the request's whole block tables (a new or resumed request);
+        otherwise a windowed group's entries for tokens computed in earlier steps may name blocks vLLM has handed
+        back since (it does not tell the connector), and only keys this step completes are saved there."""
         if self.config.save == "off":
             return None
         req = st.request
@@ -329,7 +334,8 @@ class SchedulerSide:
             return None
         keys = st.chain.extend(tokens[: full * self.tokens_per_key])[st.stored_keys:full]
         first = st.stored_keys
-        blocks = [self._save_blocks(gi, table, first, full, len(req.prompt_token_ids or ()))
+        live = 0 if fresh_table else req.num_computed_tokens // self.tokens_per_key
+        blocks = [self._save_blocks(gi, table, first, full, len(req.prompt_token_ids or ()), live)
                   for gi, table in enumerate(st.block_ids)]
         st.stored_keys = full
         self.counters.add(save_keys=full - first)
@@ -338,11 +344,13 @@ class SchedulerSide:
                                          list(tokens[first * t: full * t]), t, _lora_name(req)))
         return SaveJob(req.request_id, st.salt, list(keys), blocks)
 
-    def _save_blocks(self, group: int, table: list[int], first: int, full: int, prompt_len: int) -> list[int]:
+    def _save_blocks(self, group: int, table: list[int], first: int, full: int, prompt_len: int,
+                     live: int) -> list[int]:
         """One group's blocks for the keys first .. full-1. A windowed group keeps (window_save "trim") only the
         keys a later hit can use (groups.saved_in_window: the window before the prompt's end and before every
-        checkpoint; with save "all", every key past the prompt too) and never a key holding a null block
-        (vLLM handed it back before this save: its bytes are not this request's); the others are -1."""
+        checkpoint; with save "all", every key past the prompt too), never a key holding a null block (vLLM
+        handed it back before this save: its bytes are not this request's) and none before key ``live`` (its
+        table entries may be stale); the others are -1."""
         g, t = self.blocks_per_key, self.tokens_per_key
         blocks = list(table[first * g: full * g])
         kind = self._kinds.get(group, self.spec.group_kind)
@@ -352,7 +360,7 @@ class SchedulerSide:
         trim = self.config.window_save == "trim"
         for k in range(first, full):
             part = blocks[(k - first) * g:(k - first + 1) * g]
-            keep = NULL_BLOCK not in part and (not trim or (k + 1) * t > prompt_len or saved_in_window(
+            keep = k >= live and NULL_BLOCK not in part and (not trim or (k + 1) * t > prompt_len or saved_in_window(
                 kind, k, tokens_per_key=t, block_size=self.spec.block_size, save_points=points))
             if not keep:
                 blocks[(k - first) * g:(k - first + 1) * g] = [-1] * g

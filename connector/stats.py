@@ -15,6 +15,7 @@ COUNTER_NAMES = (
     "load_sync_requests",     # of load_requests, those loaded in the step that schedules them (RAM hits)
     "lookup_skipped_stream",  # lookups answered 0: the arena cannot be mapped, so no worker could load
     "load_rollback_keys",     # stored blocks to save again because their load failed
+    "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
 )
