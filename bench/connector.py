@@ -60,7 +60,8 @@ EPILOG = f"""measurements (one daemon, RAM only; cases timed round-robin, one it
               key count.
   phases      one instrumented save and load ({HEADLINE}) outside the medians: ms in each
               call (the Commits run on the worker's commit thread, overlapping the next step's gather).
-targets: save_ratio, load_ratio >= {TARGET} ({HEADLINE} tokens, over the limit)."""
+targets: save_ratio, load_ratio >= {TARGET} ({HEADLINE} tokens, over the limit).
+--model gemma3-like: a hybrid KV layout, window_save trim vs all (bench/connector_hybrid.py says what it measures)."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--chunk", type=int, default=HEAD_CHUNK, help=f"prefill tokens per step of the headline save "
                     f"(default {HEAD_CHUNK}; 0 = the whole prompt in one step)")
     ap.add_argument("--json-out", metavar="FILE", help="also write the final JSON object to FILE")
+    ap.add_argument("--model", choices=("llama", "gemma3-like"), default="llama", help="KV layout: llama (one "
+                    "full-attention group, default) or gemma3-like (hybrid groups, window_save trim vs all)")
     args = ap.parse_args(argv)
+    if args.model == "gemma3-like":
+        from bench.connector_hybrid import main_from_args  # noqa: PLC0415 - it imports this module
+        return main_from_args(args)
     plan = QUICK if args.quick else FULL
     tokens, rounds = args.tokens or plan.tokens, args.rounds or plan.rounds
     if tokens % BLOCK_TOKENS or tokens <= 0:
