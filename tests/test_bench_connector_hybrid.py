@@ -53,8 +53,8 @@ def test_stored_and_loaded_bytes_per_group_are_exact() -> None:
     # every ratio divides the limit (the faster native copy of the same bytes) by the product, same run
     for m in ("trim", "all"):
         for op in ("save", "load"):
-            assert out[f"{op}_ratio_{m}"] == pytest.approx(out[f"{op}_gbs_{m}"] / out[f"limit_{op}_{m}_gbs"],
-                                                           rel=0.01), (op, m)
+            ratio = out[f"{op}_gbs_{m}"] / out[f"limit_{op}_{m}_gbs"]    # of rounded values: 0.001 apart
+            assert out[f"{op}_ratio_{m}"] == pytest.approx(ratio, rel=0.01, abs=2e-3), (op, m)
             assert out[f"limit_{op}_{m}_threads"] in (1, 2)
     assert (out["save_ratio"], out["load_ratio"], out["limit_gbs"]) == (
         out["save_ratio_trim"], out["load_ratio_trim"], out["limit_save_trim_gbs"])
