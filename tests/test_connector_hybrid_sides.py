@@ -228,3 +228,32 @@ def test_with_trimming_a_hole_falls_back_to_the_last_checkpoints_window(daemon) 
     assert lookup(b, prompt, salt, "q2") == 24
     assert b.sched.counters.totals["lookup_window_short_keys"] == 3
     a.close(), b.close()
+
+
+@pytest.mark.parametrize(("chunks", "extra", "sliding_keys"), [((24, 26), {}, [4, 5]),
+                                                               ((24, 26), {"window_checkpoint_tokens": 24}, [1, 2, 4, 5]),
+                                                               ((20, 30), {"window_checkpoint_tokens": 24}, [1, 2, 4, 5])])
+def test_a_chunked_prefill_saves_the_same_keys_as_one_step(daemon, chunks, extra, sliding_keys) -> None:
+    """vLLM's chunked prefill: the first step sends the whole tables so far, the second only the new blocks (it
+    never tells the connector which sliding-window blocks it handed back in between). Every key is saved once,
+    in the step that completes it: the same keys and bytes as a one-step prefill. (20 then 30 tokens: key 2,
+    tokens 16..23, completes in the second step; vLLM keeps its blocks, both after token 11.)"""
+    a = HybridSide(daemon.address, make_caches(9, True), **extra)
+    prompt, salt = prompt_tokens(PROMPT_LEN, start=17), f"chunked-{chunks}-{sorted(extra.items())}"
+    req = Req("r1", prompt, cache_salt=salt)
+    a.sched.track(req)
+    first = -(-chunks[0] // BS)
+    saved: list[list[int]] = [[], []]
+    for n, tables, full_table in [(chunks[0], [t[:first] for t in SRC_TABLES], True),
+                                  (chunks[1], [t[first:] for t in SRC_TABLES], False)]:
+        plan = a.sched.build([ScheduledRequest("r1", tables, full_table, n)])
+        req.num_computed_tokens += n                       # vLLM advances it after building the metadata
+        a.worker.save(plan.saves)
+        a.worker.drain()
+        for job in plan.saves:
+            for g, blocks in enumerate(job.block_ids):
+                first_key = chain(prompt).index(job.keys[0])
+                saved[g] += [first_key + i for i in range(len(job.keys)) if blocks[2 * i] >= 0]
+    assert saved == [list(range(6)), sliding_keys]
+    assert stored(daemon.address, salt) == expected_store(a.caches, chain(prompt), [list(range(6)), sliding_keys])
+    a.close()
