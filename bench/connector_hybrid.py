@@ -139,6 +139,9 @@ def main_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """bench.connector's main, parsed, for --model gemma3-like."""
     plan = QUICK if args.quick else FULL
     tokens, rounds = args.tokens or plan.tokens, args.rounds or plan.rounds
+    bt = GEMMA3_LIKE.block_tokens
+    if tokens <= 0 or tokens % bt or args.chunk < 0 or args.chunk % bt:
+        raise SystemExit(f"--tokens {tokens} --chunk {args.chunk}: use multiples of {bt} (tokens > 0)")
     threads = [int(x) for x in args.threads.split(",") if x.strip()]
     copy_threads = DEFAULT_THREADS if DEFAULT_THREADS in threads else threads[0]
     out, rows = run(tokens, rounds=rounds, warmup=plan.warmup, chunk=args.chunk, copy_threads=copy_threads,
