@@ -117,6 +117,17 @@ def expected_store(caches: dict[str, torch.Tensor], keys: list[bytes], saved: li
     return [{keys[k]: key_bytes(caches, g, SRC_TABLES[g][2 * k:2 * k + 2]) for k in saved[g]} for g in range(2)]
 
 
+def holds_exactly(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor], copied: list) -> bool:
+    """Whether every tensor of ``dst`` is unchanged (the sentinel) except the blocks a load filled: for group g,
+    ``copied[g]`` pairs (dst block, src block) of that group's layers only."""
+    want = {id(t): t.clone().fill_(-5.0) for t in dst.values()}
+    for g, pairs in enumerate(copied):
+        for d, s in pairs:
+            for n in GROUP_LAYERS[g]:
+                want[id(dst[n])][:, d] = src[n][:, s]
+    return all(torch.equal(t, want[id(t)]) for t in dst.values())
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own-tensors", "shared-tensors"])
 def test_save_trims_the_sliding_group_to_its_window_and_stores_each_groups_own_layers(daemon, shared) -> None:
     a = HybridSide(daemon.address, make_caches(1, shared))
@@ -176,13 +187,8 @@ def test_a_load_fills_exactly_the_blocks_vllm_keeps_in_each_group(daemon, shared
     b.worker.drain()
     assert b.worker.finished(set()) == (set(), {"r2"}) and b.worker.load_errors() == set()
     assert b.worker.counters.totals["loaded_blocks"] == 6 + 2   # keys 4 and 5 of the sliding group
-    # the expected caches: the sentinel everywhere but the filled blocks, which hold the source's blocks
-    want = {id(t): t.clone() for t in b.caches.values()}
-    for g, pairs in enumerate([zip(dst[0][:12], SRC_TABLES[0][:12]), zip([54, 55, 56], SRC_TABLES[1][9:12])]):
-        for d, s in pairs:
-            for n in GROUP_LAYERS[g]:
-                want[id(b.caches[n])][:, d] = a.caches[n][:, s]
-    assert all(torch.equal(t, want[id(t)]) for t in b.caches.values())
+    assert holds_exactly(b.caches, a.caches, [zip(dst[0][:12], SRC_TABLES[0][:12]),
+                                              zip([54, 55, 56], SRC_TABLES[1][9:12])])
     assert {n: int((t != -5.0).any(dim=(0, 2, 3, 4)).sum()) for n, t in b.caches.items()} == (
         {n: 15 for n in NAMES} if shared else {NAMES[0]: 12, NAMES[1]: 3, NAMES[2]: 12, NAMES[3]: 3})
     a.close(), b.close()
@@ -257,3 +263,26 @@ def test_a_chunked_prefill_saves_the_same_keys_as_one_step(daemon, chunks, extra
     assert saved == [list(range(6)), sliding_keys]
     assert stored(daemon.address, salt) == expected_store(a.caches, chain(prompt), [list(range(6)), sliding_keys])
     a.close()
+
+
+def test_a_load_after_vllms_own_prefix_hit_leaves_its_blocks_alone_in_every_group(daemon) -> None:
+    """vLLM's own cache holds 12 tokens (3 blocks, inside key 1): the store adds 36; the job starts at key 1, with
+    block 2 (vLLM's) untouched in both groups and the sliding group's null blocks skipped."""
+    a = HybridSide(daemon.address, make_caches(10, True))
+    prompt, salt = prompt_tokens(PROMPT_LEN, start=18), "local"
+    a.prefill(Req("r1", prompt, cache_salt=salt), SRC_TABLES)
+    b = HybridSide(daemon.address, make_caches(None, True))
+    req = Req("r2", list(prompt), cache_salt=salt)
+    assert b.sched.num_new_matched_tokens(req, 12) == (36, True)
+    dst = [list(range(40, 53)), [0] * 9 + [54, 55, 56, 57]]
+    b.sched.after_alloc(req, dst, 36)
+    (job,) = b.sched.build([]).loads
+    assert job.keys == chain(prompt)[1:6]
+    assert job.block_ids == [[-1] + dst[0][3:12], [-1] * 7 + [54, 55, 56]]
+    b.worker.start_loads([job])
+    b.worker.drain()
+    assert b.worker.finished(set()) == (set(), {"r2"}) and b.worker.load_errors() == set()
+    assert holds_exactly(b.caches, a.caches, [zip(dst[0][3:12], SRC_TABLES[0][3:12]),
+                                              zip([54, 55, 56], SRC_TABLES[1][9:12])])
+    assert b.worker.counters.totals["loaded_blocks"] == 5 + 2
+    a.close(), b.close()
