@@ -86,8 +86,12 @@ class KVLayoutSpec:
         if self.kind is None:
             for name in ("kind", "group_index", "group_count", "group_layers"):
                 del body[name]
-        if not self.page_bytes:
-            del body["page_bytes"]
+            if not self.page_bytes:
+                del body["page_bytes"]
+        else:  # a hybrid group: its layer count and page bytes on another pipeline stage are not known to every
+            del body["group_layers"], body["page_bytes"]  # process (vllm_connector.stage_specs); the stage's
+            #                                               layer range and the group's index pin its layers
+
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

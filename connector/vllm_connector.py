@@ -111,7 +111,13 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
     hold one key's tokens in every stage and group, so ``blocks_per_key`` is resolved once, from the stage with
     the smallest block (every stage's transfer unit reaches min_transfer_bytes, up to the cap). A model with
     one full-attention group keeps the names it had before groups (no group fields in the digest); a hybrid one
-    names each group's index, kind and layer count (vLLM gives every stage the same groups, its own layers).
+    names each group's index, count and kind on the stage's layer range.
+
+    With pipeline parallelism and hybrid groups, ``groups`` is this process's share of the model's groups (the
+    scheduler has stage 0's): a group's layer count on another stage is not known here, so it stays out of the
+    names (the stage's layer range and the group's index pin its layers) and ``blocks_per_key`` is resolved from
+    what every process knows alike, the stage's layers times the page size of one layer (vLLM makes it equal
+    across the groups of a hybrid model). The layer count and page bytes of a spec are this process's own.
     """
     from vllm.distributed.utils import get_pp_indices
 
@@ -130,8 +136,11 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
         options: list[KVGroup | None] = [*groups] or [None]
         for g in options:
             bases.append(_group_spec(base, g, len(groups), hybrid))
-    stage_bytes = [sum(b.block_bytes for b in bases[i:i + max(1, len(groups))])
-                   for i in range(0, len(bases), max(1, len(groups)))]
+    if hybrid:
+        layer_page = max(g.block_bytes // g.num_layers for g in groups if g.num_layers)
+        stage_bytes = [b.num_layers * layer_page for b in bases[::len(groups)]]
+    else:
+        stage_bytes = [b.block_bytes for b in bases]
     k = config.resolve_blocks_per_key(min(stage_bytes))
     return [replace(b, blocks_per_key=k) for b in bases]
 
@@ -147,6 +156,18 @@ def _group_spec(base: KVLayoutSpec, group: KVGroup | None, count: int, hybrid: b
         return replace(base, kind=group.kind, group_index=group.index, group_count=count, group_layers=layers,
                        page_bytes=page)
     return replace(base, page_bytes=page if page != base.block_bytes else 0)
+
+
+def _require_layers_in_every_group(groups: Sequence[KVGroup], vllm_config: VllmConfig) -> None:
+    """A pipeline stage that holds no layer of a KV cache group (vLLM keeps the group, with no layers) would
+    store nothing for it, and every hit needs every group: refuse at startup and say how to avoid it."""
+    empty = [g for g in groups if not g.layer_names]
+    if empty and len(groups) > 1:
+        raise ConfigError(
+            f"KVStoreConnector: pipeline stage {_pp_rank(vllm_config)} holds no layer of KV cache group(s) "
+            f"{[(g.index, g.kind.describe()) for g in empty]}, so no prefix could ever be loaded on it. Split the "
+            "layers so every stage holds layers of every group (VLLM_PP_LAYER_PARTITION), use a smaller "
+            "--pipeline-parallel-size, or turn the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager)")
 
 
 def _tp_rank(vllm_config: VllmConfig) -> int:
@@ -226,6 +247,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if is_sched:
             _recompute_failed_loads(vllm_config)
         self.groups = groups_from_config(kv_cache_config)
+        _require_layers_in_every_group(self.groups, vllm_config)
         stages = (shard_specs(vllm_config, self.config, self.groups) if is_sched
                   else stage_specs(vllm_config, self.config, _tp_rank(vllm_config), self.groups))
         self.stages = StageLayouts(stages)

@@ -5,12 +5,16 @@ layer split with one key size. Block size 16, blocks_per_key=1 (see test_vllm_sc
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
-
+from types import SimpleNamespace
+from typing import Any
 
 from connector import vllm_connector
 from connector.config import ConnectorConfig
+from connector.groups import groups_from_config
+from connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
@@ -96,3 +100,74 @@ def _hole_in_the_second_shard(h: Harness, address: str, stored: Callable[[int, i
         assert sorted(k.key for k in c.keys(ns1)) == sorted(keys)
         assert c.get(ns1, keys[3]) == stored(1, 3)
     h.close()
+
+
+# -- pipeline parallelism with hybrid KV cache groups (issue 18) --------------------------------------------
+def _hybrid_pp_config(tmp_path, layers: int) -> VllmConfig:
+    path = write_model_config(str(tmp_path))
+    with open(f"{path}/config.json") as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = layers
+    with open(f"{path}/config.json", "w") as f:
+        json.dump(cfg, f)
+    return VllmConfig(model_config=ModelConfig(model=path, skip_tokenizer_init=True, dtype="float32"),
+                      cache_config=CacheConfig(block_size=BLOCK), device_config=DeviceConfig("cpu"),
+                      parallel_config=ParallelConfig(pipeline_parallel_size=2))
+
+
+def _projections(layer_names: list[str], full: list[int], stages: list[list[int]]) -> list[list[Any]]:
+    """Each stage's share of a full + sliding-window model's KV cache groups, by vLLM's own projection."""
+    import torch
+
+    from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+
+    fa = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    sw = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=32)
+    glob = [KVCacheGroupSpec([layer_names[i] for i in full], fa),
+            KVCacheGroupSpec([n for i, n in enumerate(layer_names) if i not in full], sw)]
+    return [_project_kv_cache_groups_to_worker(glob, {layer_names[i]: None for i in stage}) for stage in stages]
+
+
+def test_hybrid_stage_names_agree_between_the_scheduler_and_every_worker(tmp_path) -> None:
+    """Gemma-2-like (6 layers, odd ones full), PP 2: stage 0 holds 1 full and 2 sliding layers, stage 1 holds 2 and
+    1. The scheduler has only stage 0's share of the groups, yet names stage 1's shards exactly as stage 1's worker
+    does, and both resolve one blocks_per_key (before: the layer counts were in the digest, and stage 1 never hit)."""
+    vc = _hybrid_pp_config(tmp_path, 6)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(6)]
+    share = _projections(names, [1, 3, 5], [[0, 1, 2], [3, 4, 5]])
+    assert [[len(g.layer_names) for g in s] for s in share] == [[1, 2], [2, 1]]
+    cfg = ConnectorConfig.from_extra({"min_transfer_bytes": 65536})
+    sched = vllm_connector.shard_specs(vc, cfg, groups_from_config(SimpleNamespace(kv_cache_groups=share[0])))
+    for stage in (0, 1):
+        wc = copy.deepcopy(vc)
+        wc.parallel_config.rank = stage
+        own = vllm_connector.stage_specs(wc, cfg, 0, groups_from_config(SimpleNamespace(kv_cache_groups=share[stage])))
+        mine = own[vllm_connector._pp_rank(wc) * 2:][:2]
+        assert [namespace_for(s) for s in mine] == [namespace_for(s) for s in sched[stage * 2:stage * 2 + 2]]
+        assert {s.blocks_per_key for s in own} == {s.blocks_per_key for s in sched} == {2}  # 3 layers x 16 KiB
+        assert [s.group_layers for s in mine] == [len(g.layer_names) for g in share[stage]]
+    assert len({namespace_for(s) for s in sched}) == 4
+
+
+def test_a_stage_without_layers_of_a_group_refuses_to_start(tmp_path) -> None:
+    """4 layers, only layer 3 full, PP 2: stage 0 holds no full-attention layer, so no prefix could be loaded
+    there; the worker refuses at startup and says how to avoid it."""
+    import pytest
+
+    from kvstore.errors import ConfigError
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    vc = _hybrid_pp_config(tmp_path, 4)
+    vc.kv_transfer_config = KVTransferConfig(kv_connector="KVStoreConnector", kv_role="kv_both",
+                                             kv_connector_module_path="connector.vllm_connector",
+                                             kv_connector_extra_config={"address": str(tmp_path / "none.sock")})
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    share = _projections(names, [3], [[0, 1], [2, 3]])
+    assert [len(g.layer_names) for g in share[0]] == [0, 2]
+    kcc = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=share[0])
+    with pytest.raises(ConfigError, match=r"stage 0 holds no layer of KV cache group\(s\) \[\(0, 'full'\)\].*"
+                                          "VLLM_PP_LAYER_PARTITION"):
+        vllm_connector.KVStoreConnector(vc, KVConnectorRole.WORKER, kcc)
