@@ -14,6 +14,8 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     connector.py         `python -m bench.connector`: the connector's worker side against the copy limit
     connector_rig.py     its rig: a vLLM-shaped paged KV cache, scheduler and worker sides, the timed cases
     connector_phases.py  where the connector benchmark's time goes: one instrumented save and load
+    connector_hybrid.py  `--model gemma3-like`: a hybrid (sliding-window) layout, window trimming on and off
+    hybrid_rig.py        its rig: vLLM's hybrid block tables, one namespace per KV cache group
     remote.py            `python -m bench.remote`: the peer tier against loopback sockets between processes
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU
     gpu_checks.py        its transfer checks (DMA through the pinned arena, per-tenant pins, save + load)
