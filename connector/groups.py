@@ -84,6 +84,14 @@ class KVGroup:
     layer_names: tuple[str, ...]
     block_size: int
     block_bytes: int
+    tp_shards: int | None = None  # distinct TP shards of its cache (vLLM's max_tp_shards; MLA: 1, every rank a
+    #                               replica); None: one per rank
+
+    def tp_shard(self, tp_rank: int, tp_size: int) -> tuple[int, int]:
+        """(this rank's shard, shards): ranks beyond ``tp_shards`` hold replicas of the same bytes, which are
+        stored once, under the shard's name, and every replica loads them."""
+        n = min(tp_size, self.tp_shards or tp_size)
+        return tp_rank * n // tp_size, n
 
     @property
     def num_layers(self) -> int:
@@ -117,7 +125,8 @@ def groups_from_config(kv_cache_config: Any, fallback_layers: Iterable[str] = ()
         kind = _kind_of(first)
         names = tuple(g.layer_names)
         page = int(spec.page_size_bytes) if per_layer else int(spec.page_size_bytes) * len(names)
-        out.append(KVGroup(i, kind, names, int(first.block_size), page))
+        shards = getattr(first, "max_tp_shards", None)
+        out.append(KVGroup(i, kind, names, int(first.block_size), page, int(shards) if shards else None))
     sizes = {g.block_size for g in out}
     if len(sizes) != 1:
         raise ConfigError(f"KVStoreConnector needs one block size across KV cache groups, got {sorted(sizes)}")

@@ -135,7 +135,11 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
         base = KVLayoutSpec(**common, num_layers=end - start, first_layer=start, blocks_per_key=1)
         options: list[KVGroup | None] = [*groups] or [None]
         for g in options:
-            bases.append(_group_spec(base, g, len(groups), hybrid))
+            spec = _group_spec(base, g, len(groups), hybrid)
+            if g is not None:
+                shard, shards = g.tp_shard(spec.tp_rank, spec.tp_size)
+                spec = replace(spec, tp_rank=shard, tp_size=shards)
+            bases.append(spec)
     if hybrid:
         layer_page = max(g.block_bytes // g.num_layers for g in groups if g.num_layers)
         stage_bytes = [b.num_layers * layer_page for b in bases[::len(groups)]]
@@ -186,9 +190,12 @@ def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig,
     """Every shard's layout, for the scheduler's lookup: each pipeline stage (and KV cache group) of TP rank 0,
     then of rank 1, ... Each TP rank stores its own heads under its own namespace (the rank is in the digest),
     so a prefix is a hit only when every (stage, rank, group) shard holds it: a rank missing a block would
-    otherwise fail its load and make vLLM recompute the whole request."""
+    otherwise fail its load and make vLLM recompute the whole request. Ranks that hold replicas of one cache
+    (MLA: one latent per token, the same on every rank; vLLM's max_tp_shards) share one shard: stored once,
+    probed once, loaded by every replica."""
     tp = int(vllm_config.parallel_config.tensor_parallel_size)
-    return [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank, groups)]
+    every = [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank, groups)]
+    return list(dict.fromkeys(every))  # replicas (MLA: every rank holds the same latent) are one shard
 
 
 def _pp_rank(vllm_config: VllmConfig) -> int:

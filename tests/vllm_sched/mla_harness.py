@@ -12,6 +12,7 @@ latent that is a pure function of (layer, position, token).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -65,9 +66,11 @@ def latent_value(layer: int, pos: torch.Tensor, tok: torch.Tensor) -> torch.Tens
 
 
 class MLAHarness(Harness):
-    """One scheduler, one worker (no TP, no PP): the MLA model's one KV cache group."""
+    """One scheduler and one worker per TP rank (``tp``; no PP): the MLA model's one KV cache group. As in vLLM,
+    every rank caches the same latents (MLA's KV is not split across TP ranks: max_tp_shards=1)."""
 
-    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None) -> None:  # noqa: PLW0231
+    def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None,  # noqa: PLW0231
+                 tp: int = 1) -> None:
         # Harness.__init__ builds a Llama with K and V caches; this one builds the same rig for MLA
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
@@ -78,23 +81,33 @@ class MLAHarness(Harness):
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc,
                                       cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
                                       kv_transfer_config=kv, device_config=DeviceConfig("cpu"),
-                                      parallel_config=ParallelConfig())
+                                      parallel_config=ParallelConfig(tensor_parallel_size=tp))
         self.vllm_config.cache_config.num_gpu_blocks = MLA_NUM_BLOCKS
-        self.mla_spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.float32)
+        self.mla_spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=LATENT, dtype=torch.float32,
+                                         max_tp_shards=1)  # as vLLM's MLA layers declare it
         kcc = KVCacheConfig(num_blocks=MLA_NUM_BLOCKS, kv_cache_tensors=[],
                             kv_cache_groups=[KVCacheGroupSpec(MLA_LAYER_NAMES, self.mla_spec)])
         self.scheduler = Scheduler(vllm_config=self.vllm_config, kv_cache_config=kcc,
                                    structured_output_manager=StructuredOutputManager(self.vllm_config),
                                    block_size=BLOCK, log_stats=True)
         assert isinstance(self.scheduler.connector, KVStoreConnector)
-        w = KVStoreConnector(self.vllm_config, KVConnectorRole.WORKER, kcc)
-        # as vLLM's MLA backends allocate them: (num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)
-        self.latents = {n: torch.zeros(MLA_NUM_BLOCKS, BLOCK, LATENT) for n in MLA_LAYER_NAMES}
-        w.register_kv_caches(self.latents)
+        self.rank_latents: list[dict[str, torch.Tensor]] = []
+        self.workers = []
+        for rank in range(tp):
+            cfg = self.vllm_config
+            if tp > 1:
+                cfg = copy.deepcopy(self.vllm_config)  # each worker process has its own config, rank set
+                cfg.parallel_config.rank = rank
+            w = KVStoreConnector(cfg, KVConnectorRole.WORKER, kcc)
+            # as vLLM's MLA backends allocate them: (num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)
+            latents = {n: torch.zeros(MLA_NUM_BLOCKS, BLOCK, LATENT) for n in MLA_LAYER_NAMES}
+            w.register_kv_caches(latents)
+            self.rank_latents.append(latents)
+            self.workers.append(w)
+        self.latents = self.rank_latents[0]
         self.caches = []  # the base forward writes no K/V; _forward below writes the latents
-        self.workers = [w]
-        self.worker = w
-        self._aggregator = KVOutputAggregator(1)
+        self.worker = self.workers[0]
+        self._aggregator = KVOutputAggregator(tp)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(BLOCK, sha256)
         self.tracked = {}
@@ -113,8 +126,9 @@ class MLAHarness(Harness):
             pos = torch.arange(start, start + n)
             blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
             toks = torch.tensor(t.req.all_token_ids[start:start + n])
-            for layer, name in enumerate(MLA_LAYER_NAMES):
-                self.latents[name][blk, pos % BLOCK] = latent_value(layer, pos, toks)
+            for latents in self.rank_latents:
+                for layer, name in enumerate(MLA_LAYER_NAMES):
+                    latents[name][blk, pos % BLOCK] = latent_value(layer, pos, toks)
         return sampled
 
     def kv_matches_tokens(self, rid: str, upto: int) -> bool:
@@ -123,5 +137,5 @@ class MLAHarness(Harness):
         pos = torch.arange(upto)
         blk = torch.tensor([t.blocks[p // BLOCK] for p in pos.tolist()])
         toks = torch.tensor(t.req.all_token_ids[:upto])
-        return all(torch.equal(self.latents[name][blk, pos % BLOCK], latent_value(layer, pos, toks))
-                   for layer, name in enumerate(MLA_LAYER_NAMES))
+        return all(torch.equal(latents[name][blk, pos % BLOCK], latent_value(layer, pos, toks))
+                   for latents in self.rank_latents for layer, name in enumerate(MLA_LAYER_NAMES))

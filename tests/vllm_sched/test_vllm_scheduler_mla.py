@@ -81,3 +81,32 @@ def test_mla_blocks_are_saved_and_loaded_exactly(daemon, mla_dir) -> None:
         6, 6 * MLA_LAYERS * PAGE, 0)
     assert h.sched_side.counters.totals["hit_tokens"] == 96
     h.close()
+
+
+def test_mla_replicas_on_two_tp_ranks_are_stored_once_and_loaded_by_both(daemon, mla_dir) -> None:
+    """TP 2: vLLM caches the same latents on both ranks (max_tp_shards=1). They share one namespace: each key is
+    stored once (the second rank's Reserve finds it present or in flight), the scheduler probes one namespace,
+    and both ranks load it (before: one namespace per rank, twice the bytes and the probes)."""
+    h = MLAHarness(mla_dir, daemon.address, extra={"blocks_per_key": 1}, tp=2)
+    (spec,) = h.sched_side.stages.specs                              # one shard for both ranks
+    assert [w._worker.spec for w in h.workers] == [spec, spec] and (spec.tp_rank, spec.tp_size) == (0, 1)
+    h.add("r1", PROMPT)
+    h.run()
+    keys = chain_keys(6, PROMPT)
+    with Client(daemon.address) as c:
+        assert [n.name for n in c.stats().namespaces if n.blocks] == [namespace_for(spec)]
+        assert sorted(k.key for k in c.keys(namespace_for(spec))) == sorted(keys)
+        assert c.get_many(namespace_for(spec), keys) == [stored_latents(PROMPT, k) for k in range(6)]
+    saved = [w.counters.totals.get("saved_blocks", 0) for w in h.workers]
+    skipped = [w.counters.totals.get("save_skipped_blocks", 0) for w in h.workers]
+    assert (sum(saved), sum(skipped)) == (6, 6)                      # every key written by exactly one rank
+    assert h.scheduler.reset_prefix_cache()
+    for latents in h.rank_latents:
+        for t in latents.values():
+            t.zero_()
+    h.add("r2", list(PROMPT))
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (96, 0)
+    assert h.kv_matches_tokens("r2", 101)                            # both ranks' blocks hold the latents
+    assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [6, 6]
+    h.close()
