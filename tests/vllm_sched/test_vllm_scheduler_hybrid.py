@@ -198,3 +198,69 @@ def test_a_group_missing_a_block_shortens_the_hit(daemon, sliding_dir, extra, gr
     assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
     assert stored(h, daemon.address) == before                   # the hole was saved again
     h.close()
+
+
+# -- full + chunked local attention ------------------------------------------------------------------------------
+CPROMPT = [(7 * i + 5) % 1000 + 10 for i in range(230)]   # 14 keys (224 tokens); a repeat hits at most 224
+CKEYS = 14
+
+
+@pytest.mark.parametrize("extra, chunk_keys", [
+    ({}, window_keys("chunked", [224])),                     # chunk 192..255: keys 12, 13
+    ({"window_checkpoint_tokens": 64}, window_keys("chunked", [64, 128, 192, 224])),  # a hit at a chunk start
+    ({"window_save": "all"}, set(range(CKEYS))),                                      # needs no chunked key
+])
+def test_chunked_local_saves_the_current_chunk_and_a_repeat_loads_it(daemon, chunked_dir, extra, chunk_keys) -> None:
+    h = HybridHarness(chunked_dir, daemon.address, local="chunked", extra={"blocks_per_key": 1, **extra})
+    assert h.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert h.coordinator_name == "HybridKVCacheCoordinator"
+    assert [type(g.kv_cache_spec).__name__ for g in h.kv_cache_config.kv_cache_groups] == [
+        "FullAttentionSpec", "ChunkedLocalAttentionSpec"]
+    specs = sorted(h.sched_side.stages.specs, key=lambda s: s.group_index)
+    assert [s.group_kind for s in specs] == [GroupKind("full"), GroupKind("chunked", CHUNK)]
+    save_and_reset(h, CPROMPT)
+    assert stored(h, daemon.address, CPROMPT) == [set(range(CKEYS)), chunk_keys]
+    assert (window_keys("chunked", [224]), window_keys("chunked", [64, 128, 192])) == ({12, 13}, set())
+    r2 = h.add("r2", list(CPROMPT))
+    h.step()
+    job = the_load(h, "r2")
+    tables = h.vllm_blocks("r2")
+    first = skipped_tokens("chunked", 224) // BLOCK                  # 12: the chunk starting at 192
+    assert tables[1][:first] == [0] * first and 0 not in tables[1][first:CKEYS]
+    assert job.block_ids == [tables[0][:CKEYS], [-1] * first + tables[1][first:CKEYS]]
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (224, 0)
+    assert h.tracked["r2"].scheduled_tokens == 6 + 1
+    assert h.kept_match("r2", 231) == [list(range(15)), list(range(12, 15))]
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert h.worker.counters.totals["loaded_blocks"] == CKEYS + 2
+    with Client(daemon.address) as c:
+        assert c.get(namespaces(h)[1], chain_keys(CKEYS, CPROMPT)[13]) == h.key_bytes(CPROMPT, 13, 1)
+    h.close()
+
+
+@pytest.mark.parametrize("hole, hit", [(13, 208), (12, 192)])
+def test_chunked_local_missing_a_block_of_the_chunk_shortens_the_hit(daemon, chunked_dir, hole, hit) -> None:
+    """Key 13 gone: 13 keys (208 tokens) need only chunked key 12. Key 12 gone: 13 and 14 keys need it; 12 keys
+    (192 tokens, a chunk start) need no chunked key at all."""
+    h = HybridHarness(chunked_dir, daemon.address, local="chunked", extra={"blocks_per_key": 1})
+    save_and_reset(h, CPROMPT)
+    before = stored(h, daemon.address, CPROMPT)
+    delete(h, daemon.address, 1, [hole], CPROMPT)
+    held = stored(h, daemon.address, CPROMPT)
+    assert hit == max(n * BLOCK for n in range(CKEYS + 1)
+                      if set(range(n)) <= held[0] and window_keys("chunked", [n * BLOCK]) <= held[1])
+    r2 = h.add("r2", list(CPROMPT))
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (hit, 0)
+    assert h.tracked["r2"].scheduled_tokens == 230 - hit + 1
+    (job,) = [j for s in h.steps for j in s.kv_connector_metadata.plan.loads]
+    first = skipped_tokens("chunked", hit) // BLOCK                  # 12 for both
+    assert len(job.keys) == hit // BLOCK and job.block_ids[1] == [-1] * first + job.block_ids[1][first:]
+    assert -1 not in job.block_ids[1][first:] and len(job.block_ids[1]) == hit // BLOCK
+    assert h.worker.counters.totals["loaded_blocks"] == hit // BLOCK + hit // BLOCK - first
+    assert h.kept_match("r2", 231) == [list(range(15)), list(range(12, 15))]
+    assert list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert stored(h, daemon.address, CPROMPT) == before
+    h.close()
+
