@@ -7,7 +7,8 @@ block, tests/vllm_e2e/generate.py). With --address the process uses KVStoreConne
 carries the connector's running counters (scheduler and worker side). HMA "on" sets
 disable_hybrid_kv_cache_manager=False explicitly, so vLLM fails instead of quietly turning the hybrid manager off.
 
-Run by test_vllm_hybrid_e2e.py as a subprocess (a fresh vLLM each time, as generate.py is).
+Run by test_vllm_hybrid_e2e.py as a subprocess: with the connector one vLLM per process (a fresh process, a new
+random NONE_HASH, is what a cross-process hit needs); without it several, to pay for vLLM's import once.
 """
 
 from __future__ import annotations
