@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                  and head["disk_tokens"]), None)
     if base is not None:
         result["ram_only"] = {k: base[k] for k in ("hit_rate", "sim_hit_rate", "hit_rate_of_max", "prefill_reduction",
+                                                   "belady_hit_rate", "lru_share_of_belady",
                                                    "mismatched_requests", "tier_mismatches", "replay_s", "conditions")}
         print(f"RAM {fmt_tokens(head['capacity_tokens'])} alone: hit rate {base['hit_rate']:.4f} "
               f"({base['hit_rate_of_max']:.1%} of the maximum), prefill reduction {base['prefill_reduction']:.2f}x")
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{w.name}{' (quick)' if a.quick else ' (cut)' if w.cut else ''}: hit rate vs capacity")
         print(table)
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
-                "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "mismatched_requests", "tier_mismatches",
+                "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "belady_hit_rate", "lru_share_of_belady",
+                "mismatched_requests", "tier_mismatches",
                 "disk_reinserted_blocks", "disk_write_amplification", "load_gbps", "put_gbps", "requests_per_s",
                 "replay_s", "conditions")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),

@@ -42,6 +42,7 @@ _COLUMNS = (
     ("puts GB/s", lambda p: f"{p['put_gbps']:.2f}"),
     ("req/s", lambda p: f"{p['requests_per_s']:.0f}"),
     ("lock-step", lambda p: lock_step_text(p["conditions"])),
+    ("belady hit rate (one pool)", lambda p: f"{p['belady_hit_rate']:.4f}" if "belady_hit_rate" in p else "-"),
 )
 
 
@@ -108,6 +109,15 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
         ("hit rate (tokens): store / simulated / infinite",
          _triple(p, ".4f", "hit_rate", "sim_hit_rate", "max_hit_rate")),
         ("store hit rate as a share of the maximum", f"{p['hit_rate_of_max']:.1%}"),
+    ]
+    if "belady_hit_rate" in p:
+        rows += [
+            (f"belady: hit rate / prefill reduction (offline optimum, RAM + disk as one pool of "
+             f"{p['belady_blocks']:,} blocks)", f"{p['belady_hit_rate']:.4f} / {p['belady_prefill_reduction']:.3f}x"),
+            ("simulated LRU store: prefill reduction; share of belady's hit rate (one-pool LRU's hit rate)",
+             f"{p['lru_prefill_reduction']:.3f}x; {p['lru_share_of_belady']:.1%} ({p['lru_pool_hit_rate']:.4f})"),
+        ]
+    rows += [
         ("requests where store and simulator differ", str(p["mismatched_requests"])),
         ("counters where store and simulator differ", ", ".join(p.get("tier_mismatches", ())) or "none"),
         ("conditions", conditions_text(p["conditions"])),

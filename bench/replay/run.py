@@ -8,6 +8,12 @@ predicts (RAM evictions, evictions of blocks with a disk copy, promotions, hits 
 reclaimed from disk, blocks and bytes on disk, ...) as [store, simulated]; `tier_mismatches` names those that
 differ, and `mismatched_disk_hits` counts requests whose disk-served positions differ (verdict.py turns them
 into the CLI's exit status). `conditions` says what the daemon ran under and where the replay waited for it.
+
+The ceiling (belady.py): Belady's offline rule over RAM + disk as one pool of the same blocks, so the store is
+read against the best any eviction could do there: `belady_hit_rate` and `belady_prefill_reduction`;
+`lru_hit_rate` and `lru_prefill_reduction` (the exact simulator's at this point: the store's policy) and
+`lru_share_of_belady`. `lru_pool_hit_rate` is a plain LRU over the same one pool (a RAM + disk store keeps
+a disk copy of blocks that are also in RAM, so it holds fewer distinct blocks than the pool).
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.replay.metrics import CostModel, capacity_model, disk_hit_tokens, hit_figures
+from bench.replay.belady import BeladyPlan, belady, plan
+from bench.replay.metrics import CostModel, HitFigures, capacity_model, disk_hit_tokens, hit_figures
 from bench.replay.replayer import ReplayResult, memcpy_gbps, replay
-from bench.replay.sim import SimResult, infinite_cache, simulate
+from bench.replay.sim import LRUTier, SimResult, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import BLOCK_TOKENS, Convention, Request
 
@@ -35,11 +42,31 @@ class Workload:
     convention: Convention
     model: CostModel
     maximum: SimResult | None = None
+    belady_plan: BeladyPlan | None = None
 
     def max_result(self) -> SimResult:
         if self.maximum is None:
             self.maximum = infinite_cache(self.requests, self.convention)
         return self.maximum
+
+    def ceiling_plan(self) -> BeladyPlan:
+        """Belady's next-use table, computed once for all capacities."""
+        if self.belady_plan is None:
+            self.belady_plan = plan(self.requests, self.convention)
+        return self.belady_plan
+
+
+def _ceiling(w: Workload, spec: StoreSpec, fs: HitFigures) -> dict:
+    """Belady and a one-pool LRU at RAM + disk blocks (the disk as laid out in segments), next to the simulator."""
+    pool = spec.tiers[0].capacity_blocks + (spec.disk.capacity_blocks if spec.disk else 0)
+    reqs, conv = w.requests, w.convention
+    fb = hit_figures(reqs, belady(w.ceiling_plan(), pool).hits, conv)
+    fp = hit_figures(reqs, simulate(reqs, [LRUTier("pool", pool)], conv).hits, conv)
+    return {"belady_blocks": pool, "belady_hit_rate": round(fb.hit_rate, 5),
+            "belady_prefill_reduction": round(fb.prefill_reduction, 4), "lru_hit_rate": round(fs.hit_rate, 5),
+            "lru_prefill_reduction": round(fs.prefill_reduction, 4),
+            "lru_share_of_belady": round(fs.hit_rate / fb.hit_rate, 4) if fb.hit_rate else 0.0,
+            "lru_pool_hit_rate": round(fp.hit_rate, 5)}
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -149,6 +176,7 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
         "unique_kv_tokens": unique, "store_share_of_unique": round(held / unique, 4) if unique else 0.0,
         "capacity_blocks": spec.tiers[0].capacity_blocks,
         **_disk_figures(spec, store, sim),
+        **_ceiling(w, spec, fs),
         "bytes_per_token": spec.bytes_per_token, "block_bytes": spec.block_bytes,
         "arena_bytes": spec.ram_tokens * spec.bytes_per_token, "convention": conv.value,
         "block_hit_rate": round(f.block_hit_rate, 5), "sim_block_hit_rate": round(fs.block_hit_rate, 5),
