@@ -124,6 +124,10 @@ class SchedulerSide:
         self._kinds = {s.group_index: s.group_kind for s in self.stages.specs}
         self.num_groups = len(self._kinds)
         self._windowed = [s.group_kind.windowed for s in self.stages.specs]
+        if self.num_groups > 1 and config.load_mode == "sync":
+            log.warning("kvstore connector: load_mode \"sync\" is not available for a model with %d KV cache groups "
+                        "(vLLM cannot take a failed in-step load of such a model); loading asynchronously",
+                        self.num_groups)
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
         self._stored: list[StoredRecord] = []
@@ -172,8 +176,10 @@ class SchedulerSide:
         return (extra, not self._sync(st)) if extra > 0 else (0, False)
 
     def _sync(self, st: _ReqState) -> bool:
+        """Load in the step that schedules the request? Never with several KV cache groups: vLLM takes a failed
+        load of such a model only as a failed receive of a request waiting for it (not block by block)."""
         mode = self.config.load_mode
-        return mode == "sync" or (mode == "auto" and st.lookup_in_ram)
+        return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and st.lookup_in_ram))
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, bool]:
         """(leading keys every shard holds, whether all of them are in RAM): one prefix probe per shard
@@ -271,11 +277,19 @@ class SchedulerSide:
             blocks = [-1 if b == NULL_BLOCK else b for b in blocks]
         return blocks
 
-    def on_worker_output(self, finished_recving: Iterable[str], invalid_block_ids: Iterable[int]) -> None:
+    def on_worker_output(self, finished_recving: Iterable[str], invalid_block_ids: Iterable[int],
+                         failed_recving: Iterable[str] = ()) -> None:
         """vLLM's update_connector_output: blocks that failed to load are not in the store (evicted since the
         lookup, a restarted daemon, a lost lease): roll the request's stored count back to the stored block
         that holds the first of them, so that block and the ones after it are saved again once vLLM has
-        recomputed them (keys the store still has are skipped by the daemon's Reserve)."""
+        recomputed them (keys the store still has are skipped by the daemon's Reserve). A request whose load
+        failed as a whole (``failed_recving``: models with several KV cache groups) rolls back to its load's
+        first key: vLLM recomputes all of it."""
+        for rid in failed_recving:
+            st = self._reqs.get(rid)
+            if st is not None and st.loading is not None and st.loading[0] < st.stored_keys:
+                self.counters.add(load_rollback_keys=st.stored_keys - st.loading[0])
+                st.stored_keys = st.loading[0]
         invalid = set(invalid_block_ids)
         g = self.blocks_per_key
         if invalid:

@@ -50,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -298,7 +299,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self._sched is not None
-        self._sched.on_worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids)
+        self._sched.on_worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids,
+                                     getattr(connector_output, "failed_recving", None) or ())
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
@@ -344,6 +346,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         sent, recv = self._worker.finished(set(finished_req_ids))
         return sent or None, recv or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """get_finished, plus the requests whose asynchronous load failed as a whole (models with several KV cache
+        groups: vLLM takes no block ids from them; see WorkerSide.transfer_results)."""
+        assert self._worker is not None
+        sent, recv, failed = self._worker.transfer_results(set(finished_req_ids))
+        return KVConnectorTransferResults(finished_sending=sent, finished_recving=recv, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.load_errors() if self._worker is not None else set()

@@ -78,6 +78,7 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._recv_done: set[str] = set()
         self._failed_blocks: set[int] = set()
+        self._failed_reqs: set[str] = set()  # asynchronous loads that failed, by request (several groups)
         self._futures: list[Future[Any]] = []
         self._disabled_reason = ""
 
@@ -166,7 +167,11 @@ class WorkerSide:
             log.exception("kvstore load for request %s failed", job.req_id)
         failed = [b for blocks in job.block_ids for b in blocks if b >= 0] if not ok else []
         with self._lock:
-            self._failed_blocks.update(failed)
+            if len(self.specs) > 1 and not job.sync:
+                if failed:  # block ids repeat across KV cache groups: vLLM takes the failure by request
+                    self._failed_reqs.add(job.req_id)
+            else:
+                self._failed_blocks.update(failed)
             if not job.sync:  # vLLM waits for the report of an asynchronous load only
                 self._recv_done.add(job.req_id)
         self.counters.add(load_seconds=time.perf_counter() - t0)
@@ -318,10 +323,19 @@ class WorkerSide:
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """(requests whose sends finished: always empty, see the module docstring; requests whose loads are
         done, failed or not)."""
+        sent, recv, _ = self.transfer_results(finished_req_ids)
+        return sent, recv
+
+    def transfer_results(self, finished_req_ids: set[str]) -> tuple[set[str], set[str], set[str]]:
+        """`finished`, plus the requests among the received ones whose load failed as a whole: with several KV
+        cache groups a failure is reported this way (vLLM recomputes the request), since block ids repeat
+        across groups; with one group it is reported block by block (`load_errors`), so vLLM keeps the blocks
+        before the first failed one."""
         with self._lock:
             recv, self._recv_done = self._recv_done, set()
+            failed, self._failed_reqs = self._failed_reqs & recv, self._failed_reqs - recv
         self._futures = [f for f in self._futures if not f.done()]
-        return set(), recv
+        return set(), recv, failed
 
     def load_errors(self) -> set[int]:
         with self._lock:

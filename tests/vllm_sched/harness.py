@@ -175,14 +175,16 @@ class Harness:
         for w in self.workers:
             w.wait_for_save()
             w._worker.drain()  # make the step deterministic: loads/commits started this step are done
-            sending, recving = w.get_finished(out.finished_req_ids)
+            res = w.get_transfer_results(out.finished_req_ids)  # as vLLM 0.33's model runner asks
             errors = w.get_block_ids_with_load_errors()
             w.clear_connector_metadata()
             ids = list(sampled)
             outputs.append(ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=[sampled[r] for r in ids],
-                kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                kv_connector_output=KVConnectorOutput(finished_sending=res.finished_sending or None,
+                                                      finished_recving=res.finished_recving or None,
+                                                      failed_recving=res.failed_recving,
                                                       invalid_block_ids=errors)))
         mro = self._aggregator.aggregate(outputs)
         self._loading -= mro.kv_connector_output.finished_recving or set()

@@ -268,3 +268,39 @@ def test_chunked_local_missing_a_block_of_the_chunk_shortens_the_hit(daemon, chu
     assert stored(h, daemon.address, CPROMPT) == before
     h.close()
 
+
+# -- a load that fails in one group ------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["async", "auto"])    # auto: a RAM hit, which the connector may load in-step
+@pytest.mark.parametrize("extra, reload_keys", [({}, 0), ({"window_save": "all"}, 10)])
+def test_a_sliding_block_deleted_before_the_load_is_recomputed(daemon, sliding_dir, extra, reload_keys,
+                                                                 mode) -> None:
+    """Sliding key 10 deleted between the lookup (192 tokens) and the load: the sliding group's part fails and vLLM
+    recomputes; the next lookup finds the longest prefix whose window is whole (none with the trimmed window, 10
+    keys when every sliding key is stored), and key 10 is saved again. With several KV cache groups vLLM 0.33
+    takes a failed load only as a failed receive of the request (KVConnectorTransferResults.failed_recving): block
+    ids repeat across groups, and a reported block id (get_block_ids_with_load_errors) raises in the Scheduler."""
+    h = HybridHarness(sliding_dir, daemon.address, extra={"blocks_per_key": 1, "load_mode": mode, **extra})
+    save_and_reset(h)
+    before = stored(h, daemon.address)
+    deleted: list[bool] = []
+
+    def evict(out: Any) -> None:
+        if out.kv_connector_metadata.plan.loads and not deleted:
+            delete(h, daemon.address, 1, [10])
+            deleted.append(True)
+    h.before_worker = evict
+    r2 = h.add("r2", list(PROMPT))
+    h.run()
+    assert deleted == [True]
+    loads = [(j.req_id, len(j.keys)) for s in h.steps for j in s.kv_connector_metadata.plan.loads]
+    assert loads == [("r2", KEYS)] + ([("r2", reload_keys)] if reload_keys else [])
+    totals = h.worker.counters.totals
+    first = skipped_tokens("sliding", reload_keys * BLOCK) // BLOCK
+    assert totals.get("loaded_blocks", 0) == (reload_keys + reload_keys - first if reload_keys else 0)
+    assert h.tracked["r2"].scheduled_tokens == 200 - reload_keys * BLOCK + 1
+    assert h.kept_match("r2", 201) == [list(range(13)), list(range(9, 13))]
+    assert h.finish_reasons["r2"] == FinishReason.LENGTH and list(r2.output_token_ids) == [SAMPLED, SAMPLED]
+    assert stored(h, daemon.address) == before                   # key 10 saved again
+    with Client(daemon.address) as c:
+        assert c.get(namespaces(h)[1], chain_keys(KEYS, PROMPT)[10]) == h.key_bytes(PROMPT, 10, 1)
+    h.close()
