@@ -210,6 +210,20 @@ def _pp_rank(vllm_config: VllmConfig) -> int:
     return (int(pc.rank) // int(pc.tensor_parallel_size)) % int(pc.pipeline_parallel_size)
 
 
+def _platform_is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _cannot_resume_from_cached_kv(vllm_config: VllmConfig) -> bool:
+    """vLLM's CPU platform cannot compute an MLA model on top of cached KV: it turns its own prefix caching off
+    for one (unless its AMX MLA kernels run), and a hit loaded from the store would give wrong tokens just the
+    same. Same rule here: on CPU, an MLA model whose prefix caching vLLM turned off gets no hits."""
+    return (bool(getattr(vllm_config.model_config, "use_mla", False)) and _platform_is_cpu()
+            and not vllm_config.cache_config.enable_prefix_caching)
+
+
 def _recompute_failed_loads(vllm_config: VllmConfig) -> None:
     """Make vLLM recompute blocks that fail to load instead of failing their requests (module docstring)."""
     ktc = vllm_config.kv_transfer_config
@@ -254,6 +268,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         is_sched = role == KVConnectorRole.SCHEDULER
         if is_sched:
             _recompute_failed_loads(vllm_config)
+            if self.config.load and _cannot_resume_from_cached_kv(vllm_config):
+                log.warning("KVStoreConnector: vLLM cannot compute this MLA model on top of cached KV on CPU (it "
+                            "turned its own prefix caching off); offering no hits from the store (saves go on)")
+                self.config = replace(self.config, load=False)
         self.groups = groups_from_config(kv_cache_config)
         _require_layers_in_every_group(self.groups, vllm_config)
         stages = (shard_specs(vllm_config, self.config, self.groups) if is_sched

