@@ -5,8 +5,11 @@ FlashAttention and the CPU backends use ``(2, num_blocks, ...)`` (K and V are tw
 FlashInfer-style ``(num_blocks, 2, ...)`` (one piece per layer), a cross-layer layout
 ``(num_blocks, layers, ...)`` (one piece per block for the whole model). Rather than special-case each,
 `KVLayout` finds the block dimension (the one of size ``num_blocks``), treats every index of the dimensions
-before it as a separate piece, and requires the dimensions after it to be contiguous, so the piece of block
-``b`` is the byte range ``[base + b * block_stride, + piece_bytes)``.
+before it as a separate piece, and requires the dimensions after it to fill one dense byte range, so the piece
+of block ``b`` is the byte range ``[base + b * block_stride, + piece_bytes)``. The dimensions after it may be a
+permutation of a dense block (vLLM 0.33's default GPU layout gives per-layer views (blocks, K/V, tokens, heads x
+dim) of pages stored token-major): the piece is then the page's bytes in memory order, which is why the
+namespace names vLLM's KV cache layout (connector/namespace.py).
 
 A stored block (one key) holds ``blocks_per_key`` consecutive vLLM blocks, each laid out as all its pieces in
 order. `plan` turns a batch of (slot address, vLLM block ids) into flat (dst, src, length) arrays for the native
@@ -44,6 +47,17 @@ class CopyPlan:
         return int(self.lengths.sum())
 
 
+def _dense_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int | None:
+    """Elements of the dense range that dims (sizes, strides) fill exactly, in some order; None if they leave
+    gaps or overlap."""
+    expect = 1
+    for n, s in sorted(((n, s) for n, s in zip(shape, stride) if n != 1), key=lambda p: p[1]):
+        if s != expect:
+            return None
+        expect *= n
+    return expect
+
+
 def _pieces_of(name: str, t: Any, num_blocks: int) -> tuple[list[int], int, int]:
     """(piece base addresses, block stride in bytes, piece bytes) of one layer tensor."""
     shape, stride, esize = tuple(t.shape), tuple(t.stride()), t.element_size()
@@ -55,13 +69,11 @@ def _pieces_of(name: str, t: Any, num_blocks: int) -> tuple[list[int], int, int]
         d = shape.index(num_blocks)
     else:
         raise LayoutError(f"layer {name}: no dimension of size num_blocks={num_blocks} in shape {shape}")
-    inner_shape, inner_stride = shape[d + 1:], stride[d + 1:]
-    expect = 1
-    for n, s in zip(reversed(inner_shape), reversed(inner_stride)):
-        if n != 1 and s != expect:
-            raise LayoutError(f"layer {name}: shape {shape} stride {stride}: the dims after the block dim are not "
-                              "contiguous; ask vLLM for a contiguous KV cache layout")
-        expect *= n
+    expect = _dense_elements(shape[d + 1:], stride[d + 1:])
+    if expect is None:
+        raise LayoutError(f"layer {name}: shape {shape} stride {stride}: the dims after the block dim are not "
+                          "contiguous (nor a permutation of contiguous dims); ask vLLM for a contiguous KV cache "
+                          "layout")
     piece_bytes = expect * esize
     block_stride = stride[d] * esize
     if block_stride < piece_bytes:

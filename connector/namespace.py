@@ -48,6 +48,7 @@ class KVLayoutSpec:
     group_count: int = 1
     group_layers: int = 0
     page_bytes: int = 0            # 0: the standard K and V formula
+    kv_layout: str = ""            # vLLM's KV cache layout name (LBHNC, LBNHC, ...): the byte order of a page
 
     @property
     def group_kind(self) -> GroupKind:
@@ -83,6 +84,8 @@ class KVLayoutSpec:
         body = asdict(self)
         if not self.first_layer:
             del body["first_layer"]
+        if not self.kv_layout:  # unknown (vLLM before 0.32, tests): the name it had before layouts were named
+            del body["kv_layout"]
         if self.kind is None:
             for name in ("kind", "group_index", "group_count", "group_layers"):
                 del body[name]

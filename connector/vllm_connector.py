@@ -103,7 +103,7 @@ def _dtype_name(vllm_config: VllmConfig) -> str:
 
 
 def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
-                groups: Sequence[KVGroup] = ()) -> list[KVLayoutSpec]:
+                groups: Sequence[KVGroup] = (), kv_layout: str = "") -> list[KVLayoutSpec]:
     """The KV layout of every pipeline stage and KV cache group, stage by stage (one without pipeline
     parallelism and hybrid groups); ``groups`` from `connector.groups.groups_from_config` (none: one full group).
 
@@ -112,7 +112,9 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
     hold one key's tokens in every stage and group, so ``blocks_per_key`` is resolved once, from the stage with
     the smallest block (every stage's transfer unit reaches min_transfer_bytes, up to the cap). A model with
     one full-attention group keeps the names it had before groups (no group fields in the digest); a hybrid one
-    names each group's index, count and kind on the stage's layer range.
+    names each group's index, count and kind on the stage's layer range. ``kv_layout``: vLLM's KV cache layout
+    (KVCacheConfig.kv_cache_layout, resolved by the engine for every worker): a page's byte order, so two
+    layouts never exchange blocks.
 
     With pipeline parallelism and hybrid groups, ``groups`` is this process's share of the model's groups (the
     scheduler has stage 0's): a group's layer count on another stage is not known here, so it stays out of the
@@ -128,7 +130,8 @@ def stage_specs(vllm_config: VllmConfig, config: ConnectorConfig, tp_rank: int,
     common: dict[str, Any] = dict(
         model=config.model_id or str(mc.model), dtype=_dtype_name(vllm_config),
         block_size=int(vllm_config.cache_config.block_size), num_kv_heads=int(mc.get_num_kv_heads(pc)),
-        head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size))
+        head_dim=int(mc.get_head_size()), tp_rank=tp_rank, tp_size=int(pc.tensor_parallel_size),
+        kv_layout=kv_layout)
     hybrid = len(groups) > 1 or any(g.kind.windowed for g in groups)
     bases: list[KVLayoutSpec] = []
     for stage in range(pp):
@@ -186,8 +189,8 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
     return int(pc.rank) % int(pc.tensor_parallel_size)
 
 
-def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig,
-                groups: Sequence[KVGroup] = ()) -> list[KVLayoutSpec]:
+def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig, groups: Sequence[KVGroup] = (),
+                kv_layout: str = "") -> list[KVLayoutSpec]:
     """Every shard's layout, for the scheduler's lookup: each pipeline stage (and KV cache group) of TP rank 0,
     then of rank 1, ... Each TP rank stores its own heads under its own namespace (the rank is in the digest),
     so a prefix is a hit only when every (stage, rank, group) shard holds it: a rank missing a block would
@@ -195,7 +198,7 @@ def shard_specs(vllm_config: VllmConfig, config: ConnectorConfig,
     (MLA: one latent per token, the same on every rank; vLLM's max_tp_shards) share one shard: stored once,
     probed once, loaded by every replica."""
     tp = int(vllm_config.parallel_config.tensor_parallel_size)
-    every = [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank, groups)]
+    every = [s for rank in range(tp) for s in stage_specs(vllm_config, config, rank, groups, kv_layout)]
     return list(dict.fromkeys(every))  # replicas (MLA: every rank holds the same latent) are one shard
 
 
@@ -274,8 +277,9 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self.config = replace(self.config, load=False)
         self.groups = groups_from_config(kv_cache_config)
         _require_layers_in_every_group(self.groups, vllm_config)
-        stages = (shard_specs(vllm_config, self.config, self.groups) if is_sched
-                  else stage_specs(vllm_config, self.config, _tp_rank(vllm_config), self.groups))
+        layout = str(getattr(kv_cache_config, "kv_cache_layout", None) or "")
+        stages = (shard_specs(vllm_config, self.config, self.groups, layout) if is_sched
+                  else stage_specs(vllm_config, self.config, _tp_rank(vllm_config), self.groups, layout))
         self.stages = StageLayouts(stages)
         per_stage = len(self.groups)
         first = 0 if is_sched else _pp_rank(vllm_config) * per_stage

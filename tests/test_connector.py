@@ -122,11 +122,30 @@ def test_cross_layer_layout_is_one_copy_per_run() -> None:
     assert arena.tobytes() == t[[6, 7, 1, 3]].numpy().tobytes()
 
 
+def test_a_permuted_dense_page_is_one_piece_in_memory_order() -> None:
+    """vLLM 0.33's default GPU layout (LBNHC): per-layer views (blocks, K/V, tokens, heads x dim) of pages stored
+    token-major, so K/V has the smaller stride. The page is still one dense range: one piece per block, copied in
+    memory order, and a load puts back exactly the same view."""
+    phys = torch.arange(NBLOCKS * 16 * 2 * 8, dtype=torch.float32).reshape(NBLOCKS, 16, 2, 8)
+    view = phys.permute(0, 2, 1, 3)                                   # (blocks, K/V, tokens, channels)
+    assert view.stride() == (256, 8, 16, 1)
+    lay = KVLayout({"l": view}, NBLOCKS)
+    assert (lay.num_pieces, lay.block_bytes) == (1, 16 * 2 * 8 * 4)
+    arena = np.zeros(2 * lay.block_bytes, dtype=np.uint8)
+    plan = lay.plan([arena.ctypes.data, arena.ctypes.data + lay.block_bytes], [[5], [9]], to_store=True)
+    copy_addrs(plan.dst, plan.src, plan.lengths)
+    assert arena.tobytes() == phys[[5, 9]].numpy().tobytes()
+    other = torch.zeros_like(phys)
+    plan = KVLayout({"l": other.permute(0, 2, 1, 3)}, NBLOCKS).plan([arena.ctypes.data], [[40]], to_store=False)
+    copy_addrs(plan.dst, plan.src, plan.lengths)
+    assert torch.equal(other.permute(0, 2, 1, 3)[40], view[5]) and int((other != 0).sum()) == int((phys[5] != 0).sum())
+
+
 def test_layout_errors_say_what_is_wrong() -> None:
     with pytest.raises(LayoutError, match="no dimension of size num_blocks=64"):
         KVLayout({"l": torch.zeros(2, 10, 4)}, NBLOCKS)
     with pytest.raises(LayoutError, match="not contiguous"):
-        KVLayout({"l": torch.zeros(2, NBLOCKS, 8, 4).transpose(2, 3)}, NBLOCKS)
+        KVLayout({"l": torch.zeros(2, NBLOCKS, 8, 8)[:, :, :, :4]}, NBLOCKS)      # gaps inside a block
     lay = KVLayout(make_caches(0), NBLOCKS)
     with pytest.raises(LayoutError, match="out of range"):
         lay.plan([0], [[NBLOCKS, 0]], to_store=True)
