@@ -7,6 +7,7 @@
 - tiers.py        the store under test (RAM, disk segments; capacities in tokens) for daemon and simulator
 - sim.py          offline exact simulation: LRU RAM tier, segment-log disk tier (oldest segment reclaimed,
                   second chance for records read since written); the infinite-cache maximum
+- belady.py       the ceiling: Belady's offline farthest-next-use eviction over RAM + disk as one pool
 - replayer.py     the connector's lookup -> load -> put loop through a real daemon and client
 - metrics.py      hit rates, prefill reduction, the GPU-seconds capacity model, time-to-next-action
 - run.py          one capacity point: store + simulator -> one flat figures dict (with the run's conditions)
