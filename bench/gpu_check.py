@@ -16,7 +16,12 @@
 4. Per-tenant arena files (tokens on): the GPU pins a tenant's sparse file slab by slab; after its slabs
    moved to another tenant and back (new pages in its file), its copier must re-pin them: blocks written from
    the GPU before and after must read back exactly through the daemon.
-5. Optional (--e2e, when `import vllm` works): the end-to-end suite tests/vllm_e2e with this interpreter.
+5. Hybrid model (bench/gpu_hybrid.py): two KV cache groups (full + sliding window) whose layers alias one backing
+   allocation in vLLM 0.33's default GPU layout (LBNHC: per-layer views permuted from token-major pages), bf16;
+   the scheduler's per-group jobs (the sliding group trimmed to its window, -1 elsewhere) saved and loaded into
+   other blocks: every loaded page equals the saved one, every other page keeps a sentinel, and the daemon holds
+   exactly each group's keys. GB/s quoted against the DMA kernel's.
+6. Optional (--e2e, when `import vllm` works): the end-to-end suite tests/vllm_e2e with this interpreter.
 
 Without CUDA (torch.cuda.is_available() is False) it prints why it skipped and exits 0. Exit 1 when a check
 fails. The last stdout line is one JSON object.
@@ -37,12 +42,15 @@ from typing import Any
 from bench._common import fmt_bytes, print_table
 from bench.gpu_checks import (BLOCK, KV_KEYS, LAYERS, MIB, N_BLOCKS, NS, REPS, dma_check, save_load_check,
                               tenant_pins_check)
+from bench.gpu_hybrid import HYBRID_ROUNDS, hybrid_arena_bytes, hybrid_save_load_check
 from bench.gpu_overwrite import (FORWARD_MS, OVERWRITE_ROUNDS, OVERWRITE_VALUE, _CopySpy,
                                  overwrite_during_save_check)
 
-# The checks live in bench/gpu_checks.py and bench/gpu_overwrite.py; their names stay importable from here.
+# The checks live in bench/gpu_checks.py, bench/gpu_overwrite.py and bench/gpu_hybrid.py; their names stay
+# importable from here.
 __all__ = ["main", "e2e_check", "dma_check", "tenant_pins_check", "save_load_check", "overwrite_during_save_check",
-           "_CopySpy", "BLOCK", "KV_KEYS", "LAYERS", "N_BLOCKS", "OVERWRITE_ROUNDS", "OVERWRITE_VALUE", "FORWARD_MS"]
+           "hybrid_save_load_check", "_CopySpy", "BLOCK", "KV_KEYS", "LAYERS", "N_BLOCKS", "OVERWRITE_ROUNDS",
+           "OVERWRITE_VALUE", "FORWARD_MS"]
 
 
 def e2e_check(run: bool) -> str:
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"cuda": True, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                            "torch_cuda": torch.version.cuda, "cupy": cupy.__version__}
     t0 = time.perf_counter()
-    arena = BLOCK * N_BLOCKS + 3 * KV_KEYS * 2 * MIB * 2 + (OVERWRITE_ROUNDS + 1) * KV_KEYS * 2 * MIB + 256 * MIB
+    arena = BLOCK * N_BLOCKS + 3 * KV_KEYS * 2 * MIB * 2 + (OVERWRITE_ROUNDS + 1) * KV_KEYS * 2 * MIB
+    arena += hybrid_arena_bytes() + 256 * MIB
     try:
         with DaemonProcess(arena_bytes=arena, max_block_bytes=BLOCK) as d, Client(d.address) as c:
             if c.mode != "arena":
@@ -101,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             out.update(dma_check(c, torch, device))
             out.update(save_load_check(d.address, torch, device))
             out.update(overwrite_during_save_check(d.address, torch, device))
+            out.update(hybrid_save_load_check(d.address, torch, device))
         with tempfile.TemporaryDirectory(prefix="kvstore-gpu-pins-") as work:
             out.update(tenant_pins_check(torch, device, work))
     except Exception as exc:  # noqa: BLE001 - report it as the run's result, with the JSON line last
@@ -109,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
               "pip install nvidia-cuda-nvrtc-cu12, which cupy-cuda12x loads)")
         print(json.dumps({**out, "error": f"{exc.__class__.__name__}: {exc}"}, sort_keys=True), flush=True)
         return 1
+    out["hybrid_save_vs_dma"] = out["hybrid_save_gbs"] / out["d2h_gbs"] if out["d2h_gbs"] else 0.0
+    out["hybrid_load_vs_dma"] = out["hybrid_load_gbs"] / out["h2d_gbs"] if out["h2d_gbs"] else 0.0
     out["e2e"] = e2e_check(args.e2e)
     out["elapsed_s"] = round(time.perf_counter() - t0, 1)
     out = {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
@@ -135,8 +147,24 @@ def main(argv: list[str] | None = None) -> int:
                 [["blocks written from the GPU read back exactly, before and after the slabs moved",
                   out["tenant_pins_ok"]], ["slab registrations (re-pins included)", out["tenant_pins_registrations"]],
                  ["slab moves between tenants' files", out["tenant_pins_slab_binds"]]])
+    print_table(f"Hybrid model: full + sliding-window ({out['hybrid_window']} tokens) KV cache groups aliasing one "
+                f"{out['hybrid_layout']} bf16 allocation ({out['hybrid_keys']} keys of "
+                f"{fmt_bytes(out['hybrid_key_bytes'])}, "
+                f"{HYBRID_ROUNDS} rounds, GB/s of the median after a warm-up)", ["check", "value"],
+                [["keys saved per group (full, sliding: its window only)", out["hybrid_saved_keys"]],
+                 ["keys loaded per group; vLLM blocks filled", f"{out['hybrid_loaded_keys']}; "
+                  f"{out['hybrid_loaded_blocks']}"],
+                 ["save GB/s (save + drain); ratio to the DMA kernel's d2h", f"{out['hybrid_save_gbs']:.2f}; "
+                  f"{out['hybrid_save_vs_dma']:.2f}"],
+                 ["load GB/s (start_loads + drain); ratio to the DMA kernel's h2d", f"{out['hybrid_load_gbs']:.2f}; "
+                  f"{out['hybrid_load_vs_dma']:.2f}"],
+                 ["loaded pages whose bytes differ from the saved ones", out["hybrid_mismatched_pages"]],
+                 ["other pages (-1 blocks, sources, spares) that lost the sentinel", out["hybrid_touched_pages"]],
+                 ["rounds with wrong counters / wrong keys in the daemon / failed loads",
+                  f"{out['hybrid_bad_counts']} / {out['hybrid_bad_store']} / {out['hybrid_bad_loads']}"],
+                 ["hybrid save + load exact", out["hybrid_ok"]]])
     ok = (out["dma_bytes_ok"] and out["save_load_ok"] and out["overwrite_ok"] and out["tenant_pins_ok"]
-          and not out["e2e"].startswith("FAILED"))
+          and out["hybrid_ok"] and not out["e2e"].startswith("FAILED"))
     print("OK: every check passed" if ok else "FAILED: see the tables above")
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0 if ok else 1
