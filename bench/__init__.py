@@ -20,6 +20,7 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU
     gpu_checks.py        its transfer checks (DMA through the pinned arena, per-tenant pins, save + load)
     gpu_overwrite.py     its overwrite-during-save check (a save reads blocks as they were when issued)
+    gpu_hybrid.py        its hybrid-model check (two KV cache groups aliasing one LBNHC allocation)
     demo.py              `make demo`: a short tour against a daemon of its own
     targets.py           the targets a benchmark's figures are held to, stated and checked once
     _common.py           timing with warm-up and medians, throughput, tables, progress

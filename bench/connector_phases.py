@@ -33,7 +33,7 @@ def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
         copier = w._copier_for(m)  # the copier is made on first use: make it now, to wrap it
     layout = w.layout
     assert layout is not None
-    names = [(c, "reserve", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
+    names = [(c, "reserve_many", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
              (c, "release", "Release (queued)"), (arena_path, "validated", "generation check"),
              (copier, "copy", "copy (native)"), (layout, "plan", "copy plan (numpy)")]
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in names]

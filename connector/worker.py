@@ -47,6 +47,8 @@ from connector.plan import LoadJob, SaveJob
 from connector.stats import ConnectorCounters
 from kvstore.client import Client, arena_path
 from kvstore.client.arena_map import ArenaMap
+from kvstore.client.types import Reservation
+from kvstore.errors import KVStoreError, UnknownNamespaceError
 from kvstore.vocab import ReserveOutcome
 
 __all__ = ["WorkerSide"]
@@ -239,14 +241,47 @@ class WorkerSide:
         Each KV cache group is saved on its own: the keys whose blocks the job gives in full. A job with more
         keys than the daemon takes in one RPC (max_batch_keys, 4096 by default: a 64K-token prompt at one
         16-token block per key) is saved as consecutive parts, each its own Reserve, gather and Commit; a failed
-        part costs only its own keys."""
+        part costs only its own keys. A job's parts are reserved together, pipelined (Client.reserve_many: one
+        round trip on vLLM's thread for every group of a hybrid model, not one per group)."""
         for job in jobs:
-            for group, part in self._parts(job):
+            parts = self._parts(job)
+            t0 = time.perf_counter()
+            try:
+                reserved = self._reserve(parts)
+            except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
+                log.exception("kvstore save for request %s failed", job.req_id)
+                self.counters.add(save_failures=len(parts))
+                continue
+            for (group, part), res in zip(parts, reserved):
                 try:
-                    self._save_one(group, part)
+                    self._save_one(group, part, res, t0)
                 except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
                     log.exception("kvstore save for request %s failed", part.req_id)
                     self.counters.add(save_failures=1)
+
+    def _reserve(self, parts: list[tuple[int, SaveJob]]) -> list[Reservation | None]:
+        """One Reserve per part, pipelined; None for a part the daemon refused (or every part, store down)."""
+        if not parts or self._client() is None:
+            return [None] * len(parts)
+        reqs = [(namespace_for(self.specs[g], p.cache_salt), p.keys, [self.group_key_bytes(g)] * len(p.keys))
+                for g, p in parts]
+
+        def reserve(cl: Client) -> list[Reservation | KVStoreError]:
+            out = cl.reserve_many(reqs)
+            unknown = next((r for r in out if isinstance(r, UnknownNamespaceError)), None)
+            if unknown is not None:  # the daemon restarted and forgot a namespace: give back what was reserved,
+                for r in out:        # and let the link register the namespaces and ask again
+                    if isinstance(r, Reservation):
+                        cl.abort(r)
+                raise unknown
+            return out
+        got = self.link.call([ns for ns, _, _ in reqs], reserve)
+        if got is None:
+            return [None] * len(parts)
+        for r in got:
+            if isinstance(r, KVStoreError):
+                log.warning("kvstore reserve failed: %s", r)
+        return [r if isinstance(r, Reservation) else None for r in got]
 
     def _batch_keys(self) -> int:
         c = self.link.client
@@ -264,19 +299,13 @@ class WorkerSide:
                     for i in range(0, len(keys), n)]
         return out
 
-    def _save_one(self, group: int, job: SaveJob) -> None:
-        """Save one group's part: ``job.block_ids`` holds that group's blocks only."""
+    def _save_one(self, group: int, job: SaveJob, res: Reservation | None, t0: float) -> None:
+        """Save one group's part (``job.block_ids`` holds that group's blocks only) into its reservation."""
         c = self._client()
-        if c is None:
+        if c is None or res is None:
             self.counters.add(save_failures=1)
             return
-        t0 = time.perf_counter()
-        sizes = [self.group_key_bytes(group)] * len(job.keys)
         ns = namespace_for(self.specs[group], job.cache_salt)
-        res = self.link.call(ns, lambda cl: cl.reserve(ns, job.keys, sizes))
-        if res is None:
-            self.counters.add(save_failures=1)
-            return
         idx = [i for i, o in enumerate(res.outcomes) if o == _RESERVED]
         self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
         if not idx:

@@ -219,6 +219,16 @@ class Client:
         self._check_incarnation(r.incarnation)
         return r
 
+    def reserve_many(self, requests: Sequence[tuple[str, Sequence[bytes], Sequence[int]]]
+                     ) -> list[Reservation | KVStoreError]:
+        """Several (namespace, keys, sizes) Reserves at once, pipelined over the fast path (one round trip); a
+        refused one comes back as its KVStoreError in its slot, the others stand (commit or abort each)."""
+        out = self._control.reserve_many(requests)
+        for r in out:
+            if isinstance(r, Reservation):
+                self._check_incarnation(r.incarnation)
+        return out
+
     def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int:
         if not reservation.id:
             return 0

@@ -23,11 +23,14 @@ __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
 
 _ENCODE_ERRORS = (fp.FrameError, TypeError, AttributeError, ValueError, OverflowError)
 
+ReserveRequest = tuple[str, Sequence[bytes], Sequence[int]]  # (namespace, keys, sizes)
+
 
 class ControlPlane(Protocol):
     name: str
 
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation: ...
+    def reserve_many(self, requests: Sequence[ReserveRequest]) -> list[Reservation | KVStoreError]: ...
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int: ...
     def abort(self, reservation_id: int) -> int: ...
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
@@ -47,6 +50,16 @@ class GrpcControl:
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
         r = self._rpc.call("Reserve", pb.ReserveRequest(namespace=namespace, keys=keys, sizes=sizes))
         return Reservation(namespace, list(keys), r.reservation_id, list(r.outcomes), list(r.offsets), r.incarnation)
+
+    def reserve_many(self, requests: Sequence[ReserveRequest]) -> list[Reservation | KVStoreError]:
+        """Several Reserves one after another; a refused one comes back as its error in its slot."""
+        out: list[Reservation | KVStoreError] = []
+        for ns, keys, sizes in requests:
+            try:
+                out.append(self.reserve(ns, keys, sizes))
+            except KVStoreError as exc:
+                out.append(exc)
+        return out
 
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
         return self._rpc.call("Commit", pb.CommitRequest(reservation_id=reservation_id, checksums=checksums)).committed
@@ -96,6 +109,22 @@ class FastControl:
             return self._grpc.reserve(namespace, keys, sizes)
         rid, _, inc, outcomes, offsets = _decoded(fp.decode_reserve_reply, self.channel.call(fp.RESERVE, body))
         return Reservation(namespace, list(keys), rid, outcomes, offsets, inc)
+
+    def reserve_many(self, requests: Sequence[ReserveRequest]) -> list[Reservation | KVStoreError]:
+        """Several Reserves pipelined: one round trip for all (a hybrid model's KV cache groups, each its own
+        namespace, saved in one step). A refused one comes back as its error in its slot."""
+        try:
+            bodies = [fp.encode_reserve(ns, keys, sizes) for ns, keys, sizes in requests]
+        except _ENCODE_ERRORS:
+            return self._grpc.reserve_many(requests)
+        out: list[Reservation | KVStoreError] = []
+        for (ns, keys, _), reply in zip(requests, self.channel.call_many([(fp.RESERVE, b, 0) for b in bodies])):
+            if isinstance(reply, KVStoreError):
+                out.append(reply)
+                continue
+            rid, _, inc, outcomes, offsets = _decoded(fp.decode_reserve_reply, reply)
+            out.append(Reservation(ns, list(keys), rid, outcomes, offsets, inc))
+        return out
 
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
         try:
