@@ -166,14 +166,25 @@ class SchedulerSide:
         usable = max(0, len(prompt) - 1) // self.tokens_per_key
         keys = st.chain.extend(prompt)[:usable]
         if st.lookup_keys is None:
-            n, st.lookup_in_ram = self._lookup(st, keys)
+            n, tiers = self._lookup(st, keys)
+            st.lookup_in_ram = all(x == Tier.RAM for x in tiers)
             if keys:
-                self.counters.add(lookup_tokens=len(keys) * self.tokens_per_key, hit_tokens=n * self.tokens_per_key)
+                self._count_lookup(len(keys), tiers, num_computed_tokens)
             st.lookup_keys = n
             st.stored_keys = max(st.stored_keys, n)
         hit_tokens = st.lookup_keys * self.tokens_per_key
         extra = hit_tokens - num_computed_tokens
         return (extra, not self._sync(st)) if extra > 0 else (0, False)
+
+    def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:
+        """The request's prompt tokens by where they would come from: vLLM's own prefix cache first, then the
+        store's RAM, disk and peer tiers (the farthest shard's tier), the rest computed."""
+        t = self.tokens_per_key
+        beyond = tiers[min(len(tiers), local_tokens // t):]
+        self.counters.add(lookup_tokens=asked * t, hit_tokens=len(tiers) * t, served_tokens_vllm=local_tokens,
+                          served_tokens_ram=t * sum(1 for x in beyond if x == Tier.RAM),
+                          served_tokens_disk=t * sum(1 for x in beyond if x == Tier.DISK),
+                          served_tokens_peer=t * sum(1 for x in beyond if x == Tier.PEER))
 
     def _sync(self, st: _ReqState) -> bool:
         """Load in the step that schedules the request? Never with several KV cache groups: vLLM takes a failed
@@ -181,39 +192,40 @@ class SchedulerSide:
         mode = self.config.load_mode
         return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and st.lookup_in_ram))
 
-    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, bool]:
-        """(leading keys every shard holds, whether all of them are in RAM): one prefix probe per shard
-        namespace, pipelined into one round trip on the fast path (Client.probe_prefix_many; it splits chains
-        longer than the daemon's max_batch_keys, a 64K+ token prompt)."""
+    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int]]:
+        """(leading keys every shard holds, the tier each comes from: the farthest over the shards, a Tier value):
+        one prefix probe per shard namespace, pipelined into one round trip on the fast path
+        (Client.probe_prefix_tiers; it splits chains longer than the daemon's max_batch_keys, a 64K+ token
+        prompt)."""
         if not keys:
-            return 0, True
+            return 0, []
         namespaces = st.namespaces
         full = [ns for ns, w in zip(namespaces, self._windowed) if not w]
-        def probe(c: Client) -> tuple[int, bool]:
-            n, in_ram = c.probe_prefix_many(full, keys) if full else (len(keys), True)
-            return self._window_hit(c, st, keys, n, in_ram) if n and len(full) < len(namespaces) else (n, in_ram)
+        def probe(c: Client) -> tuple[int, list[int]]:
+            n, tiers = c.probe_prefix_tiers(full, keys) if full else (len(keys), [int(Tier.RAM)] * len(keys))
+            return self._window_hit(c, st, keys, tiers) if n and len(full) < len(namespaces) else (n, tiers)
         got = self.link.call(namespaces, probe)
-        return (0, False) if got is None else got  # None: store down or the call failed -> no hit
+        return (0, []) if got is None else got  # None: store down or the call failed -> no hit
 
-    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes], n: int, in_ram: bool) -> tuple[int, bool]:
-        """The hit of at most ``n`` keys every windowed shard can serve: its window before ``n`` first (the
-        common case, one probe of a window's keys), else every key up to ``n`` and the longest hit they allow."""
+    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes], tiers: list[int]) -> tuple[int, list[int]]:
+        """The hit of at most ``len(tiers)`` keys (the full shards' common prefix and its tiers) every windowed
+        shard can serve: its window before that first (the common case, one probe of a window's keys), else
+        every key up to it and the longest hit they allow; the tiers of the hit, windowed shards included."""
+        n = len(tiers)
         shards = [(ns, s.group_kind) for ns, s in zip(st.namespaces, self.stages.specs) if s.group_kind.windowed]
         t, bs = self.tokens_per_key, self.spec.block_size
         firsts = [first_needed_key(kind, n, tokens_per_key=t, block_size=bs) for _, kind in shards]
         lo = min(firsts)
-        tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
-        needed = [shard_tiers[first - lo:] for first, shard_tiers in zip(firsts, tiers)]
-        if all(all(x != Tier.NONE for x in window) for window in needed):
-            return n, in_ram and all(x == Tier.RAM for window in needed for x in window)
+        got = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
+        if all(x != Tier.NONE for first, shard in zip(firsts, got) for x in shard[first - lo:]):
+            return n, _farthest(tiers, [(first, shard[first - lo:]) for first, shard in zip(firsts, got)])
         if lo:
-            tiers = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
-        hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard_tiers])
-                             for (_, kind), shard_tiers in zip(shards, tiers)], tokens_per_key=t, block_size=bs)
+            got = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
+        hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard]) for (_, kind), shard in zip(shards, got)],
+                         tokens_per_key=t, block_size=bs)
         self.counters.add(lookup_window_short_keys=n - hit)
-        ram = all(x == Tier.RAM for (_, kind), shard_tiers in zip(shards, tiers)
-                  for x in shard_tiers[first_needed_key(kind, hit, tokens_per_key=t, block_size=bs):hit])
-        return hit, in_ram and ram
+        needs = [first_needed_key(kind, hit, tokens_per_key=t, block_size=bs) for _, kind in shards]
+        return hit, _farthest(tiers[:hit], [(first, shard[first:hit]) for first, shard in zip(needs, got)])
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -389,3 +401,14 @@ class SchedulerSide:
         """Save records since the last call (vLLM's take_events)."""
         out, self._stored = self._stored, []
         return out
+
+
+def _farthest(tiers: list[int], windows: list[tuple[int, list[int]]]) -> list[int]:
+    """``tiers`` with each windowed shard's window (its first key, its keys' tiers) folded in: per key the farthest
+    tier any shard serves it from (RAM < DISK < PEER)."""
+    out = list(tiers)
+    for first, shard in windows:
+        for i, x in enumerate(shard, start=first):
+            if i < len(out):
+                out[i] = max(out[i], int(x))
+    return out

@@ -16,6 +16,8 @@ COUNTER_NAMES = (
     "lookup_skipped_stream",  # lookups answered 0: the arena cannot be mapped, so no worker could load
     "load_rollback_keys",     # stored blocks to save again because their load failed
     "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window
+    # where the looked-up prompt tokens would come from: vLLM's own prefix cache, then the store's tiers
+    "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
 )

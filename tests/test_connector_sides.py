@@ -114,6 +114,8 @@ def test_partial_prefix_and_local_prefix_cache(daemon) -> None:
     # vLLM's own prefix cache already has 12 tokens (3 blocks): the store adds 28, starting inside key 1
     req2 = Req("r3", list(diverge))
     assert b.sched.num_new_matched_tokens(req2, 12) == (28, True)
+    served = {k: b.sched.counters.totals.get(f"served_tokens_{k}", 0) for k in ("vllm", "ram", "disk", "peer")}
+    assert served == {"vllm": 12, "ram": 40 + 32, "disk": 0, "peer": 0}   # key 0 is vLLM's in the second lookup
     target = list(range(40, 60))
     b.sched.after_alloc(req2, [target], 28)
     plan = b.sched.build([])
@@ -241,6 +243,8 @@ def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> 
         b = Side(cluster.nodes["b"].address, make_caches(41))
         again = Req("c2", list(req.prompt_token_ids))
         assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
+        served = {k: b.sched.counters.totals.get(f"served_tokens_{k}", 0) for k in ("vllm", "ram", "peer")}
+        assert served == {"vllm": 0, "ram": T * (12 - on_a_only), "peer": T * on_a_only}  # a's own: on the peer
         after = cluster.counters("b")
         assert after["probe_calls"] - before["probe_calls"] == (1 if on_a_only else 0)
         assert after["prefetch_keys"] - before["prefetch_keys"] == on_a_only

@@ -367,6 +367,12 @@ class Client:
         (leading keys every namespace holds, whether all of those are in RAM in every one); see probes.py."""
         return probes.common_prefix(self._control, self._check_incarnation, self.max_batch_keys, namespaces, keys)
 
+    def probe_prefix_tiers(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, list[int]]:
+        """probe_prefix_many, with the tier each common key comes from (the farthest over the namespaces:
+        RAM, DISK or PEER, kvstore.vocab.Tier) instead of one all-in-RAM flag."""
+        return probes.common_prefix_tiers(self._control, self._check_incarnation, self.max_batch_keys, namespaces,
+                                          keys)
+
     def probe_tiers_many(self, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[list[int]]:
         """Each key's tier in each namespace (kvstore.vocab.Tier; NONE: absent), no lease taken, pipelined over
         the namespaces like probe_prefix_many: the window a sliding-window KV cache group needs (probes.py)."""

@@ -15,23 +15,30 @@ from kvstore.client.batches import chunks
 from kvstore.client.control import ControlPlane
 from kvstore.vocab import Tier
 
-__all__ = ["common_prefix", "tiers_many"]
+__all__ = ["common_prefix", "common_prefix_tiers", "tiers_many"]
 
 
 def common_prefix(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
                   namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, bool]:
     """(leading keys every namespace holds, whether all of those are in RAM in every one)."""
-    total, in_ram = 0, True
+    n, tiers = common_prefix_tiers(control, check_incarnation, max_batch_keys, namespaces, keys)
+    return n, all(t == Tier.RAM for t in tiers)
+
+
+def common_prefix_tiers(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
+                        namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, list[int]]:
+    """(leading keys every namespace holds, the tier each of those comes from: the farthest over the namespaces,
+    RAM < DISK < PEER, since a load waits for its slowest shard)."""
+    tiers: list[int] = []
     for part in chunks(len(keys), max_batch_keys):
         leases = control.probe_many(namespaces, list(keys[part]))
         for r in leases:
             check_incarnation(r.incarnation)
         n = min((r.num_prefix for r in leases), default=part.stop - part.start)
-        total += n
-        in_ram = in_ram and all(t == Tier.RAM for r in leases for t in r.tiers[:n])
+        tiers += [max((int(r.tiers[i]) for r in leases), default=int(Tier.RAM)) for i in range(n)]
         if n < part.stop - part.start:
             break
-    return total, in_ram
+    return len(tiers), tiers
 
 
 def tiers_many(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
