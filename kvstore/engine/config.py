@@ -34,6 +34,7 @@ class EngineConfig:
     probe_interval_s: float = 5.0     # how often a degraded disk tier is retried (rule: tiers/disk/config.py)
     disk_codec: str = "none"          # default disk-tier codec of namespaces that do not choose one (rule: disk)
     isolate_tenants: bool = False     # one arena memory file per tenant (tokens on): slots never cross tenants
+    miss_ledger_keys: int = 262144    # keys that left the store remembered with why (misses.py); 0: none
 
     def __post_init__(self) -> None:
         _require(self.max_block_bytes >= PAGE and self.max_block_bytes % PAGE == 0,
@@ -46,6 +47,8 @@ class EngineConfig:
         _require(self.promote_timeout_s > 0, f"promote_timeout_s={self.promote_timeout_s} must be > 0")
         _require(1 <= self.write_queue_blocks <= 1 << 20,
                  f"write_queue_blocks={self.write_queue_blocks}: use 1..1048576")
+        _require(0 <= self.miss_ledger_keys <= 1 << 24,
+                 f"miss_ledger_keys={self.miss_ledger_keys}: use 0..16777216 (0 keeps no record of why keys left)")
 
 
 def _require(ok: bool, message: str) -> None:

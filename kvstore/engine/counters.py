@@ -42,6 +42,14 @@ COUNTER_NAMES: tuple[str, ...] = (
     "disk_reinserted",
     "slab_binds",         # empty arena slabs moved from one tenant's memory file to another's (tokens on)
     "slab_bind_failures",  # such moves that failed (no memory for the new tenant's pages): counted as store full
+    # prefix Lookups that stopped short, by the cause of their first miss (misses.py; they add up to those Lookups)
+    "misses_never_stored",
+    "misses_evicted",
+    "misses_disk_reclaimed",
+    "misses_deleted",
+    "misses_cleared",
+    "misses_other_namespace",
+    "misses_load_failed",
 )
 
 

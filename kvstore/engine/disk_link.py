@@ -31,6 +31,7 @@ from kvstore.engine.catalog import DISK_DROPPED, ON_DISK, QUEUED, WRITING, Catal
 from kvstore.engine.counters import Counters
 from kvstore.engine.events import MOVED, REMOVED, STORED, EventBus
 from kvstore.engine.leases import LeaseTable
+from kvstore.engine.misses import DISK_RECLAIMED, MissLedger
 from kvstore.engine.movement import Mover, Promotion
 from kvstore.engine.ram_space import RamSpace
 from kvstore.policies.admission import AdmissionPolicy, AlwaysAdmit
@@ -52,7 +53,7 @@ class DiskLink:
 
     def __init__(self, store: DiskStore | None, admission: AdmissionPolicy | None, *, cat: Catalog,
                  ram: RamSpace, leases: LeaseTable, counters: Counters, events: EventBus, lock: threading.Lock,
-                 arena_address: int = 0, queue_blocks: int = 4096) -> None:
+                 arena_address: int = 0, queue_blocks: int = 4096, misses: MissLedger | None = None) -> None:
         self.store = store
         self.admission = admission or AlwaysAdmit()
         self._cat = cat
@@ -61,6 +62,7 @@ class DiskLink:
         self._counters = counters
         self._events = events
         self._lock = lock  # the engine's: taken by the hooks only
+        self._misses = misses if misses is not None else MissLedger(0)  # reclaimed keys with no RAM copy go in
         self._arena_address = arena_address
         self._promotions: dict[int, Promotion] = {}
         self.mover = Mover(store, self, queue_blocks=queue_blocks) if store is not None else None
@@ -203,10 +205,14 @@ class DiskLink:
             for name, keys in by_ns.items():
                 ns = cat.by_name.get(name)
                 if ns is not None:
+                    gone: list[bytes] = []  # no RAM entry: its last copy went
                     for key in keys:
                         eid = ns.index.get(key)
-                        if eid is not None and cat.flags[eid] & ON_DISK:
+                        if eid is None:
+                            gone.append(key)
+                        elif cat.flags[eid] & ON_DISK:
                             cat.flags[eid] = DISK_DROPPED
+                    self._misses.left(ns.id, gone, DISK_RECLAIMED)
                 self._events.publish(REMOVED, name, keys, Tier.DISK)
 
     def finish_promotion(self, p: Promotion, status: DiskStatus) -> None:

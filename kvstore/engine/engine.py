@@ -14,7 +14,8 @@ exceptions from kvstore.errors; see each method):
   (bumped on every free) and treats its copy as a miss (leases.py).
 - release(lease_ids), exists, delete (every tier; a leased block is hidden at once, freed at its last
   release), pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys/describe/stats (views.py),
-  sweep(now).
+  sweep(now). explain(ns, keys): where each key lives, or why it is absent (misses.py); a prefix Lookup that
+  stops short counts its first miss's cause (misses_* counters).
 
 The engine is the composition root and the orchestrator: it holds the one lock and calls small parts that own
 their state, each "called under the engine's lock":
@@ -26,6 +27,7 @@ their state, each "called under the engine's lock":
     reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history
     disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks (they take the lock)
     lookups.py       Lookups: the steps of a Lookup across tiers
+    misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
     views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without)
 
 Locking: one lock, `self._lock`, around every public method; no part has its own (the mover, the event bus
@@ -50,6 +52,8 @@ from kvstore.engine.disk_link import DiskLink
 from kvstore.engine.events import REMOVED, STORED, EventBus
 from kvstore.engine.leases import LeaseTable
 from kvstore.engine.lookups import Lookups
+from kvstore.engine.miss_causes import MissCauses
+from kvstore.engine.misses import DELETED, KeyExplanation, MissLedger
 from kvstore.engine.namespaces import NamespaceTable
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.ram_space import RamSpace
@@ -102,12 +106,15 @@ class Engine:
         self._lock = threading.Lock()
         self._cat = cat = Catalog()
         self._names = NamespaceTable(cat, config)
-        self._ram = RamSpace(config, cat, layout, generations, allocator, policy, quotas, self.counters, self.events)
+        self.misses = MissLedger(config.miss_ledger_keys)
+        self._causes = MissCauses(cat, self.misses, self.counters, policy.name or type(policy).__name__)
+        self._ram = RamSpace(config, cat, layout, generations, allocator, policy, quotas, self.counters, self.events,
+                             self.misses)
         self._leases = LeaseTable(cat, config.lease_ttl_s, self._ram.free, self.counters)
         self._reservations = ReservationTable(cat, config, self._ram.free, self.counters)
         self._disk = DiskLink(disk, admission, cat=cat, ram=self._ram, leases=self._leases, counters=self.counters,
                               events=self.events, lock=self._lock, arena_address=arena_address,
-                              queue_blocks=config.write_queue_blocks)
+                              queue_blocks=config.write_queue_blocks, misses=self.misses)
         self._lookups = Lookups(cat, self._ram, self._leases, self._disk, self.counters)
         self._views = Views(config, cat, self._ram, self._leases, self._reservations, disk, self.counters)
         self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
@@ -226,15 +233,30 @@ class Engine:
             first = self._lookups.ram_prefix(tiers)
             if first == len(keys) or (prefix and tiers[first] == _NONE):
                 # the common case: the hits are the first `first` keys, all in RAM
-                return self._lookups.ram_hits(ns, keys, prefix, lease, eids, tiers, first, summary)
+                return self._counted(ns, keys, prefix,
+                                     self._lookups.ram_hits(ns, keys, prefix, lease, eids, tiers, first, summary))
             pending = self._lookups.begin(ns, keys, prefix, lease, eids, tiers, summary)
             if isinstance(pending, LookupResult):
-                return pending
+                return self._counted(ns, keys, prefix, pending)
         deadline = time.monotonic() + self.config.promote_timeout_s
         for p in pending.promotions.values():
             p.done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return self._lookups.finish(ns, keys, prefix, pending)
+            return self._counted(ns, keys, prefix, self._lookups.finish(ns, keys, prefix, pending))
+
+    def _counted(self, ns: Namespace, keys: Sequence[bytes], prefix: bool, res: LookupResult) -> LookupResult:
+        """A prefix Lookup that stopped short counts the cause of its first miss (miss_causes.py)."""
+        if prefix and res.num_prefix < len(keys):
+            self._causes.count(ns, keys[res.num_prefix], res.tiers[res.num_prefix])
+        return res
+
+    def explain(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyExplanation]:
+        """Per key, in order: the tier it lives in now, or why it is absent (misses.py). Counts nothing."""
+        self._check_keys(keys)
+        with self._lock:
+            ns = self._names.get(ns_name)
+            _, tiers = self._lookups.locate(ns, keys)
+            return self._causes.explain(ns, keys, tiers.tolist())
 
     def release(self, lease_ids: Sequence[int]) -> int:
         with self._lock:
@@ -256,6 +278,7 @@ class Engine:
             ns = self._names.get(ns_name)
             in_ram = [self._delete_one(ns.index.get(k)) for k in keys]
             on_disk = self._disk.contains_many(ns.name, keys)
+            self.misses.left(ns.id, [k for k, r, d in zip(keys, in_ram, on_disk) if r or d], DELETED)
         if any(on_disk):
             self._disk.delete(ns.name, [k for k, d in zip(keys, on_disk) if d])  # index I/O: outside the lock
         return sum(1 for r, d in zip(in_ram, on_disk) if r or d)
@@ -278,6 +301,7 @@ class Engine:
         with self._lock:
             ns = self._names.get(ns_name)
             ram_keys = {k for k, e in list(ns.index.items()) if self._delete_one(e)}
+            self.misses.cleared(ns.id)
         store = self._disk.store
         if store is None:
             return len(ram_keys)

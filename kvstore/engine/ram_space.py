@@ -26,6 +26,7 @@ from kvstore.engine.config import EngineConfig
 from kvstore.engine.counters import Counters
 from kvstore.engine.events import MOVED, REMOVED, EventBus
 from kvstore.engine.generations import GenerationIndex
+from kvstore.engine.misses import EVICTED, MissLedger
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.read_buffer import ReadBuffer
 from kvstore.errors import StoreFullError
@@ -43,7 +44,7 @@ class RamSpace:
 
     def __init__(self, config: EngineConfig, cat: Catalog, layout: ArenaLayout, generations: np.ndarray,
                  allocator: SlabAllocator, policy: EvictionPolicy, quotas: TenantQuotas | None,
-                 counters: Counters, events: EventBus) -> None:
+                 counters: Counters, events: EventBus, misses: MissLedger | None = None) -> None:
         self._config = config
         self._cat = cat
         self._gens = generations
@@ -54,6 +55,7 @@ class RamSpace:
         self._quotas = quotas if quotas is not None and quotas.enabled else None
         self._counters = counters
         self._events = events
+        self._misses = misses if misses is not None else MissLedger(0)  # why keys left (evictions are written)
 
     # -- the policy's view ------------------------------------------------------------------------------
     def record_hits(self, ids: np.ndarray) -> None:
@@ -83,6 +85,8 @@ class RamSpace:
             on_insert(eid, hash(keys[eid]) ^ ns_id)
         ns.puts += len(eids)
         self._counters.committed_blocks += len(eids)
+        if len(self._misses):
+            self._misses.stored(ns_id, [keys[eid] for eid in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
 
     def generations(self, offsets: np.ndarray) -> np.ndarray:
         """The current generation of the slots at `offsets` (int64 array)."""
@@ -184,6 +188,8 @@ class RamSpace:
                 self._events.publish(REMOVED, ns, [key], Tier.RAM)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
         if cat.flags[eid] & ON_DISK:
             counters.evicted_to_disk += 1  # the disk tier keeps it: only the RAM copy goes
+        elif self._misses.capacity:
+            self._misses.left(int(cat.ns[eid]), (cat.keys[eid],), EVICTED)  # type: ignore[arg-type]  # a live entry's key is set (None only once dropped)
         self.forget_committed(eid)
         self.free(eid)
         counters.evictions += 1

@@ -13,6 +13,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_lookup_keys_total                     keys asked for in lookups
   kvstore_hit_keys_total{tier}                  keys found, by the tier that held them (ram, disk, peer)
   kvstore_hit_bytes_total{tier}                 bytes handed to readers, by tier
+  kvstore_misses_total{cause}                   prefix lookups that stopped short, by their first miss's cause
+                                                (kvstore/engine/misses.py CAUSES; the causes add up to those lookups)
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
   kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
   Tokens (namespaces registered with tokens_per_block; the others have no token samples):
@@ -66,6 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstore.engine.engine import Engine
+from kvstore.engine.misses import CAUSES, COUNTER_OF
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
 from kvstore.peer.cluster import PeerStatus
@@ -130,6 +133,11 @@ class EngineCollector(Collector):
         hit_bytes.add_metric(["ram"], c["hit_bytes_ram"])
         hit_bytes.add_metric(["disk"], c["hit_bytes_disk"])
         yield hit_bytes
+        misses = CounterMetricFamily("kvstore_misses", "Prefix lookups that stopped short, by the cause of their "
+                                     "first missing key", labels=["cause"])
+        for cause in CAUSES:  # engine counters misses_<cause>: one labelled family, not a family each
+            misses.add_metric([cause], c[COUNTER_OF[cause]])
+        yield misses
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
                                 value=self._engine.events.subscribers)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",
