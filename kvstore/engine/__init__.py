@@ -18,6 +18,8 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     catalog.py       Catalog, Namespace, EntryState: entry columns and the entry state machine
     ttl.py           TtlTable: ids with a deadline (leases, reservations)
     events.py        EventBus: stored / removed / moved events for routers
+    misses.py        MissLedger: keys that left the store, when and why; KeyExplanation (Engine.explain)
+    miss_causes.py   the cause of a prefix Lookup's first missing key (the misses_* counters)
     snapshot.py      Stats and key records built from the catalog
     results.py       value objects the engine returns (ReserveResult, LookupResult, EngineStats, ...)
     counters.py      Counters: the named monotonic counters Stats reports
