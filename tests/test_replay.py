@@ -124,6 +124,37 @@ def test_markdown_table_and_series() -> None:
     # the RAM+disk line starts at RAM alone (disk 0), on the total-capacity axis
     assert (disk.label, disk.capacity_tokens, disk.hit_rate) == ("RAM 3M + disk", (3_000_000, 33_000_000),
                                                                 (0.1435, 0.35))
+    assert ram.belady_hit_rate == disk.belady_hit_rate == ()     # points without the ceiling draw no Belady line
+
+
+def test_the_sweep_plot_draws_belady_once_over_every_capacity(tmp_path) -> None:
+    """Belady depends on the total capacity only: one line over the union of the series' capacities."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from bench.replay import report
+
+    points = [{**_point(3_000_000, 0, 0.1435), "belady_hit_rate": 0.30},
+              {**_point(10_000_000, 0, 0.25), "belady_hit_rate": 0.36},
+              {**_point(3_000_000, 30_000_000, 0.35), "belady_hit_rate": 0.37}]
+    series = series_from_points(points)
+    assert [s.belady_hit_rate for s in series] == [(0.30, 0.36), (0.30, 0.37)]
+    drawn: list = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, *a, **k):  # noqa: ANN001, ANN002, ANN003 - matplotlib's signature
+        drawn.extend(line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("Belady"))
+        return real_savefig(fig, path, *a, **k)
+    plt.Figure.savefig = keep  # type: ignore[method-assign]
+    try:
+        out = report.plot_sweep(series, 0.3734, tmp_path / "sweep.png", "t")
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    assert out.exists() and len(drawn) == 1
+    assert list(drawn[0].get_xdata()) == [3_000_000, 10_000_000, 33_000_000]
+    assert list(drawn[0].get_ydata()) == [0.30, 0.36, 0.37]
 
 
 # -- one real replay ---------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class Series:
     capacity_tokens: tuple[int, ...]
     hit_rate: tuple[float, ...]
     sim_hit_rate: tuple[float, ...]
+    belady_hit_rate: tuple[float, ...] = ()  # the offline optimum at each point's capacity (bench/replay/belady.py)
 
 
 def _series_label(p: dict) -> str:
@@ -87,8 +88,9 @@ def series_from_points(points: Sequence[dict]) -> list[Series]:
         pts = sorted(pts, key=_total)
         if label != "RAM" and pts[0]["capacity_tokens"] in ram_only:  # the line starts at disk 0 (RAM alone)
             pts = [ram_only[pts[0]["capacity_tokens"]], *pts]
+        belady = tuple(p["belady_hit_rate"] for p in pts) if all("belady_hit_rate" in p for p in pts) else ()
         out.append(Series(label, tuple(_total(p) for p in pts), tuple(p["hit_rate"] for p in pts),
-                          tuple(p["sim_hit_rate"] for p in pts)))
+                          tuple(p["sim_hit_rate"] for p in pts), belady))
     return out
 
 
@@ -174,7 +176,8 @@ def markdown_table(points: Sequence[dict], title: str) -> str:
 
 
 def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title: str) -> Path:
-    """Hit rate (measured: markers; simulated: dashed) vs total capacity in tokens, log x, with the maximum."""
+    """Hit rate (measured: markers; simulated: dashed) vs total capacity in tokens, log x, with the maximum and,
+    where the points carry it, Belady's offline optimum (one line: it depends on the total capacity only)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -186,6 +189,10 @@ def plot_sweep(series: Sequence[Series], max_hit_rate: float, path: Path, title:
         line = ax.plot(s.capacity_tokens, s.hit_rate, marker="o", label=f"{s.label} (store)")[0]
         ax.plot(s.capacity_tokens, s.sim_hit_rate, linestyle="--", color=line.get_color(), alpha=0.6,
                 label=f"{s.label} (simulated)")
+    ceiling = sorted({c: b for s in series for c, b in zip(s.capacity_tokens, s.belady_hit_rate)}.items())
+    if ceiling:
+        ax.plot([c for c, _ in ceiling], [b for _, b in ceiling], color="black", linestyle="-.", linewidth=1,
+                label="Belady (offline optimum)")
     ax.axhline(max_hit_rate, color="grey", linestyle=":", label=f"infinite cache ({max_hit_rate:.3f})")
     ax.axhline(max_hit_rate / 2, color="grey", linestyle=(0, (1, 4)), linewidth=0.8, label="half of the maximum")
     ax.set_xscale("log")
