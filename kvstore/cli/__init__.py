@@ -6,6 +6,7 @@
     top.py          `kvstore top`: a live view from two successive Client.stats() snapshots
     inspect_cmd.py  `kvstore inspect`: where keys live (tier, node) and how much of a chain is stored
     events_cmd.py   `kvstore events`: the daemon's KV events, one line or JSON object each
+    explain_cmd.py  `kvstore explain`: block by block, where each key of a request lives, or why it missed
 
 Nothing is imported here on purpose: `python -m kvstore.cli.main` would otherwise find the module already
 imported by its package and warn.

@@ -13,15 +13,15 @@
     releaser.py      lease releases off the caller's path (a background thread)
     probes.py        how much of a key chain every one of several namespaces holds (pipelined probes)
     batches.py       split batches at max_batch_keys; spread per-hit results over the keys asked
-    listing.py       Describe in batches and ListKeys page by page
+    listing.py       Describe and Explain in batches, ListKeys page by page
     events.py        EventStream: a Subscribe call as an iterator that any thread can close
-    types.py         results of data operations: KeyInfo, PutResult, Reservation, Lease, KVEvent
+    types.py         results of data operations: KeyInfo, KeyExplanation, PutResult, Reservation, Lease, KVEvent
     reports.py       Health, Stats and their parts, with the proto's names (mapped by kvstore.pbmap)
 """
 
 from kvstore.client.client import Client, EventStream
-from kvstore.client.types import (Health, KeyInfo, KVEvent, Lease, NamespaceInfo, NamespaceStats, PutResult,
-                                  Reservation, SizeClassInfo, SizeClassStats, Stats)
+from kvstore.client.types import (Health, KeyExplanation, KeyInfo, KVEvent, Lease, NamespaceInfo, NamespaceStats,
+                                  PutResult, Reservation, SizeClassInfo, SizeClassStats, Stats)
 
-__all__ = ["Client", "EventStream", "KVEvent", "Health", "KeyInfo", "Lease", "NamespaceStats", "NamespaceInfo",
-           "PutResult", "Reservation", "SizeClassStats", "SizeClassInfo", "Stats"]
+__all__ = ["Client", "EventStream", "KVEvent", "Health", "KeyExplanation", "KeyInfo", "Lease", "NamespaceStats",
+           "NamespaceInfo", "PutResult", "Reservation", "SizeClassStats", "SizeClassInfo", "Stats"]

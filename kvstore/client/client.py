@@ -5,8 +5,8 @@ Lookup -> copy -> Release); elsewhere, or with mode="stream", bytes go through t
 Both paths give the same results, so callers never choose.
 
 High-level calls (put, put_many, get, get_many, get_into, get_many_into, lookup_prefix, exists, delete, pin,
-unpin, clear, stats, keys) split batches larger than the daemon's max_batch_keys. Low-level calls (reserve,
-commit, abort, lookup, release) are the two-phase primitives the vLLM connector drives directly.
+unpin, clear, stats, keys, describe, explain) split batches larger than the daemon's max_batch_keys. Low-level
+calls (reserve, commit, abort, lookup, release) are the two-phase primitives the vLLM connector drives directly.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvstore.client.control import ControlPlane, FastControl, GrpcControl
 from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
-from kvstore.client.types import Health, KeyInfo, Lease, PutResult, Reservation, Stats
+from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
@@ -414,6 +414,11 @@ class Client:
     def describe(self, namespace: str, keys: Sequence[bytes]) -> list[KeyInfo | None]:
         """Where and how each key is stored (None when absent)."""
         return listing.describe(self._rpc, namespace, keys, self.max_batch_keys)
+
+    def explain(self, namespace: str, keys: Sequence[bytes]) -> list[KeyExplanation]:
+        """Per key: the tier it lives in now, or why it is absent (cause, age, policy, other namespaces).
+        Read-only like describe: counts no lookup, touches no eviction order, starts no promotion."""
+        return listing.explain(self._rpc, namespace, keys, self.max_batch_keys)
 
     def keys(self, namespace: str, *, start_after: bytes = b"", limit: int | None = None,
              page_size: int = 1000) -> Iterator[KeyInfo]:

@@ -1,4 +1,5 @@
-"""Key records for inspection: Describe in batches, ListKeys page by page (Client.describe, Client.keys)."""
+"""Key records for inspection: Describe and Explain in batches, ListKeys page by page (Client.describe,
+Client.explain, Client.keys)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.batches import chunks
 from kvstore.client.rpc import Rpc
-from kvstore.client.types import KeyInfo
+from kvstore.client.types import KeyExplanation, KeyInfo
 
-__all__ = ["describe", "keys"]
+__all__ = ["describe", "explain", "keys"]
 
 
 def describe(rpc: Rpc, namespace: str, keys: Sequence[bytes], batch: int) -> list[KeyInfo | None]:
@@ -19,6 +20,15 @@ def describe(rpc: Rpc, namespace: str, keys: Sequence[bytes], batch: int) -> lis
         r = rpc.call("Describe", pb.KeysRequest(namespace=namespace, keys=keys[part]))
         found = {k.key: KeyInfo.from_pb(k) for k in r.keys}
         out.extend(found.get(k) for k in keys[part])
+    return out
+
+
+def explain(rpc: Rpc, namespace: str, keys: Sequence[bytes], batch: int) -> list[KeyExplanation]:
+    """Per key, in order: where it lives now, or why it is absent (batches of at most `batch` keys)."""
+    out: list[KeyExplanation] = []
+    for part in chunks(len(keys), batch):
+        r = rpc.call("Explain", pb.KeysRequest(namespace=namespace, keys=keys[part]))
+        out.extend(KeyExplanation.from_pb(e) for e in r.keys)
     return out
 
 

@@ -13,9 +13,9 @@ from kvstore.client.reports import (ControlPlaneStats, DiskInfo, DiskTierStats, 
                                     NamespaceStats, PeerInfo, PeerMember, PeerMemberInfo, PeerTierStats,
                                     SizeClassInfo, SizeClassStats, Stats, TenantInfo, TenantStats)
 from kvstore.pbmap import from_message
-from kvstore.vocab import TIER_NAMES, ReserveOutcome
+from kvstore.vocab import TIER_NAMES, ReserveOutcome, Tier
 
-__all__ = ["KVEvent", "TIER_NAMES", "KeyInfo", "PutResult", "Reservation", "Lease",
+__all__ = ["KVEvent", "TIER_NAMES", "KeyInfo", "KeyExplanation", "PutResult", "Reservation", "Lease",
            # reports.py, re-exported: the proto's names, then the older ones kept as aliases
            "Health", "Stats", "PeerTierStats", "PeerMember", "DiskTierStats", "NamespaceStats", "SizeClassStats",
            "TenantStats", "ControlPlaneStats",
@@ -36,6 +36,29 @@ class KeyInfo:
     @staticmethod
     def from_pb(k: pb.KeyInfo) -> KeyInfo:
         return from_message(KeyInfo, k)
+
+
+@dataclass(frozen=True)
+class KeyExplanation:
+    """Where one key lives now in its namespace, or why it is absent (Client.explain; the proto's namesake).
+
+    cause (when tier is Tier.NONE): never_stored, evicted, disk_reclaimed, deleted, cleared or other_namespace
+    (kvstore/engine/misses.py says what each means); "" when present. A key present in a tier is reported by
+    its tier even when a Lookup could not load it (load_failed is counted by Lookups only)."""
+
+    tier: Tier                              # Tier.RAM or Tier.DISK; Tier.NONE when absent
+    cause: str = ""
+    age_s: float = 0.0                      # seconds since it left (a recorded cause); 0.0 otherwise
+    policy: str = ""                        # the eviction policy, for "evicted"
+    other_namespaces: tuple[str, ...] = ()  # namespaces holding it now in RAM (with tokens: your own only)
+
+    @property
+    def present(self) -> bool:
+        return self.tier != Tier.NONE
+
+    @staticmethod
+    def from_pb(m: pb.KeyExplanation) -> KeyExplanation:
+        return from_message(KeyExplanation, m, tier=Tier(m.tier), other_namespaces=tuple(m.other_namespaces))
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,17 @@
 Two front ends call these: the gRPC service (service.py) and the same-node fast path (fast_server.py). Each only
 translates its wire format to these calls and their results or KVStoreErrors back; nothing here knows either
 format. The caller's tenant is the `current_tenant` context variable (auth.py), set by the front end once it
-has checked the caller's token.
+has checked the caller's token. Explain (why a key is missing) is gRPC only, but its tenant filtering is an
+ownership rule like the others, so it lives here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from kvstore.engine.engine import Engine
+from kvstore.engine.misses import NEVER_STORED, OTHER_NAMESPACE, KeyExplanation
 from kvstore.engine.results import LookupResult, ReserveResult
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.tenancy import TenantGuard
@@ -63,3 +66,20 @@ class ControlOps:
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         self.guard.namespace(namespace)
         return self.engine.exists(namespace, keys)
+
+    def explain(self, namespace: str, keys: Sequence[bytes]) -> list[KeyExplanation]:
+        """Engine.explain, with another tenant's namespaces left out of other_namespaces: a key held only by
+        another tenant is "never_stored" to this caller (that tenant's keys and names must not leak)."""
+        self.guard.namespace(namespace)
+        out = self.engine.explain(namespace, keys)
+        if self.guard.caller() is None:
+            return out
+        return [_own_holders(e, self.guard) for e in out]
+
+
+def _own_holders(e: KeyExplanation, guard: TenantGuard) -> KeyExplanation:
+    if not e.other_namespaces:
+        return e
+    own = tuple(n for n in e.other_namespaces if guard.owns(n))
+    cause = NEVER_STORED if e.cause == OTHER_NAMESPACE and not own else e.cause
+    return dataclasses.replace(e, cause=cause, other_namespaces=own)

@@ -171,6 +171,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.ListKeysResponse(keys=[_key_info(r, tokens) for r in records])
 
     @_rpc
+    def Explain(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
+        return pb.ExplainResponse(keys=[to_message(e, pb.KeyExplanation)
+                                        for e in self.ops.explain(request.namespace, request.keys)])
+
+    @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         """The engine's EngineStats by field name (kvstore.pbmap), plus what the daemon knows beyond the engine."""
         s = self._engine.stats()
