@@ -7,6 +7,7 @@ silently new counter. Bumped under the engine's lock (`counters.evictions += 1`)
 from __future__ import annotations
 
 from kvstore.counters import CounterSet
+from kvstore.hint_vocab import HINT_COUNTER_NAMES
 
 __all__ = ["Counters", "COUNTER_NAMES"]
 
@@ -50,6 +51,7 @@ COUNTER_NAMES: tuple[str, ...] = (
     "misses_cleared",
     "misses_other_namespace",
     "misses_load_failed",
+    *HINT_COUNTER_NAMES,  # hint_<action>_<outcome>: each key's answer to a hint (kvstore/engine/hints.py)
 )
 
 

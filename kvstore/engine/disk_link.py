@@ -23,7 +23,7 @@ With no disk tier every method is a cheap no-op (or says "nothing on disk").
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -67,6 +67,7 @@ class DiskLink:
         self._promotions: dict[int, Promotion] = {}
         self.mover = Mover(store, self, queue_blocks=queue_blocks) if store is not None else None
         self._next_probe = 0.0
+        self.on_written: Callable[[list[int]], None] | None = None  # hints.py: after each batch, under the lock
 
     # -- outside the lock -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -190,6 +191,8 @@ class DiskLink:
                     stale.append((cat.namespace_of(eid).name, cat.keys[eid]))  # type: ignore[arg-type]  # a live entry's key is set (None only once dropped)
             if eids:
                 self._leases.unhold(np.array(eids, dtype=np.int64))
+                if self.on_written is not None:
+                    self.on_written(eids)
         return stale
 
     def finish_reclaim(self, dropped: list[tuple[str, bytes]], reinserted: int) -> None:

@@ -15,7 +15,7 @@ exceptions from kvstore.errors; see each method):
 - release(lease_ids), exists, delete (every tier; a leased block is hidden at once, freed at its last
   release), pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys/describe/stats (views.py),
   sweep(now). explain(ns, keys): where each key lives, or why it is absent (misses.py); a prefix Lookup that
-  stops short counts its first miss's cause (misses_* counters).
+  stops short counts its first miss's cause (misses_* counters). hint(ns, keys, action, ttl_s): hints.py.
 
 The engine is the composition root and the orchestrator: it holds the one lock and calls small parts that own
 their state, each "called under the engine's lock":
@@ -27,6 +27,7 @@ their state, each "called under the engine's lock":
     reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history
     disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks (they take the lock)
     lookups.py       Lookups: the steps of a Lookup across tiers
+    hints.py         Hints: Retain/Release (policy priorities), Demote, Prefetch, Pin with a TTL
     misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
     views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without)
 
@@ -50,6 +51,7 @@ from kvstore.engine.catalog import Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
 from kvstore.engine.events import REMOVED, STORED, EventBus
+from kvstore.engine.hints import Hints, parse_hint
 from kvstore.engine.leases import LeaseTable
 from kvstore.engine.lookups import Lookups
 from kvstore.engine.miss_causes import MissCauses
@@ -61,6 +63,7 @@ from kvstore.engine.reservations import ReservationTable, plan
 from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, LookupResult, ReserveResult
 from kvstore.engine.views import Views
 from kvstore.errors import InvalidRequestError
+from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
 from kvstore.tiers.disk import DiskStore
@@ -116,6 +119,7 @@ class Engine:
                               events=self.events, lock=self._lock, arena_address=arena_address,
                               queue_blocks=config.write_queue_blocks, misses=self.misses)
         self._lookups = Lookups(cat, self._ram, self._leases, self._disk, self.counters)
+        self._hints = Hints(config, cat, self._ram, self._disk, self._lookups, self.counters, quotas)
         self._views = Views(config, cat, self._ram, self._leases, self._reservations, disk, self.counters)
         self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
         if disk is not None:  # known from before a restart; the next registration describes them
@@ -315,6 +319,15 @@ class Engine:
         with self._lock:
             return self._ram.pin(self._names.get(ns_name), keys, delta)
 
+    def hint(self, ns_name: str, keys: Sequence[bytes], action: HintAction | str, ttl_s: float = 0.0) -> list[str]:
+        """An agent's hint on `keys`: one HintOutcome value per key (hints.py); InvalidRequestError for a bad
+        action or ttl. Prefetch runs a probe Lookup first (no lease: promotions start, as a scheduler's do)."""
+        act, ttl = parse_hint(action, ttl_s)
+        self._check_keys(keys)
+        probed = self.lookup(ns_name, keys, lease=False, summary=True).tiers if act is HintAction.PREFETCH else None
+        with self._lock:
+            return self._hints.apply(self._names.get(ns_name), keys, act, ttl, time.monotonic(), probed)
+
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:
         """Expire leases and reservations, free quarantined slots, retry a degraded disk. Called periodically."""
@@ -324,6 +337,7 @@ class Engine:
             self._ram.apply_touches()
             self._leases.expire(now)
             self._reservations.expire(now)
+            self._hints.expire(now)
 
     def note_checksum_failure(self) -> None:
         """Bytes that failed their checksum on the way in (counted; the block was not stored)."""

@@ -1,6 +1,7 @@
 """The arena's space: which slots are taken, which block goes when one is needed, and the generation bump on free.
 
-Owns the allocator, the generation table, the eviction policy (with its deferred hit buffer, read_buffer.py)
+Owns the allocator, the generation table, the eviction policy (wrapped to take hints: policies/hinted.py; with
+its deferred hit buffer, read_buffer.py)
 and the tenant quotas. Every method is called under the engine's lock; none takes a lock or does I/O.
 
 Eviction: an allocation that finds no slot asks the policy for victims among committed, unleased, unpinned
@@ -31,6 +32,7 @@ from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.read_buffer import ReadBuffer
 from kvstore.errors import StoreFullError
 from kvstore.policies import EvictionPolicy
+from kvstore.policies.hinted import with_hints
 from kvstore.vocab import Tier
 
 __all__ = ["RamSpace"]
@@ -50,8 +52,8 @@ class RamSpace:
         self._gens = generations
         self._gen_index = GenerationIndex(layout)
         self.allocator = allocator
-        self.policy = policy
-        self._touches = ReadBuffer(policy)
+        self.policy = with_hints(policy)  # priorities and expiries for the engine's hints (hints.py)
+        self._touches = ReadBuffer(self.policy)
         self._quotas = quotas if quotas is not None and quotas.enabled else None
         self._counters = counters
         self._events = events

@@ -4,6 +4,7 @@
     lru.py        exact LRU as an intrusive doubly-linked list in two int32 arrays
     s3fifo.py     S3-FIFO (Yang et al., SOSP'23) over dense entry ids
     factory.py    a policy from its configured name (`policy = "lru" | "s3fifo"`)
+    hinted.py     priorities and expiries over any policy: Retain (skip until a deadline), Release (first to go)
     admission.py  disk admission: which RAM blocks deserve a copy on the SSD (`always`, `seen:N`, `never`)
 """
 

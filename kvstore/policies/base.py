@@ -58,6 +58,14 @@ Primitives and their contracts:
 ``memory_bytes() -> int``
     Bytes held by the per-id arrays (``nbytes``), so the catalog can check
     its RSS budget; bounded side structures are documented by each policy.
+
+Priorities and expiries (the engine's Retain and Release hints) are not a
+primitive each policy implements: ``HintedPolicy`` (hinted.py) wraps any
+policy honouring this contract and adds ``set_priority(eid, priority,
+until)``: RELEASED entries are victims before any other, RETAINED ones (until
+a monotonic deadline) are skipped while another entry is eligible.  It needs
+nothing more of the wrapped policy than the primitives above, so a new policy
+gets hints for free; the engine wraps whatever policy it is given.
 """
 
 from __future__ import annotations

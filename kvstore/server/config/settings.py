@@ -92,6 +92,8 @@ class ServerConfig:
     sweep_interval_s: float = _s("engine", "how often leases and reservations are checked for expiry", 0.25)
     miss_ledger_keys: int = _s("engine", "keys that left the store (evicted, deleted, reclaimed) remembered with "
                                "when and why, to give each miss a cause (~200 bytes a key); 0 keeps none", 262144)
+    hint_max_ttl_s: float = _s("engine", "longest Retain or Pin an agent hint may ask for, in seconds; a longer "
+                               "ttl is clipped to it (outcome 'clipped')", 600.0)
     grpc_workers: int = _s("listeners", "gRPC server threads (event subscribers hold one each)", 16)
     max_subscribers: int = _s("listeners", "most concurrent KV-event subscribers", 4)
     etcd_endpoints: str = _s("peer", "peer tier: comma-separated etcd v3 client URLs (https://host:2379 with "
@@ -188,7 +190,7 @@ class ServerConfig:
             quarantine_s=self.effective_quarantine_s, promote_timeout_s=self.promote_timeout_s,
             write_queue_blocks=self.write_queue_blocks, disk_codec=self.disk_codec,
             probe_interval_s=self.disk_probe_interval_s, isolate_tenants=bool(self.tokens_file),
-            miss_ledger_keys=self.miss_ledger_keys,
+            miss_ledger_keys=self.miss_ledger_keys, hint_max_ttl_s=self.hint_max_ttl_s,
         )
 
     def disk_config(self) -> DiskConfig | None:

@@ -1,0 +1,213 @@
+"""Agent hints in the engine: metadata on entries that the eviction policy and the tiers act on.
+
+`Engine.hint(ns, keys, action, ttl_s)` answers one HintOutcome per key (kvstore/hint_vocab.py); a key stored
+in no tier is MISSING for every action. Per action:
+
+    RETAIN    RAM entry: kept until now + ttl_s while any other entry can go (HintedPolicy's RETAINED; still
+              evictable under pressure) -> ACCEPTED, or CLIPPED when ttl_s > hint_max_ttl_s (the max is used).
+              Only on disk (or being promoted) -> REJECTED: prefetch it first.
+    RELEASE   RAM entry: first to go (RELEASED; a later Retain or Pin undoes it) -> ACCEPTED; only on disk ->
+              ACCEPTED (no RAM copy to let go of).
+    DEMOTE    no disk tier -> REJECTED. Only on disk -> ACCEPTED. In RAM with a disk copy: the RAM copy is
+              dropped now -> ACCEPTED (pinned -> REJECTED; leased -> DEFERRED, released: first to go). Without
+              one: its write is queued (bypassing admission) and the RAM copy is dropped when the write lands
+              -> DEFERRED (the write queue full -> REJECTED). Being promoted -> DEFERRED.
+    PREFETCH  the engine runs a probe Lookup first (lease-less: disk and peer hits start their promotion, as a
+              scheduler's probe does); present in any tier -> ACCEPTED.
+    PIN       RAM entry: never evicted until now + ttl_s (the catalog's pin count, as Engine.pin), its bytes
+              counted against the tenant's pinned budget: its RAM quota (tenant_ram_quota), or half the arena
+              with no quotas. Over budget -> REJECTED; pinned again -> deadline extended, bytes counted once.
+              ACCEPTED or CLIPPED as for RETAIN. Only on disk -> REJECTED. Expired by `expire` (the sweeper).
+
+Pins set by Engine.pin are not counted: the budget bounds what agents may hold. Called under the engine's lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvstore.engine.catalog import ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
+from kvstore.engine.config import EngineConfig
+from kvstore.engine.counters import Counters
+from kvstore.engine.disk_link import DiskLink
+from kvstore.engine.lookups import Lookups
+from kvstore.engine.quotas import TenantQuotas
+from kvstore.engine.ram_space import RamSpace
+from kvstore.errors import InvalidRequestError
+from kvstore.hint_vocab import HintAction, HintOutcome
+from kvstore.policies.hinted import RELEASED, RETAINED, HintedPolicy
+from kvstore.vocab import Tier
+
+__all__ = ["Hints", "parse_hint"]
+
+_COMMITTED = int(EntryState.COMMITTED)
+_NONE, _RAM = int(Tier.NONE), int(Tier.RAM)
+ACCEPTED, CLIPPED, DEFERRED = HintOutcome.ACCEPTED, HintOutcome.CLIPPED, HintOutcome.DEFERRED
+REJECTED, MISSING = HintOutcome.REJECTED, HintOutcome.MISSING
+_ACTIONS = ", ".join(a.value for a in HintAction)
+
+
+def parse_hint(action: HintAction | str, ttl_s: float) -> tuple[HintAction, float]:
+    """The action and ttl of a hint, checked before the lock; InvalidRequestError says what to send instead."""
+    try:
+        act = action if isinstance(action, HintAction) else HintAction(str(action).lower())
+    except ValueError:
+        raise InvalidRequestError(f"unknown hint action {action!r}: use one of {_ACTIONS}") from None
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s < 0:
+        raise InvalidRequestError(f"hint ttl_s={ttl_s!r}: use a finite number of seconds >= 0")
+    if act in (HintAction.RETAIN, HintAction.PIN) and ttl_s <= 0:
+        raise InvalidRequestError(f"hint {act.value} needs ttl_s > 0 (how long to keep the blocks), got {ttl_s}")
+    return act, float(ttl_s)
+
+
+@dataclass
+class _Pin:
+    key: bytes
+    ns_id: int
+    tenant: str
+    size: int
+    until: float
+
+
+class Hints:
+    """What hints do to entries (see the module docstring). Called under the engine's lock."""
+
+    def __init__(self, config: EngineConfig, cat: Catalog, ram: RamSpace, disk: DiskLink, lookups: Lookups,
+                 counters: Counters, quotas: TenantQuotas | None) -> None:
+        assert isinstance(ram.policy, HintedPolicy), "the engine wraps its policy (policies/hinted.py)"
+        self._max_ttl = config.hint_max_ttl_s
+        self._cat, self._ram, self._disk, self._lookups = cat, ram, disk, lookups
+        self._policy: HintedPolicy = ram.policy
+        self._counters = counters
+        self._quotas = quotas if quotas is not None and quotas.enabled else None
+        self._pins: dict[int, _Pin] = {}          # eid -> its hint pin
+        self._pin_heap: list[tuple[float, int]] = []  # (until, eid), stale ones skipped
+        self._pinned: dict[str, int] = {}         # tenant -> bytes pinned by hints
+        self._demoting: dict[int, bytes] = {}     # eid -> key: RAM copy to drop once its disk write lands
+        disk.on_written = self._written
+
+    def apply(self, ns: Namespace, keys: Sequence[bytes], act: HintAction, ttl_s: float, now: float,
+              probed: Sequence[int] | None = None) -> list[str]:
+        """One outcome per key; `probed`: the tiers a PREFETCH's probe Lookup found."""
+        self._ram.apply_touches()  # the policy must see earlier hits before entries leave it
+        self.expire(now)
+        eids, tiers = self._lookups.locate(ns, keys)
+        tier_list = list(probed) if probed is not None else tiers.tolist()
+        ttl = min(ttl_s, self._max_ttl)
+        timed = CLIPPED if ttl_s > self._max_ttl else ACCEPTED
+        out: list[str] = []
+        for key, eid, tier in zip(keys, eids.tolist(), tier_list):
+            if tier == _NONE:
+                res = MISSING
+            elif act is HintAction.PREFETCH:
+                res = ACCEPTED
+            elif tier != _RAM or self._cat.state[eid] != _COMMITTED:  # on disk only (eid < 0) or being promoted
+                res = self._not_in_ram(act, eid)
+            elif act is HintAction.RETAIN:
+                self._policy.set_priority(eid, RETAINED, now + ttl)
+                res = timed
+            elif act is HintAction.RELEASE:
+                self._policy.set_priority(eid, RELEASED)
+                res = ACCEPTED
+            elif act is HintAction.DEMOTE:
+                res = self._demote(eid, key)
+            else:
+                res = self._pin(ns, eid, key, now + ttl, timed)
+            out.append(res.value)
+            setattr(self._counters, f"hint_{act.value}_{res.value}",
+                    getattr(self._counters, f"hint_{act.value}_{res.value}") + 1)
+        return out
+
+    def _not_in_ram(self, act: HintAction, eid: int) -> HintOutcome:
+        if act is HintAction.RELEASE:
+            return ACCEPTED
+        if act is HintAction.DEMOTE:
+            return DEFERRED if eid >= 0 else ACCEPTED  # being promoted / only on disk already
+        return REJECTED  # Retain, Pin: nothing in RAM to keep (prefetch first)
+
+    # -- demote -----------------------------------------------------------------------------------------
+    def _demote(self, eid: int, key: bytes) -> HintOutcome:
+        if self._disk.store is None:
+            return REJECTED
+        cat = self._cat
+        if cat.pins[eid]:
+            return REJECTED  # pinned blocks stay in RAM: unpin first
+        if cat.flags[eid] & ON_DISK:
+            if cat.leases[eid]:
+                self._policy.set_priority(eid, RELEASED)  # a reader holds it: first to go once released
+                return DEFERRED
+            self._drop(eid)
+            return ACCEPTED
+        if not cat.flags[eid] & (QUEUED | WRITING):
+            self._disk.queue_writes(np.array([eid], dtype=np.int64))
+            if not cat.flags[eid] & QUEUED:
+                return REJECTED  # the write-behind queue is full
+        self._demoting[eid] = key
+        return DEFERRED
+
+    def _drop(self, eid: int) -> None:
+        """Drop the RAM copy of a block with a disk copy (an eviction the hint asked for)."""
+        self._policy.on_remove(eid)
+        self._ram.evict(eid)
+
+    def _written(self, eids: Sequence[int]) -> None:
+        """DiskLink: these entries' disk writes ended (landed or failed); drop the RAM copies a Demote waits for."""
+        if not self._demoting:
+            return
+        cat = self._cat
+        for eid in eids:
+            key = self._demoting.pop(eid, None)
+            if (key is not None and cat.keys[eid] == key and cat.state[eid] == _COMMITTED
+                    and cat.flags[eid] & ON_DISK and cat.leases[eid] == 0 and cat.pins[eid] == 0):
+                self._ram.apply_touches()
+                self._drop(eid)
+
+    # -- pin --------------------------------------------------------------------------------------------
+    def _pin(self, ns: Namespace, eid: int, key: bytes, until: float, timed: HintOutcome) -> HintOutcome:
+        cat = self._cat
+        held = self._pins.get(eid)
+        if held is not None and held.key == key and held.ns_id == ns.id:
+            held.until = max(held.until, until)
+            heapq.heappush(self._pin_heap, (held.until, eid))
+            return timed
+        if held is not None:  # the id was reused since: that pin's block is gone, and so are its bytes
+            self._pinned[held.tenant] -= held.size
+            del self._pins[eid]
+        size = int(cat.size[eid])
+        used = self._pinned.get(ns.tenant, 0)
+        if used + size > self._pin_budget(ns.tenant) or cat.pins[eid] >= 0xFFFF:
+            return REJECTED
+        cat.pins[eid] += 1
+        self._pinned[ns.tenant] = used + size
+        self._pins[eid] = _Pin(key, ns.id, ns.tenant, size, until)
+        heapq.heappush(self._pin_heap, (until, eid))
+        return timed
+
+    def _pin_budget(self, tenant: str) -> int:
+        if self._quotas is not None:
+            return self._quotas.quota(tenant)
+        return self._ram.allocator.capacity // 2
+
+    def pinned_bytes(self, tenant: str = "") -> int:
+        """Bytes the tenant's hint pins hold now."""
+        return self._pinned.get(tenant, 0)
+
+    def expire(self, now: float) -> int:
+        """Undo the hint pins whose ttl has passed; how many."""
+        heap, cat, n = self._pin_heap, self._cat, 0
+        while heap and heap[0][0] <= now:
+            until, eid = heapq.heappop(heap)
+            pin = self._pins.get(eid)
+            if pin is None or pin.until != until:
+                continue  # extended since, or already gone
+            del self._pins[eid]
+            self._pinned[pin.tenant] -= pin.size
+            if cat.keys[eid] == pin.key and int(cat.ns[eid]) == pin.ns_id and cat.pins[eid] > 0:
+                cat.pins[eid] -= 1
+            n += 1
+        return n
