@@ -123,6 +123,7 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
         "ListKeys": (lambda: stub.ListKeys(pb.ListKeysRequest(namespace=A_NS), metadata=b_md), C.NOT_FOUND,
                      "unknown_namespace", unknown),
         "Describe": (lambda: stub.Describe(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
+        "Explain": (lambda: stub.Explain(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "ClearNamespace": (lambda: stub.ClearNamespace(pb.ClearNamespaceRequest(namespace=A_NS), metadata=b_md),
                            C.NOT_FOUND, "unknown_namespace", unknown),
         "Put": (lambda: stub.Put(iter([pb.PutChunk(header=pb.BlockHeader(namespace=A_NS, key=b"p", size=3)),
