@@ -16,7 +16,7 @@ State: per capacity slot an int8 class and a float64 deadline (9 bytes; grown by
 first hinted, so a store that never hints holds none), plus a deque of released ids (each at most once while
 marked; stale ones are skipped and the deque is compacted when it outgrows 2x the marked count + 64).
 Hits (``on_access*``) and inserts go straight to the wrapped policy: bound as instance attributes, they cost
-nothing extra on the read path. Every method is amortised O(1) besides the wrapped policy's own work; pass 2
+nothing extra on the read path; so do evictions and removals until the first ``set_priority``. Every method is amortised O(1) besides the wrapped policy's own work; pass 2
 and 3 examine each tracked entry at most once each (the wrapped policy's bound), pass 1 each released id once.
 """
 
@@ -53,6 +53,9 @@ class HintedPolicy(EvictionPolicy):
         self.on_access = inner.on_access  # type: ignore[method-assign]
         self.on_access_many = inner.on_access_many  # type: ignore[method-assign]
         self.on_access_batches = inner.on_access_batches  # type: ignore[method-assign]
+        # until the first hint, eviction and removal too: a store that never hints pays nothing
+        self.choose_victim = inner.choose_victim  # type: ignore[method-assign]
+        self.on_remove = inner.on_remove  # type: ignore[method-assign]
 
     # -- hints ------------------------------------------------------------------------------------------
     def set_priority(self, eid: int, priority: int, until: float = 0.0) -> bool:
@@ -62,6 +65,8 @@ class HintedPolicy(EvictionPolicy):
             raise ValueError(f"priority {priority} unknown: use NORMAL (0), RETAINED (1) or RELEASED (-1)")
         if eid not in self.inner:
             return False
+        if not self._prio.shape[0]:  # the first hint: from now on eviction and removal go through this class
+            del self.choose_victim, self.on_remove
         if eid >= self._prio.shape[0]:
             cap = grown_capacity(max(self._prio.shape[0], 64), eid)
             self._prio = grow_array(self._prio, cap, NORMAL)
