@@ -15,4 +15,5 @@
     groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save
     link.py            a fail-soft handle on the daemon for code running inside vLLM
     stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
+    misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread
 """

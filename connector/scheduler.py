@@ -23,6 +23,9 @@ step it turns that into a `StepPlan`:
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
   gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
+- misses (connector/misses.py): a request the store does not fully serve counts one cause, once: the lookup's
+  (store down, a failed call, stream mode, or the daemon's reason for the first missing key, asked off this
+  thread), else a failed load's.
 
 Tensor parallelism: each TP rank stores its own heads under its own namespace, and the scheduler's stages are
 every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load (TP 8:
@@ -50,6 +53,8 @@ from connector.config import ConnectorConfig
 from connector.groups import NULL_BLOCK, first_needed_key, save_points, saved_in_window, window_hit
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
+from connector.misses import (LOAD_FAILED, LOOKUP_FAILED, STORE_DOWN, STREAM_MODE, UNEXPLAINED, MissExplainer,
+                              MissTarget)
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.stats import ConnectorCounters
@@ -87,6 +92,7 @@ class _ReqState:
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
     lookup_in_ram: bool = False  # the remembered lookup's hits are all in this node's RAM
+    missed: bool = False        # a miss cause is counted (or being explained) for this request
     sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
     #                             reach update_connector_output after the step it ran in, which with async
     #                             scheduling follows the next build)
@@ -132,6 +138,7 @@ class SchedulerSide:
         self._loads: list[LoadJob] = []
         self._stored: list[StoredRecord] = []
         self._stream_logged = False
+        self.misses = MissExplainer(link, self.counters)
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> _ReqState:
@@ -157,19 +164,25 @@ class SchedulerSide:
     # -- lookup ------------------------------------------------------------------------------------------
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """(tokens the store can add beyond vLLM's own prefix cache, load asynchronously?)."""
-        if not self.config.load or not self._workers_can_load():
+        if not self.config.load:
             return 0, False
         st = self._state(request)
-        st.local_tokens = num_computed_tokens
         prompt = request.prompt_token_ids or []
         # vLLM must compute at least the last prompt token to sample the next one.
         usable = max(0, len(prompt) - 1) // self.tokens_per_key
+        if not self._workers_can_load():
+            if usable:
+                self._missed(st, STREAM_MODE)
+            return 0, False
+        st.local_tokens = num_computed_tokens
         keys = st.chain.extend(prompt)[:usable]
         if st.lookup_keys is None:
-            n, tiers = self._lookup(st, keys)
+            n, tiers, miss = self._lookup(st, keys)
             st.lookup_in_ram = all(x == Tier.RAM for x in tiers)
             if keys:
                 self._count_lookup(len(keys), tiers, num_computed_tokens)
+            if n < len(keys):
+                self._missed(st, miss or UNEXPLAINED)
             st.lookup_keys = n
             st.stored_keys = max(st.stored_keys, n)
         hit_tokens = st.lookup_keys * self.tokens_per_key
@@ -186,31 +199,45 @@ class SchedulerSide:
                           served_tokens_disk=t * sum(1 for x in beyond if x == Tier.DISK),
                           served_tokens_peer=t * sum(1 for x in beyond if x == Tier.PEER))
 
+    def _missed(self, st: _ReqState, cause: str | MissTarget) -> None:
+        """The request's first miss: counted now (a cause known here) or once the daemon has explained it."""
+        if not st.missed:
+            st.missed = True
+            rid = st.request.request_id
+            self.misses.count(rid, cause) if isinstance(cause, str) else self.misses.submit(rid, cause)
+
     def _sync(self, st: _ReqState) -> bool:
         """Load in the step that schedules the request? Never with several KV cache groups: vLLM takes a failed
         load of such a model only as a failed receive of a request waiting for it (not block by block)."""
         mode = self.config.load_mode
         return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and st.lookup_in_ram))
 
-    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int]]:
-        """(leading keys every shard holds, the tier each comes from: the farthest over the shards, a Tier value):
+    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
+        """(leading keys every shard holds, the tier each comes from: the farthest over the shards, a Tier value,
+        why it stopped there: the first missing key and the shards that may lack it, or a cause known here):
         one prefix probe per shard namespace, pipelined into one round trip on the fast path
         (Client.probe_prefix_tiers; it splits chains longer than the daemon's max_batch_keys, a 64K+ token
         prompt)."""
-        if not keys:
-            return 0, []
+        if not keys or self.link.client is None:
+            return 0, [], STORE_DOWN
         namespaces = st.namespaces
         full = [ns for ns, w in zip(namespaces, self._windowed) if not w]
-        def probe(c: Client) -> tuple[int, list[int]]:
+        def probe(c: Client) -> tuple[int, list[int], MissTarget | None]:
             n, tiers = c.probe_prefix_tiers(full, keys) if full else (len(keys), [int(Tier.RAM)] * len(keys))
-            return self._window_hit(c, st, keys, tiers) if n and len(full) < len(namespaces) else (n, tiers)
+            hit, tiers, short = self._window_hit(c, st, keys, tiers) if n and len(full) < len(namespaces) else (
+                n, tiers, None)
+            return hit, tiers, short or (MissTarget(tuple(full), keys[n]) if n < len(keys) else None)
         got = self.link.call(namespaces, probe)
-        return (0, []) if got is None else got  # None: store down or the call failed -> no hit
+        if got is None:  # store down or the call failed -> no hit
+            return 0, [], STORE_DOWN if self.link.client is None else LOOKUP_FAILED
+        return got
 
-    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes], tiers: list[int]) -> tuple[int, list[int]]:
+    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes],
+                    tiers: list[int]) -> tuple[int, list[int], MissTarget | None]:
         """The hit of at most ``len(tiers)`` keys (the full shards' common prefix and its tiers) every windowed
         shard can serve: its window before that first (the common case, one probe of a window's keys), else
-        every key up to it and the longest hit they allow; the tiers of the hit, windowed shards included."""
+        every key up to it and the longest hit they allow; the tiers of the hit, windowed shards included; when
+        a window is short, its first missing key in the first windowed shard that lacks one."""
         n = len(tiers)
         shards = [(ns, s.group_kind) for ns, s in zip(st.namespaces, self.stages.specs) if s.group_kind.windowed]
         t, bs = self.tokens_per_key, self.spec.block_size
@@ -218,14 +245,16 @@ class SchedulerSide:
         lo = min(firsts)
         got = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
         if all(x != Tier.NONE for first, shard in zip(firsts, got) for x in shard[first - lo:]):
-            return n, _farthest(tiers, [(first, shard[first - lo:]) for first, shard in zip(firsts, got)])
+            return n, _farthest(tiers, [(first, shard[first - lo:]) for first, shard in zip(firsts, got)]), None
+        short = next(MissTarget((ns,), keys[i]) for (ns, _), first, shard in zip(shards, firsts, got)
+                     for i in range(first, n) if shard[i - lo] == Tier.NONE)
         if lo:
             got = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
         hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard]) for (_, kind), shard in zip(shards, got)],
                          tokens_per_key=t, block_size=bs)
         self.counters.add(lookup_window_short_keys=n - hit)
         needs = [first_needed_key(kind, hit, tokens_per_key=t, block_size=bs) for _, kind in shards]
-        return hit, _farthest(tiers[:hit], [(first, shard[first:hit]) for first, shard in zip(needs, got)])
+        return hit, _farthest(tiers[:hit], [(first, shard[first:hit]) for first, shard in zip(needs, got)]), short
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -299,6 +328,8 @@ class SchedulerSide:
         first key: vLLM recomputes all of it."""
         for rid in failed_recving:
             st = self._reqs.get(rid)
+            if st is not None and st.loading is not None:
+                self._missed(st, LOAD_FAILED)
             if st is not None and st.loading is not None and st.loading[0] < st.stored_keys:
                 self.counters.add(load_rollback_keys=st.stored_keys - st.loading[0])
                 st.stored_keys = st.loading[0]
@@ -311,6 +342,8 @@ class SchedulerSide:
                 first_key, groups = st.loading
                 bad = min((i for blocks in groups for i, b in enumerate(blocks) if b >= 0 and b in invalid),
                           default=None)
+                if bad is not None:
+                    self._missed(st, LOAD_FAILED)
                 if bad is not None and first_key + bad // g < st.stored_keys:
                     self.counters.add(load_rollback_keys=st.stored_keys - (first_key + bad // g))
                     st.stored_keys = first_key + bad // g

@@ -2,13 +2,22 @@
 
 Plain numbers behind a lock (the worker's load and commit threads update them). vLLM pulls them with
 get_kv_connector_stats(), which takes and resets the interval's values; `totals` keeps running sums.
+
+Misses (connector/misses.py): every request the store did not fully serve counts one ``miss_<cause>``, the cause
+of the first block it did not serve; `miss_summary` adds their sum (``miss_causes``) to a reduced interval.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
-__all__ = ["ConnectorCounters", "COUNTER_NAMES"]
+from connector.misses import MISS_CAUSES
+
+__all__ = ["ConnectorCounters", "COUNTER_NAMES", "MISS_COUNTERS", "miss_summary"]
+
+#: one counter per miss cause: requests whose first block not served had that cause
+MISS_COUNTERS = tuple("miss_" + c for c in MISS_CAUSES)
 
 COUNTER_NAMES = (
     "lookup_tokens", "hit_tokens", "load_requests", "save_keys",          # scheduler side
@@ -20,7 +29,14 @@ COUNTER_NAMES = (
     "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
-)
+) + MISS_COUNTERS
+
+
+def miss_summary(data: Mapping[str, float]) -> dict[str, int | float]:
+    """``miss_causes``: the requests of an interval the store did not fully serve (the sum of the ``miss_*``
+    counters, one per such request), for KVStoreStats.reduce; empty when none missed."""
+    total = sum(data.get(name, 0) for name in MISS_COUNTERS)
+    return {"miss_causes": total} if total else {}
 
 
 class ConnectorCounters:
