@@ -9,6 +9,7 @@ This module re-exports the client, its result types and the exception tree. The 
 subpackage's __init__ has its own):
 
     vocab.py       the closed sets every layer shares (Tier, ReserveOutcome), equal to the proto's enums
+    hint_vocab.py  the agent hints' vocabulary (HintAction, HintOutcome), the same on every way in
     errors.py      the one exception tree, shared by daemon and client, with its gRPC codes
     validation.py  input checks shared by the daemon (authoritative) and the client (early errors)
     pbmap.py       dataclass <-> protobuf message by field name (Stats on both sides of the wire)
