@@ -23,6 +23,9 @@ Sync points, each making the daemon's result independent of thread timing (so st
   and no lease is held ("synced_writes"). Otherwise a block whose write is in flight is held (not evictable),
   and a next lookup could race with a write batch that reclaims the oldest segment. One Stats call answers
   both; its cost is measured (`settle_s`) and reported.
+- hints (`hints=True`, hints.py): before a request's probe, the ends of Retains its timestamp passed; after its
+  put (and the sync points above), the request's own hints, each one Client.hint call, in the order the model
+  applies them. A hint is answered under the daemon's lock, so it needs no sync point of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.replay.hints import HintFeed, Send
 from bench.replay.keys import chain_keys, stamp, verify
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import Convention, Request
@@ -74,6 +78,8 @@ class ReplayResult:
     synced_writes: bool = False
     counters: dict[str, int] = field(default_factory=dict)
     disk: dict[str, int] = field(default_factory=dict)  # the disk tier's Stats at the end (empty without one)
+    hint_outcomes: dict[str, int] = field(default_factory=dict)  # hint_<action>_<outcome> -> keys, as answered
+    hint_s: float = 0.0
 
 
 class _Rows:
@@ -128,12 +134,14 @@ def _written(s: Stats) -> bool:
 
 
 def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Convention = Convention.FULL_BLOCKS,
-           on_request: Callable[[], None] | None = None, sync_leases: bool | None = None) -> ReplayResult:
+           on_request: Callable[[], None] | None = None, sync_leases: bool | None = None,
+           hints: bool = False) -> ReplayResult:
     """Start a daemon sized by `spec`, replay `requests` through it, stop it; the measured result.
 
     sync_leases: wait between each load and its put until the daemon holds no lease. None = only where it can
     change a victim, i.e. when the RAM tier holds fewer than `SYNC_BELOW_REQUESTS` of the largest request.
     With a disk tier the replay also waits for promotions and for the disk writer (always: see above).
+    hints: send the requests' hints (see above; the daemon must answer Client.hint).
     """
     largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
     if sync_leases is None:
@@ -144,7 +152,8 @@ def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Conventi
             print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "
                   f"({client.max_batch_keys}); the simulation may differ on it", file=sys.stderr)
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
-        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None)
+        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
+                      feed=HintFeed() if hints else None)
         stats = client.stats()
         result.resident_blocks = stats.blocks
         result.counters = dict(stats.counters)
@@ -176,7 +185,7 @@ def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...]]
 
 def _run(client: Client, requests: Sequence[Request], block_bytes: int, convention: Convention,
          on_request: Callable[[], None] | None = None, after_load: Callable[[], None] | None = None,
-         *, disk: bool = False) -> ReplayResult:
+         *, disk: bool = False, feed: HintFeed | None = None) -> ReplayResult:
     """The loop; `after_load` is a sync point between a request's load and its put (tests wait there for the
     background lease releases, which makes the run exact at any capacity)."""
     res = ReplayResult(hits=[], synced_writes=disk)
@@ -185,6 +194,8 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
     clock = time.perf_counter
     start = clock()
     for r in requests:
+        if feed is not None:
+            _send(client, feed.before(r), res)
         keys = chain_keys(r.cacheable_ids(convention))
         t0 = clock()
         n, on_disk = _probe(client, keys) if keys else (0, ())
@@ -222,12 +233,25 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
         res.lookup_s += t1 - t0
         res.get_s += t2 - tg
         res.put_s += t3 - t2
+        if feed is not None:
+            _send(client, feed.after(r), res)
         res.hits.append(n)
         res.disk_hits.append(tuple(i for i in on_disk if i < n))
         if on_request is not None:
             on_request()
     res.wall_s = clock() - start
     return res
+
+
+def _send(client: Client, sends: Sequence[Send], res: ReplayResult) -> None:
+    """Each hint as one Client.hint call; the daemon's outcomes counted by action and outcome."""
+    t0 = time.perf_counter()
+    counts = res.hint_outcomes
+    for s in sends:
+        for o in client.hint(NAMESPACE, list(s.keys), s.action, s.ttl_s):
+            name = f"hint_{s.action}_{o.value}"
+            counts[name] = counts.get(name, 0) + 1
+    res.hint_s += time.perf_counter() - t0
 
 
 def memcpy_gbps(block_bytes: int, blocks: int = 128, rounds: int = 20) -> float:

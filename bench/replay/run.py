@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bench.replay.belady import BeladyPlan, belady, plan
+from bench.replay.hints import simulate_hinted
 from bench.replay.metrics import CostModel, HitFigures, capacity_model, disk_hit_tokens, hit_figures
 from bench.replay.replayer import ReplayResult, memcpy_gbps, replay
 from bench.replay.sim import LRUTier, SimResult, infinite_cache, simulate
@@ -89,6 +90,8 @@ def _tier_checks(store: ReplayResult, sim: SimResult) -> dict[str, list[int]]:
     checks.update({k: [store.disk.get(v, -1), sim.counters[k]] for k, v in _CHECKED_DISK.items() if k in sim.counters})
     checks["resident_blocks"] = [store.resident_blocks, sim.resident[0]]
     checks["present_on_put"] = [store.present_on_put, sim.present_on_put]
+    names = sorted({k for k in sim.counters if k.startswith("hint_")} | set(store.hint_outcomes))
+    checks.update({k: [store.hint_outcomes.get(k, 0), sim.counters.get(k, 0)] for k in names})
     return checks
 
 
@@ -145,13 +148,28 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
     return c
 
 
-def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None) -> dict:
-    """Replay `w` through a daemon sized by `spec`, simulate the same store, and report both."""
+def _hint_figures(w: Workload, spec: StoreSpec, f: HitFigures, out: dict) -> dict:
+    """With hints: the store's figures against plain LRU (simulated at the same store) and Belady. The
+    point's lru_* figures are plain LRU's then, and hint_* the hinted store's."""
+    plain = hit_figures(w.requests, simulate(w.requests, spec.sim_tiers(), w.convention).hits, w.convention)
+    bel_hr, bel_pr = out["belady_hit_rate"], out["belady_prefill_reduction"]
+    return {"hint_hit_rate": round(f.hit_rate, 5), "hint_prefill_reduction": round(f.prefill_reduction, 4),
+            "lru_hit_rate": round(plain.hit_rate, 5), "lru_prefill_reduction": round(plain.prefill_reduction, 4),
+            "lru_share_of_belady": round(plain.hit_rate / bel_hr, 4) if bel_hr else 0.0,
+            "hint_gain": round(f.prefill_reduction / plain.prefill_reduction, 4) if plain.prefill_reduction else 0.0,
+            "hint_share_of_belady": round(f.hit_rate / bel_hr, 4) if bel_hr else 0.0,
+            "hint_prefill_share_of_belady": round(f.prefill_reduction / bel_pr, 4) if bel_pr else 0.0}
+
+
+def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None, *,
+              hints: bool = False) -> dict:
+    """Replay `w` through a daemon sized by `spec`, simulate the same store, and report both. hints: send
+    the requests' hints to the store and model them (hints.py); the point adds _hint_figures."""
     t0 = time.perf_counter()
     reqs, conv, model = w.requests, w.convention, w.model
-    sim = simulate(reqs, spec.sim_tiers(), conv)
+    sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv)
     best = w.max_result()
-    store = replay(reqs, spec, convention=conv, on_request=on_request)
+    store = replay(reqs, spec, convention=conv, on_request=on_request, hints=hints)
     f, fs, fm = (hit_figures(reqs, h, conv) for h in (store.hits, sim.hits, best.hits))
     bad = _mismatches(store.hits, sim.hits)
     checks = _tier_checks(store, sim)
@@ -197,5 +215,8 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
     }
     for suffix, hits in (("", store.hits), ("_no_cache", [0] * len(reqs)), ("_max", best.hits)):
         out.update({k + suffix: v for k, v in capacity_model(reqs, hits, model).items() if k != "tasks" or not suffix})
+    out["hints"] = hints
+    if hints:
+        out.update(_hint_figures(w, spec, f, out), hint_s=round(store.hint_s, 3))
     out["point_s"] = round(time.perf_counter() - t0, 2)
     return out

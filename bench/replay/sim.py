@@ -40,7 +40,7 @@ An unbounded LRU tier (capacity None) gives the infinite-cache maximum.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from bench.replay.keys import chain_keys
@@ -283,18 +283,24 @@ class SimResult:
 
 
 def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
-             convention: Convention = Convention.FULL_BLOCKS) -> SimResult:
+             convention: Convention = Convention.FULL_BLOCKS,
+             on_hints: Callable[[CacheSim, Request, bool], None] | None = None) -> SimResult:
+    """`on_hints(sim, request, before)` runs before each request's lookup and after its put (hints.py)."""
     sim = CacheSim(tiers)
     hits: list[int] = []
     disk_hits: list[tuple[int, ...]] = []
     stored = 0
     for r in requests:
+        if on_hints is not None:
+            on_hints(sim, r, True)
         keys = chain_keys(r.cacheable_ids(convention))
         found = sim.lookup(keys)
         hits.append(len(found))
         disk_hits.append(tuple(i for i, t in enumerate(found) if t) if sim.disk is not None else ())
         if len(found) < len(keys):
             stored += sim.put(keys[len(found):])
+        if on_hints is not None:
+            on_hints(sim, r, False)
     on_disk = sum(len(d) for d in disk_hits)
     counters = dict(sim.counters)
     evictions = [counters["evictions"]]

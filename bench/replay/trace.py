@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-__all__ = ["BLOCK_TOKENS", "Convention", "Request", "load_trace", "write_trace", "cut_trace"]
+__all__ = ["BLOCK_TOKENS", "Convention", "Hint", "Request", "load_trace", "write_trace", "cut_trace"]
 
 BLOCK_TOKENS = 512
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "conversation_trace.jsonl"
@@ -34,6 +34,21 @@ class Convention(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Hint:
+    """An agent runtime's hint on one chain (bench/replay/hints.py says when it is sent and how it is modelled).
+
+    action: a kvstore.hint_vocab.HintAction value; ids: the chain's cacheable hash ids from its start (keys are
+    chained, so a tail needs its head); start: the first hinted position; ttl_s: trace seconds (0: none);
+    before: sent before the request it is attached to (Prefetch: the tool returned), else after it."""
+
+    action: str
+    ids: tuple[int, ...]
+    start: int = 0
+    ttl_s: float = 0.0
+    before: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     timestamp_ms: int
     input_length: int
@@ -41,6 +56,7 @@ class Request:
     hash_ids: tuple[int, ...]
     session_id: int | str | None = None
     agent: int = 0
+    hints: tuple[Hint, ...] = ()  # what the agent runtime says around this call (AgentXParams(hints=True))
 
     def cacheable_ids(self, convention: Convention = Convention.FULL_BLOCKS) -> tuple[int, ...]:
         if convention is Convention.KEEP_PARTIAL:
@@ -55,8 +71,11 @@ class Request:
 def _parse(line: str, where: str) -> Request:
     try:
         obj = json.loads(line)
+        hints = tuple(Hint(str(h["action"]), tuple(int(i) for i in h["ids"]), int(h.get("start", 0)),
+                           float(h.get("ttl_s", 0.0)), bool(h.get("before", False))) for h in obj.get("hints", ()))
         return Request(int(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]),
-                       tuple(int(h) for h in obj["hash_ids"]), obj.get("session_id"), int(obj.get("agent", 0)))
+                       tuple(int(h) for h in obj["hash_ids"]), obj.get("session_id"), int(obj.get("agent", 0)),
+                       hints)
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{where}: not a trace record ({exc!r}); expected timestamp, input_length, "
                          "output_length and hash_ids") from exc
@@ -90,4 +109,7 @@ def write_trace(path: str | Path, requests: Iterable[Request]) -> None:
             if r.session_id is not None:
                 obj["session_id"] = r.session_id
                 obj["agent"] = r.agent
+            if r.hints:
+                obj["hints"] = [{"action": h.action, "ids": list(h.ids), "start": h.start, "ttl_s": h.ttl_s,
+                                 "before": h.before} for h in r.hints]
             fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
