@@ -124,6 +124,8 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
                      "unknown_namespace", unknown),
         "Describe": (lambda: stub.Describe(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "Explain": (lambda: stub.Explain(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
+        "Hint": (lambda: stub.Hint(pb.HintRequest(namespace=A_NS, keys=[b"k0", b"k1"], action="pin", ttl_s=60),
+                                   metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "ClearNamespace": (lambda: stub.ClearNamespace(pb.ClearNamespaceRequest(namespace=A_NS), metadata=b_md),
                            C.NOT_FOUND, "unknown_namespace", unknown),
         "Put": (lambda: stub.Put(iter([pb.PutChunk(header=pb.BlockHeader(namespace=A_NS, key=b"p", size=3)),
@@ -150,7 +152,7 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
         stub.Commit(pb.CommitRequest(reservation_id=rid), metadata=a_md)
         assert stub.Release(pb.ReleaseRequest(lease_ids=[lease]), metadata=a_md).released == 1
         assert alice.get(A_NS, b"k0") == b"alice's secret" * 100
-        assert [k.pins for k in alice.describe(A_NS, [b"k1"])] == [1]
+        assert [k.pins for k in alice.describe(A_NS, [b"k0", b"k1"])] == [0, 1]  # bob's Hint pinned nothing
         assert {n.name for n in alice.stats().namespaces} == {A_NS}
     finally:
         ch.close()

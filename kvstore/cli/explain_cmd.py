@@ -1,7 +1,7 @@
 """`kvstore explain`: block by block, where each key of a request lives now, or why it is not there.
 
 The keys come from argv or --keys-file (hex, one per line), or from a prompt's token ids (--tokens-file), turned
-into the keys the vLLM connector computes for them (connector/keys.py: a chain over the full blocks of the
+(keys_input.py, shared with `kvstore hint`) into the keys the vLLM connector computes for them (connector/keys.py: a chain over the full blocks of the
 namespace's registered tokens_per_block, rooted at chain_root(--key-seed, --lora-name)). A trailing part block
 has no key (the connector stores full blocks only) and is left out.
 
@@ -14,7 +14,6 @@ serve. Exit code 0 whenever the daemon answered: misses are part of the report, 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -25,20 +24,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from connector.keys import KeyChain, chain_root
 from kvstore.cli import render
-from kvstore.cli.commands import CommandError
+from kvstore.cli.keys_input import (add_key_arguments, chain_keys, parse_hex_key, read_keys_file, read_tokens_file,
+                                    resolve_keys)
 from kvstore.client import Client, KeyExplanation
 from kvstore.engine.misses import CAUSES, CLEARED, DELETED, DISK_RECLAIMED, EVICTED
-from kvstore.validation import MAX_KEY_BYTES
 from kvstore.vocab import TIER_NAMES
 
+# parse_hex_key, read_keys_file, read_tokens_file and chain_keys live in keys_input.py (shared with `hint`)
 __all__ = ["DESCRIPTION", "EPILOG", "Row", "Summary", "add_parser", "parse_hex_key", "read_keys_file",
            "read_tokens_file", "chain_keys", "summarize", "run"]
 
 _AGED = (EVICTED, DISK_RECLAIMED, DELETED, CLEARED)  # causes with a time: the age column shows how long ago
-_MAX_SEED = (1 << 64) - 1
-_MAX_TOKEN = (1 << 63) - 1  # the connector hashes token ids as int64
 
 DESCRIPTION = """\
 For each block of a request (KEY_HEX..., --keys-file, or the token ids of a prompt with --tokens-file) shows
@@ -125,78 +122,6 @@ class Summary:
                 f"{self.prefix} of {self.blocks}{tokens}{end}{tail}")
 
 
-def parse_hex_key(text: str) -> bytes:
-    """A key as hex digits (an optional 'hex:' prefix, as other commands write it, is accepted)."""
-    digits = text.strip().removeprefix("hex:")
-    try:
-        key = bytes.fromhex(digits)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a hex key: give an even number of hex digits "
-                                         "(e.g. 9f86d081)") from None
-    if not 1 <= len(key) <= MAX_KEY_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r}: a key is 1..{MAX_KEY_BYTES} bytes "
-                                         f"(2..{2 * MAX_KEY_BYTES} hex digits)")
-    return key
-
-
-def _read_text(path: str) -> str:
-    try:
-        if path == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise CommandError(f"cannot read {path}: {why}") from exc
-
-
-def read_keys_file(path: str) -> list[bytes]:
-    """One hex key per line; blank lines are skipped."""
-    keys = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            keys.append(parse_hex_key(line))
-        except argparse.ArgumentTypeError as exc:
-            raise CommandError(f"{path}:{number}: {exc}") from None
-    if not keys:
-        raise CommandError(f"{path} holds no keys: give one hex key per line")
-    return keys
-
-
-def read_tokens_file(path: str) -> list[int]:
-    """A JSON list of token ids, or token ids separated by whitespace."""
-    text = _read_text(path).strip()
-    if not text:
-        raise CommandError(f"{path} holds no token ids: give a JSON list ([1, 2, 3]) or whitespace-separated ints")
-    words: list[Any]
-    if text.startswith("["):
-        try:
-            words = json.loads(text)
-        except ValueError as exc:
-            raise CommandError(f"{path}: not a JSON list of token ids ({exc})") from None
-    else:
-        words = text.split()
-    tokens = []
-    for i, w in enumerate(words):
-        try:
-            t = w if isinstance(w, int) and not isinstance(w, bool) else int(w) if isinstance(w, str) else None
-        except ValueError:
-            t = None
-        if t is None or not 0 <= t <= _MAX_TOKEN:
-            raise CommandError(f"{path}: token {i} is {w!r}: token ids are integers 0..{_MAX_TOKEN}")
-        tokens.append(t)
-    if not tokens:
-        raise CommandError(f"{path} holds no token ids: give a JSON list ([1, 2, 3]) or whitespace-separated ints")
-    return tokens
-
-
-def chain_keys(tokens: list[int], tokens_per_block: int, seed: int, lora_name: str | None = None) -> list[bytes]:
-    """The connector's keys of the full blocks of `tokens` (connector/keys.py)."""
-    return list(KeyChain(tokens_per_block, seed, chain_root(seed, lora_name=lora_name)).extend(tokens))
-
-
 def summarize(rows: list[Row], tokens_per_block: int | None, tail_tokens: int = 0) -> Summary:
     prefix = next((r.index for r in rows if not r.explanation.present), len(rows))
     tiers = Counter(TIER_NAMES[r.explanation.tier] for r in rows)
@@ -206,38 +131,9 @@ def summarize(rows: list[Row], tokens_per_block: int | None, tail_tokens: int = 
                    rows[prefix].where if prefix < len(rows) else "", tail_tokens)
 
 
-def _tokens_per_block(client: Client, namespace: str) -> int:
-    """The namespace's registered tokens_per_block (Stats lists the namespaces this caller may see)."""
-    found = next((n for n in client.stats().namespaces if n.name == namespace), None)
-    if found is None:
-        raise CommandError(f"unknown namespace {namespace!r}: register it first (RegisterNamespace)")
-    if not found.tokens_per_block:
-        raise CommandError(f"namespace {namespace!r} was registered without tokens_per_block, so token ids cannot "
-                           "be cut into its blocks: give the keys instead (--keys-file or KEY_HEX...)")
-    return found.tokens_per_block
-
-
 def run(client: Client, args: argparse.Namespace) -> int:
-    given = [name for name, v in (("KEY_HEX", args.keys), ("--keys-file", args.keys_file),
-                                  ("--tokens-file", args.tokens_file)) if v]
-    if len(given) != 1:
-        raise CommandError(f"give exactly one of KEY_HEX..., --keys-file F or --tokens-file F (got "
-                           f"{' and '.join(given) or 'none'})")
-    tpb: int | None = None
-    spans: list[tuple[int, int] | None]
-    tail = 0
-    if args.tokens_file:
-        tokens = read_tokens_file(args.tokens_file)
-        tpb = _tokens_per_block(client, args.namespace)
-        keys = chain_keys(tokens, tpb, args.key_seed, args.lora_name)
-        tail = len(tokens) - len(keys) * tpb
-        if not keys:
-            raise CommandError(f"{args.tokens_file}: {len(tokens)} token(s) make no full block of {tpb} tokens "
-                               f"(namespace {args.namespace!r}): nothing is stored for them")
-        spans = [(i * tpb, (i + 1) * tpb) for i in range(len(keys))]
-    else:
-        keys = read_keys_file(args.keys_file) if args.keys_file else list(args.keys)
-        spans = [None] * len(keys)
+    given = resolve_keys(client, args)
+    keys, spans, tpb, tail = given.keys, given.spans, given.tokens_per_block, given.tail_tokens
     explained = client.explain(args.namespace, keys)
     rows = [Row(i, k, e, s) for i, (k, e, s) in enumerate(zip(keys, explained, spans))]
     summary = summarize(rows, tpb, tail)
@@ -281,25 +177,7 @@ def add_parser(sub: Any, add_globals: Callable[[argparse.ArgumentParser, bool], 
         "explain", help="why a request's blocks missed: block by block, where each lives or why not",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("namespace", metavar="NAMESPACE", help="namespace name, e.g. llama-3-8b@3f2a9c/default")
-    sp.add_argument("keys", metavar="KEY_HEX", nargs="*", type=parse_hex_key,
-                    help="a block key as hex digits (as `kvstore ls` shows them)")
-    sp.add_argument("--keys-file", metavar="F", help="one hex key per line, - for stdin")
-    sp.add_argument("--tokens-file", metavar="F",
-                    help="a prompt's token ids: a JSON list or whitespace-separated ints, - for stdin; cut into the "
-                         "namespace's tokens_per_block and keyed like the vLLM connector")
-    sp.add_argument("--key-seed", type=_seed, default=0, metavar="N",
-                    help="the connector's key_seed, with --tokens-file [default: 0]")
-    sp.add_argument("--lora-name", default=None, metavar="NAME",
-                    help="the request's LoRA adapter name, with --tokens-file (part of the connector's keys)")
+    add_key_arguments(sp)
     add_globals(sp, False)
     return sp
 
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= _MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{text!r}: a key seed is a whole number 0..{_MAX_SEED}")
-    return value

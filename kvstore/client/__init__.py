@@ -14,6 +14,7 @@
     probes.py        how much of a key chain every one of several namespaces holds (pipelined probes)
     batches.py       split batches at max_batch_keys; spread per-hit results over the keys asked
     listing.py       Describe and Explain in batches, ListKeys page by page
+    hinting.py       Hint in batches: an agent's hint on keys, one HintOutcome per key
     events.py        EventStream: a Subscribe call as an iterator that any thread can close
     types.py         results of data operations: KeyInfo, KeyExplanation, PutResult, Reservation, Lease, KVEvent
     reports.py       Health, Stats and their parts, with the proto's names (mapped by kvstore.pbmap)
@@ -22,6 +23,8 @@
 from kvstore.client.client import Client, EventStream
 from kvstore.client.types import (Health, KeyExplanation, KeyInfo, KVEvent, Lease, NamespaceInfo, NamespaceStats,
                                   PutResult, Reservation, SizeClassInfo, SizeClassStats, Stats)
+from kvstore.hint_vocab import HintAction, HintOutcome  # Client.hint's vocabulary, re-exported
 
-__all__ = ["Client", "EventStream", "KVEvent", "Health", "KeyExplanation", "KeyInfo", "Lease", "NamespaceStats",
-           "NamespaceInfo", "PutResult", "Reservation", "SizeClassStats", "SizeClassInfo", "Stats"]
+__all__ = ["Client", "EventStream", "KVEvent", "Health", "HintAction", "HintOutcome", "KeyExplanation", "KeyInfo",
+           "Lease", "NamespaceStats", "NamespaceInfo", "PutResult", "Reservation", "SizeClassStats", "SizeClassInfo",
+           "Stats"]

@@ -5,7 +5,7 @@ Lookup -> copy -> Release); elsewhere, or with mode="stream", bytes go through t
 Both paths give the same results, so callers never choose.
 
 High-level calls (put, put_many, get, get_many, get_into, get_many_into, lookup_prefix, exists, delete, pin,
-unpin, clear, stats, keys, describe, explain) split batches larger than the daemon's max_batch_keys. Low-level
+unpin, clear, stats, keys, describe, explain, hint) split batches larger than the daemon's max_batch_keys. Low-level
 calls (reserve, commit, abort, lookup, release) are the two-phase primitives the vLLM connector drives directly.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client import arena_path, connect, listing, probes, stream_path
+from kvstore.client import arena_path, connect, hinting, listing, probes, stream_path
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.batches import chunks, scatter
 from kvstore.client.arena_slot import ArenaSlot
@@ -31,6 +31,7 @@ from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
 from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
+from kvstore.hint_vocab import HintAction, HintOutcome
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
@@ -419,6 +420,12 @@ class Client:
         """Per key: the tier it lives in now, or why it is absent (cause, age, policy, other namespaces).
         Read-only like describe: counts no lookup, touches no eviction order, starts no promotion."""
         return listing.explain(self._rpc, namespace, keys, self.max_batch_keys)
+
+    def hint(self, namespace: str, keys: Sequence[bytes], action: HintAction | str,
+             ttl_s: float = 0.0) -> list[HintOutcome]:
+        """An agent's hint (retain, release, demote, prefetch, pin; ttl_s for retain and pin): one outcome per
+        key (kvstore.hint_vocab). A bad action or ttl: InvalidRequestError; the daemon keeps serving."""
+        return hinting.hint(self._rpc, namespace, keys, action, ttl_s, self.max_batch_keys)
 
     def keys(self, namespace: str, *, start_after: bytes = b"", limit: int | None = None,
              page_size: int = 1000) -> Iterator[KeyInfo]:

@@ -15,6 +15,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_hit_bytes_total{tier}                 bytes handed to readers, by tier
   kvstore_misses_total{cause}                   prefix lookups that stopped short, by their first miss's cause
                                                 (kvstore/engine/misses.py CAUSES; the causes add up to those lookups)
+  kvstore_hints_total{action,outcome}           keys answered by agent hints (Hint RPC, connector), by action and
+                                                outcome (kvstore/hint_vocab.py; every pair, zero included)
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
   kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
   Tokens (namespaces registered with tokens_per_block; the others have no token samples):
@@ -71,6 +73,7 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.misses import CAUSES, COUNTER_OF
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
+from kvstore.hint_vocab import HintAction, HintOutcome
 from kvstore.peer.cluster import PeerStatus
 from kvstore.server.metric_collectors import ControlCollector, PeerCollector, StaticCollector, TransferCollector
 from kvstore.server.metric_labels import MetricLabels
@@ -138,6 +141,12 @@ class EngineCollector(Collector):
         for cause in CAUSES:  # engine counters misses_<cause>: one labelled family, not a family each
             misses.add_metric([cause], c[COUNTER_OF[cause]])
         yield misses
+        hints = CounterMetricFamily("kvstore_hints", "Keys answered by agent hints, by action and outcome",
+                                    labels=["action", "outcome"])
+        for action in HintAction:  # engine counters hint_<action>_<outcome>: one family, every pair
+            for outcome in HintOutcome:
+                hints.add_metric([action.value, outcome.value], c[f"hint_{action.value}_{outcome.value}"])
+        yield hints
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
                                 value=self._engine.events.subscribers)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",

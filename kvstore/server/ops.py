@@ -76,6 +76,12 @@ class ControlOps:
             return out
         return [_own_holders(e, self.guard) for e in out]
 
+    def hint(self, namespace: str, keys: Sequence[bytes], action: str, ttl_s: float) -> list[str]:
+        """Engine.hint (one HintOutcome value per key) on the caller's own namespace only: another tenant's
+        namespace is unknown to it, as for Describe and Explain (its blocks must not be steered by others)."""
+        self.guard.namespace(namespace)
+        return self.engine.hint(namespace, keys, action, ttl_s)
+
 
 def _own_holders(e: KeyExplanation, guard: TenantGuard) -> KeyExplanation:
     if not e.other_namespaces:

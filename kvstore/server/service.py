@@ -176,6 +176,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                                         for e in self.ops.explain(request.namespace, request.keys)])
 
     @_rpc
+    def Hint(self, request: pb.HintRequest, context: grpc.ServicerContext) -> pb.HintResponse:
+        return pb.HintResponse(outcomes=self.ops.hint(request.namespace, request.keys, request.action,
+                                                      request.ttl_s))
+
+    @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         """The engine's EngineStats by field name (kvstore.pbmap), plus what the daemon knows beyond the engine."""
         s = self._engine.stats()

@@ -29,6 +29,7 @@ import xxhash
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.hint_vocab import HintAction
 from kvstore.peer import frames as fr
 
 __all__ = ["Source", "RandomSource", "Pools", "FuzzStats", "METHODS", "fuzz_rpc", "fuzz_raw", "fuzz_frame"]
@@ -139,6 +140,8 @@ def _scalar(fd: FieldDescriptor, src: Source, pools: Pools) -> Any:
             return _namespace(src, pools)
         if name == "disk_codec":
             return src.choice(["", "none", "zstd", "zstd-shuffle2", src.text(10)])
+        if name == "action":  # HintRequest: every action (so outcomes are reached), odd case, and junk
+            return src.choice([*(a.value for a in HintAction), "PIN", "Retain", "", src.text(12)])
         return src.choice(["", "m", src.text(20), "t" * src.int(250, 300)])
     if t == FieldDescriptor.TYPE_BYTES:
         return b"" if name == "data" else _key(src, pools)
@@ -153,6 +156,8 @@ def _scalar(fd: FieldDescriptor, src: Source, pools: Pools) -> Any:
     if t in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT32):
         return src.int(-(2**31), 2**31 - 1)
     if t == FieldDescriptor.TYPE_DOUBLE:
+        if name == "ttl_s":  # HintRequest: a usable ttl, one past hint_max_ttl_s (clipped), and bad ones
+            return src.choice([0.0, 0.5, 5.0, 1e9, -1.0, 1e308, float("inf"), float("nan")])
         return src.choice([0.0, -1.0, 1e308, float("nan")])
     raise TypeError(f"no generator for field {fd.full_name} of type {t}")
 
