@@ -7,7 +7,10 @@ tier), and store == model with hints through a real daemon (RAM alone; RAM + dis
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
+
+import pytest
 
 from bench.replay.agentx import AgentXParams, generate
 from bench.replay.hints import EXPIRE_TTL_S, HintFeed, HintedLRU, Send, apply_hint, simulate_hinted
@@ -180,3 +183,34 @@ def test_replay_with_hints_equals_the_model_ram_and_disk() -> None:
     assert (sum(sim.hits), sim.evictions, sim.counters["promotions"]) == (3_234, [316, 32], 215)
     assert store.hint_outcomes == {"hint_pin_accepted": 6, "hint_retain_accepted": 2_556,
                                    "hint_release_accepted": 123, "hint_retain_rejected": 6}
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+
+def test_cli_hints_reports_lru_hints_and_belady_with_exact_store(capsys) -> None:
+    from bench.replay.cli import main
+    rc = main(["--agentx", "--sessions", "6", "--scale", "0.05", "--seed", "1", "--hints", "--ram-share", "1",
+               "--hint-shares", "0.2,0.5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["exact"] and d["mismatches"] == []
+    assert (d["share"], d["hint_hit_rate"], d["lru_hit_rate"], d["belady_hit_rate"]) == (
+        0.2, 0.8163, 0.79153, 0.86946)
+    assert (d["hint_gain"], d["hint_share_of_belady"]) == (1.1348, 0.9389)
+    assert d["targets"] == {"hint_gain": 1.3, "hint_share_of_belady": 0.9, "hint_gain_met": False,
+                            "hint_share_of_belady_met": True}
+    assert [(p["capacity_tokens"], p["disk_tokens"], p["hint_gain"]) for p in d["points"]] == [
+        (12_697, 0, 1.1348), (31_744, 0, 1.0)]
+    assert "LRU + hints (store)" in out and "Belady (one pool)" in out
+
+
+def test_cli_hints_refuses_what_it_cannot_run(capsys) -> None:
+    from bench.replay.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--hints", "--limit", "5"])
+    assert e.value.code == 2 and "--hints needs --agentx" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # 10 % of 6 sessions at 5 %: far below the disk tier's 3 segments
+        main(["--agentx", "--sessions", "6", "--scale", "0.05", "--hints", "--hint-shares", "0.1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "use more --sessions, or --ram-share 1 (RAM alone)" in err

@@ -19,6 +19,8 @@ its headline is RAM 3M + disk 30M tokens (next to RAM 3M alone).
 AgentX's default capacities (3M tokens, and the sweep's) are multiplied by its --scale, since every token
 count of the trace is; its sweep spans 100K..5M tokens, where its working set lies.
 
+--hints (AgentX only; hints_cli.py): the trace with its agent hints at 10 % and 25 % of unique KV
+(--hint-shares), the real store sent the hints, against plain LRU and Belady, one table and one JSON line.
 --sweep draws two lines on one PNG: RAM alone at each --capacities size, and RAM + disk (RAM fixed, disks of
 --disk-capacities; its first point is RAM alone), against the total capacity RAM + disk.
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 from bench._common import print_table, progress
 from bench.replay.agentx import AgentXParams, generate
 from bench.replay.agentx_stats import TARGETS, TOKEN_TARGETS, agentx_stats
+from bench.replay.hints_cli import run_hints
 from bench.replay.metrics import CostModel
 from bench.replay.report import markdown_table, plot_sweep, series_from_points, summary_rows, summary_title
 from bench.replay.run import Workload, run_point
@@ -103,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep: RAM-only capacities, e.g. 1M,3M,10M")
     p.add_argument("--disk-capacities", type=lambda s: [parse_tokens(x) for x in s.split(",")],
                    help="sweep: disk sizes of the RAM+disk line, e.g. 10M,30M,50M (its RAM: --capacity-tokens)")
+    p.add_argument("--hints", action="store_true",
+                   help="AgentX with agent hints: LRU, LRU + hints (the store) and Belady at --hint-shares")
+    p.add_argument("--hint-shares", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.25],
+                   help="with --hints: shares of unique KV to size RAM + disk to (RAM: --ram-share of it)")
     p.add_argument("--prefill-rate", type=float, default=20_000.0, help="capacity model: prefill tokens/s")
     p.add_argument("--decode-rate", type=float, default=50.0, help="capacity model: decode tokens/s per call")
     p.add_argument("--out", type=Path, default=Path("bench/out"), help="directory for the sweep's files")
@@ -114,7 +121,7 @@ def _workload(a: argparse.Namespace, model: CostModel) -> tuple[Workload, float]
     conv = Convention.FULL_BLOCKS if a.partial_blocks == "drop" else Convention.KEEP_PARTIAL
     if a.agentx:
         sessions, scale = (QUICK_AGENTX["sessions"], QUICK_AGENTX["scale"]) if a.quick else (a.sessions, a.scale)
-        params = AgentXParams(sessions=int(sessions), scale=float(scale), seed=a.seed)
+        params = AgentXParams(sessions=int(sessions), scale=float(scale), seed=a.seed, hints=a.hints)
         reqs: list[Request] = generate(params)
         if a.write_trace:
             write_trace(a.write_trace, reqs)
@@ -173,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     t0 = time.perf_counter()
     model = CostModel(a.prefill_rate, a.decode_rate)
+    if a.hints and not a.agentx:
+        parser.error("--hints needs --agentx: only the AgentX generator knows what an agent runtime would say")
     w, factor = _workload(a, model)
     if not w.requests:
         print("no requests to replay (check --limit / --window-s)", file=sys.stderr)
         return 1
+    if a.hints:
+        return run_hints(a, w, parser)
     try:  # a bad size fails here, before any daemon starts
         specs = _specs(a, w, factor)
     except ValueError as exc:
