@@ -26,6 +26,9 @@ step it turns that into a `StepPlan`:
 - misses (connector/misses.py): a request the store does not fully serve counts one cause, once: the lookup's
   (store down, a failed call, stream mode, or the daemon's reason for the first missing key, asked off this
   thread), else a failed load's.
+- hints (connector/hints.py): when a request finishes, its session's chain becomes its stored keys and its hints
+  (kv_transfer_params' "kvstore_hints", vLLM's Request.kv_hints) are queued for a background thread that sends
+  them to every shard namespace.
 
 Tensor parallelism: each TP rank stores its own heads under its own namespace, and the scheduler's stages are
 every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load (TP 8:
@@ -51,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from connector.config import ConnectorConfig
 from connector.groups import NULL_BLOCK, first_needed_key, save_points, saved_in_window, window_hit
+from connector.hints import HintSessions
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
 from connector.misses import (LOAD_FAILED, LOOKUP_FAILED, STORE_DOWN, STREAM_MODE, UNEXPLAINED, MissExplainer,
@@ -139,6 +143,7 @@ class SchedulerSide:
         self._stored: list[StoredRecord] = []
         self._stream_logged = False
         self.misses = MissExplainer(link, self.counters)
+        self.hints = HintSessions(link, self.counters, tokens_per_key=self.tokens_per_key, key_seed=config.key_seed)
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> _ReqState:
@@ -426,8 +431,12 @@ class SchedulerSide:
         return blocks
 
     def request_finished(self, request: Any) -> bool:
-        """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state."""
+        """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state and
+        queues its hints (connector/hints.py)."""
+        st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
+        root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=_mm_hashes(request))
+        self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], root)
         return False
 
     def take_stored(self) -> list[StoredRecord]:

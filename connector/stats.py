@@ -5,6 +5,8 @@ get_kv_connector_stats(), which takes and resets the interval's values; `totals`
 
 Misses (connector/misses.py): every request the store did not fully serve counts one ``miss_<cause>``, the cause
 of the first block it did not serve; `miss_summary` adds their sum (``miss_causes``) to a reduced interval.
+Hints (connector/hints.py): ``hint_<outcome>`` per key and shard namespace, and ``hint_malformed``,
+``hint_failed``, ``hint_dropped``, ``hint_empty``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from connector.hints import HINT_COUNTERS
 from connector.misses import MISS_CAUSES
 
 __all__ = ["ConnectorCounters", "COUNTER_NAMES", "MISS_COUNTERS", "miss_summary"]
@@ -29,7 +32,7 @@ COUNTER_NAMES = (
     "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
-) + MISS_COUNTERS
+) + MISS_COUNTERS + HINT_COUNTERS  # hints (connector/hints.py): outcomes per key and shard, malformed, ...
 
 
 def miss_summary(data: Mapping[str, float]) -> dict[str, int | float]:

@@ -394,6 +394,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return KVStoreStats(data=dict(data)) if data is not None else KVStoreStats()
 
     def shutdown(self) -> None:
+        if self._sched is not None:
+            self._sched.hints.close()  # hints queued by finished requests are sent first
         if self._worker is not None:
             self._worker.close()
         self.link.close()
