@@ -13,7 +13,10 @@
 - run.py          one capacity point: store + simulator -> one flat figures dict (with the run's conditions)
 - verdict.py      every difference between store and simulator, named; any one makes the CLI exit 2
 - report.py       the sweep's markdown table and PNG (RAM-only and RAM+disk lines)
-- agentx.py       seeded AgentX-shaped trace generator; agentx_stats.py measures its statistics
+- agentx.py       seeded AgentX-shaped trace generator (with the hints an agent runtime sends: hints=True);
+                  agentx_stats.py measures its statistics
+- hints.py        agent hints: what the replay sends when (trace clock), the exact model of the daemon's rules
+- hints_cli.py    --hints: LRU, LRU + hints (the real store) and Belady at 10 % and 25 % of unique KV
 - cli.py          the command line; __main__.py runs it
 """
 
@@ -23,8 +26,8 @@ from bench.replay.agentx import AgentXParams, generate
 from bench.replay.keys import SEED, chain_keys
 from bench.replay.sim import CacheSim, LRUTier, SegmentLog, SimTier, infinite_cache, simulate
 from bench.replay.tiers import DiskLayout, StoreSpec, TierSpec
-from bench.replay.trace import BLOCK_TOKENS, Convention, Request, load_trace, write_trace
+from bench.replay.trace import BLOCK_TOKENS, Convention, Hint, Request, load_trace, write_trace
 
 __all__ = ["AgentXParams", "generate", "SEED", "chain_keys", "CacheSim", "LRUTier", "SegmentLog", "SimTier",
            "infinite_cache", "simulate", "DiskLayout", "StoreSpec", "TierSpec", "BLOCK_TOKENS", "Convention",
-           "Request", "load_trace", "write_trace"]
+           "Hint", "Request", "load_trace", "write_trace"]
