@@ -18,6 +18,7 @@ from connector.scheduler import SchedulerSide
 from connector.stats import COUNTER_NAMES, ConnectorCounters
 from kvstore.client import Client
 from kvstore.hint_vocab import HintAction
+from kvstore.testing import wait_until
 from tests.connector_helpers import T, Req, Side, make_caches, prompt_tokens
 
 def needs_hint() -> None:
@@ -215,4 +216,37 @@ def test_a_released_session_is_evicted_first_under_pressure(make_daemon) -> None
         assert c.stats().counters["evictions"] == 12
         assert c.exists(ns(), keys_of(a.prompt_token_ids)) == [False] * 12
         assert c.exists(ns(), keys_of(b.prompt_token_ids)) == [True] * 12
+    s.close()
+
+
+def tiers(c: Client, keys: list[bytes]) -> list[str | None]:
+    return [i.tier if i is not None else None for i in c.describe(ns(), keys)]
+
+
+def test_demote_then_prefetch_a_session_moves_it_between_ram_and_disk(make_daemon) -> None:
+    """With a disk tier: demote the session's 12 blocks (written behind already: RAM freed now), prefetch them
+    back before the next turn, then a retain longer than the daemon's hint_max_ttl_s (600 s) is clipped."""
+    needs_hint()
+    d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB", disk_bytes="16MiB", disk_segment_bytes="4MiB",
+                    disk_sync="none")
+    s = Side(d.address, make_caches(405))
+    prompt = prompt_tokens(100, start=709)
+    keys = keys_of(prompt)
+    finish(s, HReq("t1", prompt, kv_transfer_params={"kvstore_session": "tool"}), list(range(25)))
+    with Client(d.address) as c:
+        wait_until(lambda: tiers(c, keys) == ["ram+disk"] * 12, what="12 blocks written behind")
+        s.sched.request_finished(HReq("wait", [1], kv_hints=Envelope("1", "m", [
+            Action("x", "demote", "1", {"session": "tool"})])))
+        assert hint_counts(s.sched) == {"hint_accepted": 12}
+        assert tiers(c, keys) == ["disk"] * 12
+        s.sched.request_finished(HReq("back", [1], kv_transfer_params={"kvstore_hints": [
+            {"action": "prefetch", "session": "tool"}]}))
+        assert hint_counts(s.sched) == {"hint_accepted": 24}
+        wait_until(lambda: tiers(c, keys) == ["ram+disk"] * 12, what="12 blocks promoted by the prefetch")
+        s.sched.request_finished(HReq("again", [1], kv_transfer_params={"kvstore_hints": [
+            {"action": "retain", "ttl_s": 3600, "session": "tool"}]}))
+        assert hint_counts(s.sched) == {"hint_accepted": 24, "hint_clipped": 12}
+        got = c.stats().counters
+    assert {k: v for k, v in got.items() if k.startswith("hint_") and v} == {
+        "hint_demote_accepted": 12, "hint_prefetch_accepted": 12, "hint_retain_clipped": 12}
     s.close()
