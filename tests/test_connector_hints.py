@@ -164,6 +164,23 @@ def test_release_of_a_session_keeps_the_head_another_live_session_shares() -> No
     hints.close()
 
 
+def test_a_full_queue_drops_and_malformed_hints_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    counters = ConnectorCounters()
+    hints = HintSessions(StoreLink("/nonexistent/kvstore.sock", timeout_s=1.0), counters, tokens_per_key=T,
+                         key_seed=0, capacity=0)
+    own = keys_of(prompt_tokens(16, start=710))
+    with caplog.at_level("WARNING", logger="connector.hints"):
+        for i in range(3):
+            hints.finished(HReq(f"q{i}", [1], kv_transfer_params={"kvstore_hints": [{"action": "prefetch"},
+                                                                                     {"action": "pin"}]}),
+                           ["ns0"], own, chain_root(0))
+    assert hints.flush(10.0) and counters.totals == {"hint_dropped": 3, "hint_malformed": 3}
+    malformed, dropped = (r.getMessage() for r in caplog.records)  # each once, not three times
+    assert "request q0: dropped malformed hint(s): hint pin needs ttl_s > 0" in malformed
+    assert "the hint queue is full (0); dropping hints" in dropped
+    hints.close()
+
+
 # -- each action through a real daemon ---------------------------------------------------------------------------
 def test_each_action_through_kv_transfer_params(daemon) -> None:
     """12 stored blocks of one request: each action aimed at them (own blocks, keys, tokens, session)."""
