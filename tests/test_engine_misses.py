@@ -252,6 +252,27 @@ def test_disk_reclamation_and_a_failed_promotion_with_the_disk_tier(disk_rig) ->
     assert _misses(eng) == {**ZERO, "misses_disk_reclaimed": 1, "misses_load_failed": 2}
 
 
+def test_a_probe_cut_short_by_a_failed_promotion_carries_only_the_prefixs_hits(disk_rig) -> None:
+    """A prefix Lookup without lease whose disk hit cannot be promoted (every RAM slot is this lookup's or pinned)
+    ends there; a RAM hit after it is not in the answer (it was: 2 hits among 2 keys looked at, and the fast path's
+    client refused the reply as garbled)."""
+    from kvstore.fastpath import protocol as fp
+
+    rig = disk_rig(disk_bytes=4 * MiB, reinsert_hits=0)
+    eng = rig.engine
+    for i in range(0, 8, 4):
+        rig.put([_k(j) for j in range(i, i + 4)])
+        rig.wait_written(i + 4)
+    assert eng.explain(NS_DISK, [_k(0), _k(7)]) == [KeyExplanation(Tier.DISK), KeyExplanation(Tier.RAM)]
+    assert eng.pin(NS_DISK, [_k(4), _k(5), _k(6), _k(7)], +1) == 4          # no room left for a promotion
+    r = eng.lookup(NS_DISK, [_k(7), _k(0), _k(6)], prefix=True, lease=False)
+    assert (r.num_prefix, r.present, r.tiers) == (1, [True, False], [Tier.RAM, Tier.DISK])
+    assert len(r.offsets) == len(r.sizes) == 1
+    body = fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, 0, 1, r.offsets, r.sizes,
+                                  r.generations, r.checksums)
+    assert fp.decode_lookup_reply(body).num_prefix == 1                     # the client takes it
+
+
 # ----------------------------------------------------------------------------------- /metrics, a daemon
 
 

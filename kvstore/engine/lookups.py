@@ -139,6 +139,9 @@ class Lookups:
         if not lease:
             found = (tiers[:limit] == _RAM) | (tiers[:limit] == _PEER)
             found[list(promos)] = True
+            if prefix and not found.all():  # a promotion found no room: the prefix ends there, and so do its
+                inside = ram < int(np.argmin(found))  # hits (a RAM hit past it would be a hit the reply
+                ram, ram_ids = ram[inside], ram_ids[inside]  # cannot carry: "N hits among n keys")
             return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=False, found=found, summary=summary)
         if not promos and (not prefix or len(ram) == limit):  # every hit in RAM, already held
             return self._answer(ns, keys, prefix, tiers, ram, ram_ids, lease=True)
