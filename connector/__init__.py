@@ -13,7 +13,9 @@
     keys.py            stable block keys: a chained xxh3-128 over token ids, the same in every process
     namespace.py       namespaces: blocks are exchanged only between identical KV layouts
     groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save
+    hints.py           agent hints: read from a request, aimed at a session's keys, sent off vLLM's thread
     link.py            a fail-soft handle on the daemon for code running inside vLLM
     stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
     misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread
+    probe.py           the scheduler's lookup of a prefix across every shard (stages, TP ranks, groups) at once
 """

@@ -50,22 +50,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from connector.config import ConnectorConfig
-from connector.groups import NULL_BLOCK, first_needed_key, save_points, saved_in_window, window_hit
+from connector.groups import NULL_BLOCK, save_points, saved_in_window
 from connector.hints import HintSessions
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
-from connector.misses import (LOAD_FAILED, LOOKUP_FAILED, STORE_DOWN, STREAM_MODE, UNEXPLAINED, MissExplainer,
-                              MissTarget)
+from connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
+from connector.probe import ShardProbe
 from connector.stats import ConnectorCounters
 from kvstore.vocab import Tier
-
-if TYPE_CHECKING:
-    from kvstore.client import Client
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
 
@@ -134,6 +131,7 @@ class SchedulerSide:
         self._kinds = {s.group_index: s.group_kind for s in self.stages.specs}
         self.num_groups = len(self._kinds)
         self._windowed = [s.group_kind.windowed for s in self.stages.specs]
+        self.probe = ShardProbe(self.stages, link, self.counters)
         if self.num_groups > 1 and config.load_mode == "sync":
             log.warning("kvstore connector: load_mode \"sync\" is not available for a model with %d KV cache groups "
                         "(vLLM cannot take a failed in-step load of such a model); loading asynchronously",
@@ -218,48 +216,8 @@ class SchedulerSide:
         return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and st.lookup_in_ram))
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
-        """(leading keys every shard holds, the tier each comes from: the farthest over the shards, a Tier value,
-        why it stopped there: the first missing key and the shards that may lack it, or a cause known here):
-        one prefix probe per shard namespace, pipelined into one round trip on the fast path
-        (Client.probe_prefix_tiers; it splits chains longer than the daemon's max_batch_keys, a 64K+ token
-        prompt)."""
-        if not keys or self.link.client is None:
-            return 0, [], STORE_DOWN
-        namespaces = st.namespaces
-        full = [ns for ns, w in zip(namespaces, self._windowed) if not w]
-        def probe(c: Client) -> tuple[int, list[int], MissTarget | None]:
-            n, tiers = c.probe_prefix_tiers(full, keys) if full else (len(keys), [int(Tier.RAM)] * len(keys))
-            hit, tiers, short = self._window_hit(c, st, keys, tiers) if n and len(full) < len(namespaces) else (
-                n, tiers, None)
-            return hit, tiers, short or (MissTarget(tuple(full), keys[n]) if n < len(keys) else None)
-        got = self.link.call(namespaces, probe)
-        if got is None:  # store down or the call failed -> no hit
-            return 0, [], STORE_DOWN if self.link.client is None else LOOKUP_FAILED
-        return got
-
-    def _window_hit(self, c: Client, st: _ReqState, keys: list[bytes],
-                    tiers: list[int]) -> tuple[int, list[int], MissTarget | None]:
-        """The hit of at most ``len(tiers)`` keys (the full shards' common prefix and its tiers) every windowed
-        shard can serve: its window before that first (the common case, one probe of a window's keys), else
-        every key up to it and the longest hit they allow; the tiers of the hit, windowed shards included; when
-        a window is short, its first missing key in the first windowed shard that lacks one."""
-        n = len(tiers)
-        shards = [(ns, s.group_kind) for ns, s in zip(st.namespaces, self.stages.specs) if s.group_kind.windowed]
-        t, bs = self.tokens_per_key, self.spec.block_size
-        firsts = [first_needed_key(kind, n, tokens_per_key=t, block_size=bs) for _, kind in shards]
-        lo = min(firsts)
-        got = c.probe_tiers_many([ns for ns, _ in shards], keys[lo:n])
-        if all(x != Tier.NONE for first, shard in zip(firsts, got) for x in shard[first - lo:]):
-            return n, _farthest(tiers, [(first, shard[first - lo:]) for first, shard in zip(firsts, got)]), None
-        short = next(MissTarget((ns,), keys[i]) for (ns, _), first, shard in zip(shards, firsts, got)
-                     for i in range(first, n) if shard[i - lo] == Tier.NONE)
-        if lo:
-            got = c.probe_tiers_many([ns for ns, _ in shards], keys[:n])
-        hit = window_hit(n, [(kind, [x != Tier.NONE for x in shard]) for (_, kind), shard in zip(shards, got)],
-                         tokens_per_key=t, block_size=bs)
-        self.counters.add(lookup_window_short_keys=n - hit)
-        needs = [first_needed_key(kind, hit, tokens_per_key=t, block_size=bs) for _, kind in shards]
-        return hit, _farthest(tiers[:hit], [(first, shard[first:hit]) for first, shard in zip(needs, got)]), short
+        """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
+        return self.probe.lookup(st.namespaces, keys)
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -444,13 +402,3 @@ class SchedulerSide:
         out, self._stored = self._stored, []
         return out
 
-
-def _farthest(tiers: list[int], windows: list[tuple[int, list[int]]]) -> list[int]:
-    """``tiers`` with each windowed shard's window (its first key, its keys' tiers) folded in: per key the farthest
-    tier any shard serves it from (RAM < DISK < PEER)."""
-    out = list(tiers)
-    for first, shard in windows:
-        for i, x in enumerate(shard, start=first):
-            if i < len(out):
-                out[i] = max(out[i], int(x))
-    return out

@@ -42,7 +42,7 @@ from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
 from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.stats import ConnectorCounters
+from connector.stats import ConnectorCounters, miss_summary
 from connector.worker import WorkerSide
 from kvstore.errors import ConfigError
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
@@ -89,6 +89,7 @@ class KVStoreStats(KVConnectorStats):
         out: dict[str, int | float] = dict(self.data)
         if self.data.get("lookup_tokens"):
             out["hit_rate"] = round(self.data.get("hit_tokens", 0) / self.data["lookup_tokens"], 4)
+        out.update(miss_summary(self.data))
         return out
 
     def is_empty(self) -> bool:
@@ -396,6 +397,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self._sched is not None:
             self._sched.hints.close()  # hints queued by finished requests are sent first
+            self._sched.misses.close()
         if self._worker is not None:
             self._worker.close()
         self.link.close()
