@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if base is not None:
         result["ram_only"] = {k: base[k] for k in ("hit_rate", "sim_hit_rate", "hit_rate_of_max", "prefill_reduction",
                                                    "belady_hit_rate", "lru_share_of_belady",
-                                                   "mismatched_requests", "tier_mismatches", "replay_s", "conditions")}
+                                                   "mismatched_requests", "tier_mismatches", "replay_s", "conditions",
+                                                   "misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")}
         print(f"RAM {fmt_tokens(head['capacity_tokens'])} alone: hit rate {base['hit_rate']:.4f} "
               f"({base['hit_rate_of_max']:.1%} of the maximum), prefill reduction {base['prefill_reduction']:.2f}x")
     if a.sweep:
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
                 "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "belady_hit_rate", "lru_share_of_belady",
-                "mismatched_requests", "tier_mismatches",
+                "mismatched_requests", "tier_mismatches", "misses_by_cause", "miss_causes_add_up",
                 "disk_reinserted_blocks", "disk_write_amplification", "load_gbps", "put_gbps", "requests_per_s",
                 "replay_s", "conditions")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),

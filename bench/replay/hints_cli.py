@@ -22,6 +22,7 @@ import sys
 import time
 
 from bench._common import print_table, progress
+from bench.replay.report import misses_text
 from bench.replay.run import Workload, run_point
 from bench.replay.tiers import StoreSpec, fmt_tokens
 from bench.replay.trace import BLOCK_TOKENS
@@ -83,11 +84,15 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
                 ["store (share of unique KV)", "policy", "hit rate", "prefill reduction", "of Belady"],
                 _rows(shares, points))
     head = points[0]
+    for share, p in zip(shares, points):
+        print(f"{share:.0%}: {misses_text(p)}")
     bad = all_mismatches(points)
     keep = HEADLINE + ("capacity_tokens", "disk_tokens", "store_share_of_unique", "hit_rate", "sim_hit_rate",
-                       "mismatched_requests", "tier_mismatches", "tier_checks", "conditions", "replay_s", "hint_s")
+                       "mismatched_requests", "tier_mismatches", "tier_checks", "conditions", "replay_s", "hint_s",
+                       "misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")
     result = {"trace": w.name, "cut": w.cut, "requests": len(w.requests), "share": shares[0],
               **{k: head[k] for k in HEADLINE},
+              **{k: head[k] for k in ("misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")},
               "targets": {"hint_gain": GAIN_TARGET, "hint_share_of_belady": SHARE_TARGET,
                           "hint_gain_met": head["hint_gain"] >= GAIN_TARGET,
                           "hint_share_of_belady_met": head["hint_share_of_belady"] >= SHARE_TARGET},

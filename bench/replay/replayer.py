@@ -23,6 +23,8 @@ Sync points, each making the daemon's result independent of thread timing (so st
   and no lease is held ("synced_writes"). Otherwise a block whose write is in flight is held (not evictable),
   and a next lookup could race with a write batch that reclaims the oldest segment. One Stats call answers
   both; its cost is measured (`settle_s`) and reported.
+- misses (miss_check.py): the daemon's misses_* counters are read before and after the run; the replay counts
+  the prefix Lookups that stopped short (`short_lookups`: at most one a request, its probe) to check them by.
 - hints (`hints=True`, hints.py): before a request's probe, the ends of Retains its timestamp passed; after its
   put (and the sync points above), the request's own hints, each one Client.hint call, in the order the model
   applies them. A hint is answered under the daemon's lock, so it needs no sync point of its own.
@@ -40,6 +42,7 @@ import numpy as np
 
 from bench.replay.hints import HintFeed, Send
 from bench.replay.keys import chain_keys, stamp, verify
+from bench.replay.miss_check import miss_deltas
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import Convention, Request
 from kvstore.client import Client
@@ -80,6 +83,8 @@ class ReplayResult:
     disk: dict[str, int] = field(default_factory=dict)  # the disk tier's Stats at the end (empty without one)
     hint_outcomes: dict[str, int] = field(default_factory=dict)  # hint_<action>_<outcome> -> keys, as answered
     hint_s: float = 0.0
+    short_lookups: int = 0  # prefix Lookups that stopped short (miss_check.py: what the daemon counts a cause for)
+    misses_by_cause: dict[str, int] = field(default_factory=dict)  # the daemon's misses_* counters, run deltas
 
 
 class _Rows:
@@ -152,11 +157,13 @@ def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Conventi
             print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "
                   f"({client.max_batch_keys}); the simulation may differ on it", file=sys.stderr)
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
+        before = dict(client.stats().counters)
         result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
                       feed=HintFeed() if hints else None)
         stats = client.stats()
         result.resident_blocks = stats.blocks
         result.counters = dict(stats.counters)
+        result.misses_by_cause = miss_deltas(before, result.counters)
         if stats.disk is not None:
             result.disk = {k: int(getattr(stats.disk, k)) for k in DISK_STATS}
         result.synced_leases = sync_leases
@@ -169,8 +176,9 @@ def wait_for_leases(client: Client, timeout_s: float = 10.0) -> None:
                what="the replay's leases to be released")
 
 
-def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...]]:
-    """client.lookup_prefix (same RPCs, same chunks), also returning which hit positions are on disk only."""
+def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...], int]:
+    """client.lookup_prefix (same RPCs, same chunks), also returning which hit positions are on disk only and
+    how many of its prefix Lookups stopped short (0 or 1: the probe stops at the first short chunk)."""
     n, on_disk = 0, []
     step = client.max_batch_keys
     for start in range(0, len(keys), step):
@@ -179,8 +187,8 @@ def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...]]
         on_disk += [start + i for i, t in enumerate(r.tiers[:r.num_prefix]) if t == Tier.DISK]
         n += r.num_prefix
         if r.num_prefix < len(part):
-            break
-    return n, tuple(on_disk)
+            return n, tuple(on_disk), 1
+    return n, tuple(on_disk), 0
 
 
 def _run(client: Client, requests: Sequence[Request], block_bytes: int, convention: Convention,
@@ -198,7 +206,8 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
             _send(client, feed.before(r), res)
         keys = chain_keys(r.cacheable_ids(convention))
         t0 = clock()
-        n, on_disk = _probe(client, keys) if keys else (0, ())
+        n, on_disk, short = _probe(client, keys) if keys else (0, (), 0)
+        res.short_lookups += short
         t1 = clock()
         if on_disk and settle is not None:
             settle.promotions()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.replay.tiers import fmt_tokens
 
-__all__ = ["Series", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title",
+__all__ = ["Series", "misses_text", "series_from_points", "markdown_table", "plot_sweep", "summary_rows", "summary_title",
            "conditions_text", "lock_step_text"]
 
 
@@ -101,6 +101,14 @@ def summary_title(p: dict) -> str:
             f"tokens, {p['bytes_per_token']} B/token")
 
 
+def misses_text(p: dict) -> str:
+    """The daemon's misses by cause (non-zero causes), against the replay's short prefix lookups."""
+    by = p.get("misses_by_cause", {})
+    causes = ", ".join(f"{c} {n:,}" for c, n in by.items() if n) or "none"
+    verdict = "add up" if p.get("miss_causes_add_up") else "DO NOT ADD UP"
+    return f"{causes} = {sum(by.values()):,} / {p.get('prefix_lookups_short', 0):,} ({verdict})"
+
+
 def _triple(p: dict, fmt: str, *keys: str) -> str:
     return " / ".join(format(p[k], fmt) for k in keys)
 
@@ -122,6 +130,7 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
     rows += [
         ("requests where store and simulator differ", str(p["mismatched_requests"])),
         ("counters where store and simulator differ", ", ".join(p.get("tier_mismatches", ())) or "none"),
+        ("misses by cause (daemon) / prefix lookups that stopped short", misses_text(p)),
         ("conditions", conditions_text(p["conditions"])),
         ("prefill tokens: no cache -> store (reduction)",
          f"{p['prefill_tokens_no_cache']:,} -> {p['prefill_tokens']:,} ({p['prefill_reduction']:.3f}x)"),

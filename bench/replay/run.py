@@ -12,7 +12,10 @@ into the CLI's exit status). `conditions` says what the daemon ran under and whe
 The ceiling (belady.py): Belady's offline rule over RAM + disk as one pool of the same blocks, so the store is
 read against the best any eviction could do there: `belady_hit_rate` and `belady_prefill_reduction`;
 `lru_hit_rate` and `lru_prefill_reduction` (the exact simulator's at this point: the store's policy) and
-`lru_share_of_belady`. `lru_pool_hit_rate` is a plain LRU over the same one pool (a RAM + disk store keeps
+`lru_share_of_belady`.
+
+Misses by cause (miss_check.py): `misses_by_cause` (the daemon's misses_* counters over the run),
+`prefix_lookups_short` (the replay's prefix Lookups that stopped short) and `miss_causes_add_up`. `lru_pool_hit_rate` is a plain LRU over the same one pool (a RAM + disk store keeps
 a disk copy of blocks that are also in RAM, so it holds fewer distinct blocks than the pool).
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from bench.replay.belady import BeladyPlan, belady, plan
 from bench.replay.hints import simulate_hinted
 from bench.replay.metrics import CostModel, HitFigures, capacity_model, disk_hit_tokens, hit_figures
+from bench.replay.miss_check import miss_figures
 from bench.replay.replayer import ReplayResult, memcpy_gbps, replay
 from bench.replay.sim import LRUTier, SimResult, infinite_cache, simulate
 from bench.replay.tiers import StoreSpec
@@ -204,6 +208,7 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
         "present_on_put": store.present_on_put, "sim_present_on_put": sim.present_on_put,
         "store_full": store.store_full, "sim_store_full": sim.store_full, "synced_leases": store.synced_leases,
         "verify_failures": store.verify_failures,
+        **miss_figures(store.misses_by_cause, store.short_lookups),
         "input_tokens": f.input_tokens, "prefill_tokens_no_cache": f.input_tokens, "prefill_tokens": f.prefill_tokens,
         "loaded_bytes": store.loaded_bytes, "stored_bytes": store.stored_bytes,
         "load_gbps": load_gbps, "put_gbps": _gbps(store.stored_bytes, store.put_s),

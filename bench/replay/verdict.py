@@ -5,13 +5,15 @@ difference is a finding, not noise: one request's hit count, one daemon counter 
 request whose disk-served positions differ, one loaded block whose content marks did not verify. A bug in
 the daemon, in the simulator, or a missing sync point; the figures of such a run are not the store's. Hit
 rates that agree to four decimals can hide differences that cancel out, hence request by request and
-counter by counter.
+counter by counter. Also a miss without its cause: the daemon's misses_* counters must add up to the
+replay's prefix lookups that stopped short (miss_check.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bench.replay.miss_check import miss_mismatch
 from bench.replay.tiers import fmt_tokens
 
 __all__ = ["EXIT_MISMATCH", "mismatches", "all_mismatches"]
@@ -38,6 +40,9 @@ def mismatches(p: dict) -> list[str]:
                    "than simulated")
     if p["verify_failures"]:
         out.append(f"{where}: {p['verify_failures']} loaded blocks failed their content marks")
+    missed = miss_mismatch(p)
+    if missed is not None:
+        out.append(f"{where}: {missed}")
     return out
 
 
