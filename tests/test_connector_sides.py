@@ -243,8 +243,10 @@ def test_a_prompt_saved_on_one_node_loads_on_another_through_the_peer_tier() -> 
         b = Side(cluster.nodes["b"].address, make_caches(41))
         again = Req("c2", list(req.prompt_token_ids))
         assert b.sched.num_new_matched_tokens(again, 0) == (96, True)
+        # b's own keys (pushed to it) come from RAM; a's from the peer, or from RAM when the probe's background
+        # fetch lands before its reply is built (a race, on a loaded machine): every hit token has one source
         served = {k: b.sched.counters.totals.get(f"served_tokens_{k}", 0) for k in ("vllm", "ram", "peer")}
-        assert served == {"vllm": 0, "ram": T * (12 - on_a_only), "peer": T * on_a_only}  # a's own: on the peer
+        assert served["vllm"] == 0 and served["ram"] + served["peer"] == 96 and served["ram"] >= T * (12 - on_a_only)
         after = cluster.counters("b")
         assert after["probe_calls"] - before["probe_calls"] == (1 if on_a_only else 0)
         assert after["prefetch_keys"] - before["prefetch_keys"] == on_a_only

@@ -8,6 +8,7 @@
 - sim.py          offline exact simulation: LRU RAM tier, segment-log disk tier (oldest segment reclaimed,
                   second chance for records read since written); the infinite-cache maximum
 - belady.py       the ceiling: Belady's offline farthest-next-use eviction over RAM + disk as one pool
+- miss_check.py   the daemon's misses by cause over a run, checked to add up to the probes that stopped short
 - replayer.py     the connector's lookup -> load -> put loop through a real daemon and client
 - metrics.py      hit rates, prefill reduction, the GPU-seconds capacity model, time-to-next-action
 - run.py          one capacity point: store + simulator -> one flat figures dict (with the run's conditions)
