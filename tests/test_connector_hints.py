@@ -21,10 +21,6 @@ from kvstore.hint_vocab import HintAction
 from kvstore.testing import wait_until
 from tests.connector_helpers import T, Req, Side, make_caches, prompt_tokens
 
-def needs_hint() -> None:
-    """Daemon-backed hints need Client.hint (issue 15, landing with its gRPC Hint)."""
-    if not callable(getattr(Client, "hint", None)):
-        pytest.skip("kvstore.client.Client.hint has not landed yet: hints cannot reach the daemon")
 
 
 @dataclass
@@ -184,7 +180,6 @@ def test_a_full_queue_drops_and_malformed_hints_are_logged_once(caplog: pytest.L
 # -- each action through a real daemon ---------------------------------------------------------------------------
 def test_each_action_through_kv_transfer_params(daemon) -> None:
     """12 stored blocks of one request: each action aimed at them (own blocks, keys, tokens, session)."""
-    needs_hint()
     s = Side(daemon.address, make_caches(403))
     prompt = prompt_tokens(100, start=706)
     keys = keys_of(prompt)
@@ -212,7 +207,6 @@ def test_each_action_through_kv_transfer_params(daemon) -> None:
 def test_a_released_session_is_evicted_first_under_pressure(make_daemon) -> None:
     """B stored, then A (LRU would evict B first); A's session released: the next 12 evictions take A's 12
     blocks and B keeps all of its."""
-    needs_hint()
     d = make_daemon(arena_bytes="4MiB", max_block_bytes="64KiB", high_watermark=1.0, low_watermark=1.0,
                     disk_bytes=0)
     s = Side(d.address, make_caches(404))
@@ -243,7 +237,6 @@ def tiers(c: Client, keys: list[bytes]) -> list[str | None]:
 def test_demote_then_prefetch_a_session_moves_it_between_ram_and_disk(make_daemon) -> None:
     """With a disk tier: demote the session's 12 blocks (written behind already: RAM freed now), prefetch them
     back before the next turn, then a retain longer than the daemon's hint_max_ttl_s (600 s) is clipped."""
-    needs_hint()
     d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB", disk_bytes="16MiB", disk_segment_bytes="4MiB",
                     disk_sync="none")
     s = Side(d.address, make_caches(405))

@@ -33,10 +33,6 @@ def misses(side: SchedulerSide) -> dict[str, float]:
     return {k: v for k, v in side.counters.totals.items() if k.startswith("miss_")}
 
 
-def needs_explain() -> None:
-    """Causes only the daemon knows need Client.explain (issue 15, landing with its gRPC Explain)."""
-    if not callable(getattr(Client, "explain", None)):
-        pytest.skip("kvstore.client.Client.explain has not landed yet: daemon-side miss causes cannot be asked")
 
 
 def keys_of(prompt: list[int]) -> list[bytes]:
@@ -64,7 +60,6 @@ def test_counter_names_cover_every_cause() -> None:
 
 # -- causes the daemon knows -----------------------------------------------------------------------------------
 def test_a_fresh_prompt_was_never_stored(daemon) -> None:
-    needs_explain()
     s = Side(daemon.address, make_caches(301))
     assert s.sched.num_new_matched_tokens(Req("n1", prompt_tokens(40, start=611)), 0) == (0, False)
     assert misses(s.sched) == {"miss_never_stored": 1}
@@ -73,7 +68,6 @@ def test_a_fresh_prompt_was_never_stored(daemon) -> None:
 
 
 def test_a_deleted_key_is_the_cause_of_a_partial_hit(daemon) -> None:
-    needs_explain()
     prompt = stored(daemon.address, 622)
     with Client(daemon.address) as c:
         assert c.delete(namespace_for(SPEC), keys_of(prompt)[3:4]) == 1
@@ -88,7 +82,6 @@ def test_a_deleted_key_is_the_cause_of_a_partial_hit(daemon) -> None:
 
 
 def test_the_same_prompt_under_another_cache_salt_is_held_by_another_namespace(daemon) -> None:
-    needs_explain()
     prompt = stored(daemon.address, 633, salt="tenant-a")
     s = Side(daemon.address, make_caches(303))
     assert s.sched.num_new_matched_tokens(Req("o1", prompt, cache_salt="tenant-b"), 0) == (0, False)
@@ -100,7 +93,6 @@ def test_the_same_prompt_under_another_cache_salt_is_held_by_another_namespace(d
 
 
 def test_the_same_prompt_under_another_model_is_held_by_another_namespace(daemon) -> None:
-    needs_explain()
     prompt = stored(daemon.address, 644)
     other = replace(SPEC, model="org/other")
     config = ConnectorConfig.from_extra({"address": daemon.address, "blocks_per_key": 2})
@@ -113,7 +105,6 @@ def test_the_same_prompt_under_another_model_is_held_by_another_namespace(daemon
 
 
 def test_keys_pushed_out_of_a_full_arena_were_evicted(make_daemon) -> None:
-    needs_explain()
     d = make_daemon(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0, disk_bytes=0)
     prompt = stored(d.address, 655)
     with Client(d.address) as c:
@@ -132,7 +123,6 @@ def test_keys_pushed_out_of_a_full_arena_were_evicted(make_daemon) -> None:
 def test_the_first_pipeline_stage_that_stops_short_is_asked(daemon) -> None:
     """Two stages hold the whole prompt; stage 1 loses key 3: the miss is stage 1's, deleted (a record of this
     namespace beats stage 0 holding the same key)."""
-    needs_explain()
     s0, s1 = replace(SPEC, num_layers=2, first_layer=0), replace(SPEC, num_layers=1, first_layer=2)
     stages = StageLayouts([s0, s1])
     config = ConnectorConfig.from_extra({"address": daemon.address, "blocks_per_key": 2})
@@ -156,7 +146,6 @@ def test_a_hybrid_models_miss_is_the_group_that_stops_short(daemon) -> None:
     saved in both. The sliding group loses key 4: a hit of 5 or 6 keys needs it, so 4 keys are served and the
     sliding group's key 4 is blamed. Then the full group loses key 3 (sliding keys 1, 2 cover a 3-key hit): the
     full group's key 3 is blamed."""
-    needs_explain()
     a = HybridSide(daemon.address, hybrid_caches(311, False), window_save="all")
     prompt, salt = prompt_tokens(PROMPT_LEN, start=788), "hybrid"
     a.prefill(Req("h0", prompt, cache_salt=salt), SRC_TABLES)
@@ -278,7 +267,6 @@ def test_one_cause_per_request_and_the_causes_add_up(daemon) -> None:
     """Five requests: a full hit (none), a fresh prompt, a deleted key, another salt, and a full hit whose load
     fails. A request's later lookups (after preemption) and a failed load after a short lookup count nothing
     more: 4 misses, one per request the store did not fully serve."""
-    needs_explain()
     whole, cut, salted = stored(daemon.address, 744), stored(daemon.address, 755), stored(daemon.address, 766, "z")
     with Client(daemon.address) as c:
         assert c.delete(namespace_for(SPEC), keys_of(cut)[6:7]) == 1

@@ -22,9 +22,6 @@ from .harness import SAMPLED, Harness, Tracked
 from .stored import PROMPT, chain_keys, daemon_keys
 
 
-def needs_hint() -> None:
-    if not callable(getattr(Client, "hint", None)):
-        pytest.skip("kvstore.client.Client.hint has not landed yet: hints cannot reach the daemon")
 
 
 def add(h: Harness, rid: str, prompt: list[int], *, kv_hints: KvHintsEnvelope | None = None,
@@ -72,7 +69,6 @@ WAYS = ["kv_hints", "kv_transfer_params"]
 def test_each_action(daemon, model_dir, way: str) -> None:
     """One request's hints: retain its own 6 blocks, pin 2 keys, prefetch a 48-token prefix (3 blocks), demote
     its session's chain (no disk tier: 6 rejected). vLLM's run is the plain one."""
-    needs_hint()
     h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
     keys = chain_keys(6, PROMPT)
     r1 = add(h, "r1", PROMPT, **hinted(way, [
@@ -95,7 +91,6 @@ def test_each_action(daemon, model_dir, way: str) -> None:
 def test_release_of_a_forked_session(daemon, model_dir, way: str) -> None:
     """Sub-agents a and b share a 64-token head (4 blocks) and end in their own 2 blocks. A third request ends
     a: only a's 2 private blocks are released, the shared head stays (b lives)."""
-    needs_hint()
     h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
     pa = PROMPT
     pb = PROMPT[:64] + [(5 * i + 1) % 1000 + 10 for i in range(36)]
