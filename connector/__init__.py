@@ -12,6 +12,7 @@
     pinning.py         which parts of an arena mapping are pinned for the GPU, kept true as slabs move
     keys.py            stable block keys: a chained xxh3-128 over token ids, the same in every process
     namespace.py       namespaces: blocks are exchanged only between identical KV layouts
+    background.py      a bounded queue drained by one idle-ending thread: store work off vLLM's threads
     groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save
     hints.py           agent hints: read from a request, aimed at a session's keys, sent off vLLM's thread
     link.py            a fail-soft handle on the daemon for code running inside vLLM

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from connector.background import Background
 from connector.keys import KeyChain
 from kvstore.hint_vocab import HintAction, HintOutcome
 
@@ -215,14 +215,11 @@ class HintSessions:
         thread ends after this long without a hint (the next one starts it again)."""
         self.link, self.counters = link, counters
         self.tokens_per_key, self.key_seed = tokens_per_key, key_seed
-        self.capacity, self.max_sessions, self.idle_s = capacity, max_sessions, idle_s
+        self.max_sessions = max_sessions
         self._chains: OrderedDict[str, tuple[tuple[str, ...], tuple[bytes, ...]]] = OrderedDict()
         self._refs: Counter[tuple[tuple[str, ...], bytes]] = Counter()  # (namespaces, key) -> live sessions
-        self._queue: deque[_Job] = deque()
-        self._cond = threading.Condition()
-        self._pending = 0
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        self._jobs: Background[_Job] = Background("kvstore-hints", self._run, capacity=capacity, idle_s=idle_s,
+                                                  one_at_a_time=True)
         self._logged: set[str] = set()
 
     # -- the scheduler's thread ------------------------------------------------------------------------
@@ -291,51 +288,27 @@ class HintSessions:
         self._submit(_Job(ns, keys, h.action, h.ttl_s))
 
     def _submit(self, job: _Job) -> None:
-        with self._cond:
-            full = self._closed or len(self._queue) >= self.capacity
-            if not full:
-                self._queue.append(job)
-                self._pending += 1
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="kvstore-hints", daemon=True)
-                    self._thread.start()
-                self._cond.notify_all()
-        if full:
+        if not self._jobs.submit(job):
             self.counters.add(hint_dropped=1)
-            self._log_once("dropped", "kvstore connector: the hint queue is full (%d); dropping hints", self.capacity)
+            self._log_once("dropped", "kvstore connector: the hint queue is full (%d); dropping hints",
+                           self._jobs.capacity)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued hint has run and been counted; False if ``timeout_s`` passed first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+        return self._jobs.flush(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Run what is queued (flush), then stop the thread."""
-        self.flush(timeout_s)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
+        self._jobs.close(timeout_s)
 
     # -- the background thread -------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed, timeout=self.idle_s)
-                if not self._queue:  # closed, or idle: a later hint starts a new thread
-                    self._thread = None
-                    return
-                job = self._queue.popleft()
+    def _run(self, jobs: list[_Job]) -> None:
+        for job in jobs:
             try:
                 self._send(job)
             except Exception:  # noqa: BLE001 - the thread must live on
                 self.counters.add(hint_failed=len(job.keys) * len(job.namespaces))
                 log.exception("kvstore connector: a %s hint failed", job.action.value)
-            with self._cond:
-                self._pending -= 1
-                self._cond.notify_all()
 
     def _send(self, job: _Job) -> None:
         """One Client.hint per shard namespace; one outcome counted per key and namespace."""

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from connector.background import Background
 from kvstore.vocab import Tier
 
 if TYPE_CHECKING:
@@ -84,14 +85,10 @@ class MissExplainer:
         a miss (the next one starts it again), so an idle or forgotten scheduler side holds no thread."""
         self.link = link
         self.counters = counters
-        self.capacity = capacity
-        self.idle_s = idle_s
         self.recent: deque[MissRecord] = deque(maxlen=recent)
-        self._queue: deque[tuple[str, MissTarget]] = deque()
-        self._cond = threading.Condition()
-        self._pending = 0          # queued or being explained, not yet counted
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        self._recent_lock = threading.Lock()
+        self._misses: Background[tuple[str, MissTarget]] = Background("kvstore-explain", self._run,
+                                                                      capacity=capacity, idle_s=idle_s)
         self._no_explain_logged = False
 
     # -- the scheduler's thread ------------------------------------------------------------------------
@@ -101,54 +98,38 @@ class MissExplainer:
 
     def submit(self, req_id: str, target: MissTarget) -> None:
         """Queue a miss for the daemon to explain; never blocks (a full queue counts it unexplained)."""
-        with self._cond:
-            if self._closed or len(self._queue) >= self.capacity:
-                full = True
-            else:
-                full = False
-                self._queue.append((req_id, target))
-                self._pending += 1
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="kvstore-explain", daemon=True)
-                    self._thread.start()
-                self._cond.notify_all()
-        if full:
+        if not self._misses.submit((req_id, target)):
             self.count(req_id, UNEXPLAINED)
+
+    @property
+    def capacity(self) -> int:
+        return self._misses.capacity
+
+    @capacity.setter
+    def capacity(self, n: int) -> None:
+        self._misses.capacity = n
+
+    @property
+    def running(self) -> bool:
+        """Whether the explain thread is alive (it ends when idle)."""
+        return self._misses.running
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued miss is counted; False if ``timeout_s`` passed first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+        return self._misses.flush(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Count what is queued (flush), then stop the thread."""
-        self.flush(timeout_s)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
+        self._misses.close(timeout_s)
 
     # -- the background thread -------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed, timeout=self.idle_s)
-                if not self._queue:  # closed, or idle: a later submit starts a new thread
-                    self._thread = None
-                    return
-                batch = list(self._queue)
-                self._queue.clear()
-            try:
-                records = self._explain(batch)
-            except Exception:  # noqa: BLE001 - the thread must live on; these misses stay unexplained
-                log.exception("kvstore connector: explaining %d misses failed", len(batch))
-                records = [MissRecord(rid, UNEXPLAINED) for rid, _ in batch]
-            self._count(records)
-            with self._cond:
-                self._pending -= len(batch)
-                self._cond.notify_all()
+    def _run(self, batch: list[tuple[str, MissTarget]]) -> None:
+        try:
+            records = self._explain(batch)
+        except Exception:  # noqa: BLE001 - the thread must live on; these misses stay unexplained
+            log.exception("kvstore connector: explaining %d misses failed", len(batch))
+            records = [MissRecord(rid, UNEXPLAINED) for rid, _ in batch]
+        self._count(records)
 
     def _explain(self, batch: Sequence[tuple[str, MissTarget]]) -> list[MissRecord]:
         """One explain call per namespace for every key of the batch it may lack; one record per miss."""
@@ -201,5 +182,5 @@ class MissExplainer:
         by_cause = Counter("miss_" + r.cause for r in records)
         if by_cause:
             self.counters.add(**by_cause)
-        with self._cond:
+        with self._recent_lock:  # the scheduler's thread and the explain thread both count
             self.recent.extend(records)

@@ -252,13 +252,13 @@ def test_the_explain_thread_ends_when_idle_and_starts_again(daemon) -> None:
     ex = MissExplainer(link, ConnectorCounters(), idle_s=0.05)
     ex.submit("i1", MissTarget(("ns",), b"k" * 16))
     assert ex.flush(10.0)
-    wait_until(lambda: ex._thread is None, what="the idle explain thread to end")
+    wait_until(lambda: not ex.running, what="the idle explain thread to end")
     ex.submit("i2", MissTarget(("ns",), b"k" * 16))
     assert ex.flush(10.0)
     assert ex.counters.totals == {"miss_unexplained": 2}
     assert [r.req_id for r in ex.recent] == ["i1", "i2"]
     ex.close()
-    assert ex._thread is None
+    assert not ex.running
     ex.submit("i3", MissTarget(("ns",), b"k" * 16))              # closed: counted at once
     assert ex.counters.totals == {"miss_unexplained": 3}
 
