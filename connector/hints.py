@@ -28,6 +28,13 @@ Release aimed at a session (or at keys/tokens) lets go only of keys no other liv
 sub-agents keep their shared head, the released branch's private tail goes first. Releasing a session ends it.
 At most ``max_sessions`` are remembered (the least recently used goes).
 
+Session notes: the daemon keeps a session book of its own (kvstore/engine/sessions.py) so that `kvstore explain
+--session S` can answer after the fact. Each time a named session's chain is set, and when a Release ends the
+session, a note goes on the same background queue as the hints (in order with them, never on vLLM's thread):
+one `Client.note_session` per shard namespace, with the chain's head of at most the client's max_batch_keys.
+Counted per namespace: ``session_noted``, ``session_note_failed`` (store down, an error, a client without
+note_session); a note lost to a full queue counts as ``hint_dropped``. Notes never raise into vLLM.
+
 Execution: each hint is one job (its shard namespaces, keys, action, ttl) on a bounded queue read by one
 background thread, which asks `Client.hint` once per shard namespace (every stage, TP rank and KV cache group)
 and counts one outcome per key and namespace: ``hint_accepted``, ``hint_clipped``, ``hint_deferred``,
@@ -70,7 +77,7 @@ _ACTIONS = ", ".join(a.value for a in HintAction)
 
 #: the connector's hint counters (connector/stats.py): one per outcome, then the ones only the connector knows
 HINT_COUNTERS: tuple[str, ...] = tuple("hint_" + o.value for o in HintOutcome) + (
-    "hint_malformed", "hint_failed", "hint_dropped", "hint_empty")
+    "hint_malformed", "hint_failed", "hint_dropped", "hint_empty", "session_noted", "session_note_failed")
 
 
 class HintError(ValueError):
@@ -201,8 +208,22 @@ class _Job:
     ttl_s: float
 
 
+@dataclass(frozen=True)
+class _Note:
+    """A session's chain (or its end) for the daemon's session book, one per shard namespace when sent."""
+
+    namespaces: tuple[str, ...]
+    session: str
+    keys: tuple[bytes, ...]  # () with ended: the book keeps the chain it has
+    ended: bool
+
+
 def _hint_call(ns: str, job: _Job) -> Callable[[Client], list[HintOutcome]]:
     return lambda c: c.hint(ns, list(job.keys), job.action, job.ttl_s)
+
+
+def _note_call(ns: str, note: _Note) -> Callable[[Client], bool]:
+    return lambda c: c.note_session(ns, note.session, list(note.keys[:c.max_batch_keys]), ended=note.ended)
 
 
 class HintSessions:
@@ -218,7 +239,7 @@ class HintSessions:
         self.max_sessions = max_sessions
         self._chains: OrderedDict[str, tuple[tuple[str, ...], tuple[bytes, ...]]] = OrderedDict()
         self._refs: Counter[tuple[tuple[str, ...], bytes]] = Counter()  # (namespaces, key) -> live sessions
-        self._jobs: Background[_Job] = Background("kvstore-hints", self._run, capacity=capacity, idle_s=idle_s,
+        self._jobs: Background[_Job | _Note] = Background("kvstore-hints", self._run, capacity=capacity, idle_s=idle_s,
                                                   one_at_a_time=True)
         self._logged: set[str] = set()
 
@@ -255,6 +276,7 @@ class HintSessions:
         self._refs.update((ns, k) for k in keys)
         while len(self._chains) > self.max_sessions:
             self._drop_session(next(iter(self._chains)))
+        self._submit(_Note(ns, session, keys, False))
 
     def _drop_session(self, session: str) -> None:
         old = self._chains.pop(session, None)
@@ -280,14 +302,15 @@ class HintSessions:
             held = self._chains.get(ending) if ending is not None else None
             mine = held[1] if held is not None else ()
             keys = tuple(k for k in keys if self._refs[(ns, k)] - (k in mine) <= 0)
-            if h.session is not None:
+            if h.session is not None and held is not None:
                 self._drop_session(h.session)
+                self._submit(_Note(held[0], h.session, (), True))
         if not keys:
             self.counters.add(hint_empty=1)
             return
         self._submit(_Job(ns, keys, h.action, h.ttl_s))
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _Job | _Note) -> None:
         if not self._jobs.submit(job):
             self.counters.add(hint_dropped=1)
             self._log_once("dropped", "kvstore connector: the hint queue is full (%d); dropping hints",
@@ -302,13 +325,36 @@ class HintSessions:
         self._jobs.close(timeout_s)
 
     # -- the background thread -------------------------------------------------------------------------
-    def _run(self, jobs: list[_Job]) -> None:
+    def _run(self, jobs: list[_Job | _Note]) -> None:
         for job in jobs:
+            if isinstance(job, _Note):
+                self._send_note(job)
+                continue
             try:
                 self._send(job)
             except Exception:  # noqa: BLE001 - the thread must live on
                 self.counters.add(hint_failed=len(job.keys) * len(job.namespaces))
                 log.exception("kvstore connector: a %s hint failed", job.action.value)
+
+    def _send_note(self, note: _Note) -> None:
+        """One Client.note_session per shard namespace; each counted noted or failed. Never raises."""
+        noted = failed = 0
+        for ns in note.namespaces:
+            try:
+                c = self.link.client
+                if c is not None and not callable(getattr(c, "note_session", None)):
+                    self._log_once("no-note", "kvstore connector: this kvstore client has no note_session(); "
+                                   "session notes are counted as session_note_failed")
+                    c = None
+                got = None if c is None else self.link.call(ns, _note_call(ns, note))
+            except Exception:  # noqa: BLE001 - the thread must live on
+                log.exception("kvstore connector: a session note failed")
+                got = None
+            if got is None:
+                failed += 1
+            else:
+                noted += 1
+        self.counters.add(**{k: v for k, v in (("session_noted", noted), ("session_note_failed", failed)) if v})
 
     def _send(self, job: _Job) -> None:
         """One Client.hint per shard namespace; one outcome counted per key and namespace."""

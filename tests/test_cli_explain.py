@@ -1,6 +1,7 @@
 """`kvstore explain` against one real daemon: keys from argv, --keys-file and --tokens-file (keyed like the vLLM
-connector, here computed independently with connector.keys), exact rows and summary, --json, and every bad input
-answered with a message and exit code 2.
+connector, here computed independently with connector.keys), or a session of the daemon's session book
+(--session, and `kvstore sessions`), exact rows and summary, --json, and every bad input answered with a message
+and exit code 2.
 
 Runs call `main([...])` in-process (output via capsys); each test uses its own namespace.
 """
@@ -17,7 +18,8 @@ import pytest
 from connector.keys import KeyChain, chain_root
 from kvstore.cli.main import main
 from kvstore.engine.misses import CAUSES
-from kvstore.testing import DaemonProcess
+from kvstore.testing import DaemonProcess, wait_until
+from kvstore.vocab import Tier
 from tests.tenant_helpers import A_NS, ALICE_TOKEN, BOB_TOKEN, secret
 
 pytestmark = pytest.mark.timeout(90)
@@ -194,3 +196,94 @@ def test_another_tenants_namespace_is_unknown_to_the_cli(tmp_path: Path, capsys)
         assert main(["--address", d.address, "--token-file", alice, "--json", "explain", A_NS,
                      "--tokens-file", str(f)]) == 0
         assert json.loads(capsys.readouterr().out)["summary"]["prefix_blocks"] == 1
+
+
+# -- --session: the daemon's session book ------------------------------------------------------------------------
+SESSION_TOKENS = list(range(2000, 2024))  # 24 tokens: 6 full blocks of 4
+BLOCK = b"v" * (1 << 20)
+
+
+@pytest.fixture(scope="module")
+def tiered() -> Iterator[DaemonProcess]:
+    """4 RAM slots of 1 MiB, a disk tier that admits a block only once it was used twice (seen:2), so a block
+    put once and evicted has no disk copy: it is gone ("evicted"), while a demoted one lives on disk."""
+    with DaemonProcess(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
+                       disk_bytes="16MiB", disk_segment_bytes="4MiB", disk_sync="none",
+                       disk_admission="seen:2") as d:
+        yield d
+
+
+def _session_walk(d: DaemonProcess) -> tuple[str, list[bytes]]:
+    """Session "walk" noted with 6 blocks: 0 on disk (demoted), 1 and 2 evicted by lru, 3 in RAM, 4 deleted,
+    5 never stored."""
+    ns, keys = _ns("walk"), _keys(tokens=SESSION_TOKENS)
+    with d.client() as c:
+        c.register_namespace(ns, tokens_per_block=TPB)
+        assert c.put_many(ns, keys[:4], [BLOCK] * 4).stored == 4          # RAM full: k0 k1 k2 k3
+        c.hint(ns, [keys[0]], "demote")                                   # k0 to disk, its RAM freed
+        wait_until(lambda: c.explain(ns, [keys[0]])[0].tier == Tier.DISK, what="block 0 demoted to disk")
+        c.put(ns, keys[4], BLOCK)                                         # the freed slot
+        c.register_namespace(ns + "-filler")
+        c.put_many(ns + "-filler", [b"x1", b"x2"], [BLOCK] * 2)           # evicts k1, k2 (least recently used)
+        assert c.delete(ns, [keys[4]]) == 1
+        assert c.note_session(ns, "walk", keys) is True
+    return ns, keys
+
+
+def test_session_walks_ram_disk_and_evicted_blocks_with_exact_causes(tiered: DaemonProcess, capsys) -> None:
+    ns, keys = _session_walk(tiered)
+    doc = _json(tiered, capsys, "explain", "--session", "walk")
+    assert doc["session"] == "walk" and len(doc["entries"]) == 1
+    [e] = doc["entries"]
+    assert (e["namespace"], e["ended"], e["tokens_per_block"]) == (ns, False, TPB)
+    blocks = e["blocks"]
+    assert [b["key"] for b in blocks] == [k.hex() for k in keys]
+    assert [b["tokens"] for b in blocks] == [[0, 4], [4, 8], [8, 12], [12, 16], [16, 20], [20, 24]]
+    assert [(b["tier"], b["cause"], b["policy"]) for b in blocks] == [
+        ("disk", None, None), ("none", "evicted", "lru"), ("none", "evicted", "lru"), ("ram", None, None),
+        ("none", "deleted", None), ("none", "never_stored", None)]
+    assert [b["age_s"] is None for b in blocks] == [True, False, False, True, False, True]
+    assert e["summary"] == {"blocks": 6, "by_tier": {"ram": 1, "disk": 1, "none": 4},
+                            "misses_by_cause": _no_misses(evicted=2, deleted=1, never_stored=1), "prefix_blocks": 1,
+                            "prefix_tokens": 4, "first_miss": {"index": 1, "cause": "evicted"}, "tail_tokens": 0}
+    # the table: the namespace given picks the entry (it must match); the summary line is exact
+    rc, out, err = _cli(tiered, capsys, "explain", ns, "--session", "walk")
+    assert (rc, err) == (0, "")
+    assert f"{ns}: session walk (live, noted " in out
+    assert out.rstrip().splitlines()[-1] == (
+        "6 block(s): ram 1, disk 1, missing 4; misses by cause: never_stored 1, evicted 2, deleted 1; a prefix "
+        "Lookup hits the first 1 of 6 (4 tokens); first miss: block 1, evicted")
+    assert "evicted (lru)" in out and "never_stored" in out
+    # the session ends: still explained, marked ended; `kvstore sessions` lists it
+    with tiered.client() as c:
+        assert c.note_session(ns, "walk", [], ended=True) is True
+    assert _json(tiered, capsys, "explain", "--session", "walk")["entries"][0]["ended"] is True
+    listed = [s for s in _json(tiered, capsys, "sessions", "--limit", "0")["sessions"] if s["session"] == "walk"]
+    assert [(s["namespace"], s["blocks"], s["ended"]) for s in listed] == [(ns, 6, True)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["explain", "--session", "nobody"], "no session 'nobody' in the daemon's session book: a session is noted"),
+    (["explain", "{other}", "--session", "known"], "no session 'known' in namespace '{other}'"),
+    (["explain", "explain-nobody", "--session", "known"], "unknown namespace 'explain-nobody': register it first"),
+    (["explain", "{ns}", "0102", "--session", "known"], "--session names the blocks itself: drop KEY_HEX"),
+    (["explain", "--session", "known", "--tokens-file", "t.txt"], "drop --tokens-file"),
+    (["explain", "--session", ""], "--session needs a session id"),
+    (["explain"], "give NAMESPACE (e.g. llama-3-8b@3f2a9c/default), or --session S"),
+    (["sessions", "--limit", "-1"], None),
+])
+def test_bad_session_input_is_a_clear_error_and_exit_code_2(daemon: DaemonProcess, capsys, args: list[str],
+                                                            message: str | None) -> None:
+    ns, other = _ns("sess"), _ns("other")
+    with daemon.client() as c:
+        c.register_namespace(ns)
+        c.register_namespace(other)
+        c.note_session(ns, "known", [b"\x01\x02"])
+    argv = [a.format(ns=ns, other=other) for a in args]
+    if message is None:  # an argparse usage error
+        with pytest.raises(SystemExit) as exc:
+            main(["--address", daemon.address, *argv])
+        assert exc.value.code == 2 and "use a whole number >= 0" in capsys.readouterr().err
+        return
+    rc, out, err = _cli(daemon, capsys, *argv)
+    assert (rc, out) == (2, "") and err.startswith("kvstore: error: ") and message.format(other=other) in err, err

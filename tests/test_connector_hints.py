@@ -16,9 +16,10 @@ from connector.link import StoreLink
 from connector.namespace import namespace_for
 from connector.scheduler import SchedulerSide
 from connector.stats import COUNTER_NAMES, ConnectorCounters
-from kvstore.client import Client
+from kvstore.client import Client, KeyExplanation
 from kvstore.hint_vocab import HintAction
 from kvstore.testing import wait_until
+from kvstore.vocab import Tier
 from tests.connector_helpers import T, Req, Side, make_caches, prompt_tokens
 
 
@@ -69,7 +70,8 @@ def finish(s: Side, req: HReq, blocks: list[int]) -> None:
 # -- parsing ---------------------------------------------------------------------------------------------------
 def test_counters_are_connector_counters() -> None:
     assert HINT_COUNTERS == ("hint_accepted", "hint_clipped", "hint_deferred", "hint_rejected", "hint_missing",
-                             "hint_malformed", "hint_failed", "hint_dropped", "hint_empty")
+                             "hint_malformed", "hint_failed", "hint_dropped", "hint_empty", "session_noted",
+                             "session_note_failed")
     assert set(HINT_COUNTERS) <= set(COUNTER_NAMES)
 
 
@@ -131,7 +133,8 @@ def test_malformed_hints_are_counted_and_the_run_is_unchanged(daemon) -> None:
 # -- sessions (no daemon: a store that is down fails each key sent, which counts exactly what was sent) ----------
 def test_release_of_a_session_keeps_the_head_another_live_session_shares() -> None:
     """s1 and s2 fork after 5 shared blocks (12 blocks each): releasing s1 sends its 7 private keys and ends s1;
-    releasing s2 then sends all 12 (no live session shares them any more)."""
+    releasing s2 then sends all 12 (no live session shares them any more). Each chain set and each session
+    ended is one session note per shard namespace (all failed here: the store is down)."""
     counters = ConnectorCounters()
     link = StoreLink("/nonexistent/kvstore.sock", timeout_s=1.0)
     hints = HintSessions(link, counters, tokens_per_key=T, key_seed=0)
@@ -146,16 +149,17 @@ def test_release_of_a_session_keeps_the_head_another_live_session_shares() -> No
     assert [hints.refs(["ns0"], k) for k in ka] == [2] * 5 + [1] * 7
     hints.finished(HReq("end1", [1], kv_transfer_params={"kvstore_hints": [{"action": "release", "session": "s1"}]}),
                    ["ns0"], [], chain_root(0))
-    assert hints.flush(10.0) and counters.totals == {"hint_failed": 7}
+    assert hints.flush(10.0) and counters.totals == {"hint_failed": 7, "session_note_failed": 2 + 1}
     assert hints.chain("s1") == () and [hints.refs(["ns0"], k) for k in kb] == [1] * 12
     hints.finished(HReq("end2", [1], kv_hints=Envelope("1", "m", [Action("x", "release", "1", {"session": "s2"})])),
                    ["ns0"], [], chain_root(0))
-    assert hints.flush(10.0) and counters.totals == {"hint_failed": 19}
+    assert hints.flush(10.0) and counters.totals == {"hint_failed": 19, "session_note_failed": 4}
     # an unknown session has no keys: counted empty, nothing sent; two shard namespaces: each key once per shard
     hints.finished(HReq("end3", [1], kv_transfer_params={"kvstore_session": "s5", "kvstore_hints": [
         {"action": "retain", "ttl_s": 1, "session": "gone"}, {"action": "prefetch"}]}),
         ["ns0", "ns1"], ka[:2], chain_root(0))
-    assert hints.flush(10.0) and counters.totals == {"hint_failed": 19 + 2 * 2, "hint_empty": 1}
+    assert hints.flush(10.0) and counters.totals == {"hint_failed": 19 + 2 * 2, "hint_empty": 1,
+                                                     "session_note_failed": 4 + 2}
     assert hints.chain("s5") == tuple(ka[:2])
     hints.close()
 
@@ -259,4 +263,44 @@ def test_demote_then_prefetch_a_session_moves_it_between_ram_and_disk(make_daemo
         got = c.stats().counters
     assert {k: v for k, v in got.items() if k.startswith("hint_") and v} == {
         "hint_demote_accepted": 12, "hint_prefetch_accepted": 12, "hint_retain_clipped": 12}
+    s.close()
+
+
+# -- session notes: the daemon's session book (kvstore explain --session) ----------------------------------------
+def note_counts(sched: SchedulerSide) -> dict[str, float]:
+    assert sched.hints.flush(timeout_s=20.0), "the hint thread did not finish its queue in 20 s"
+    return {k: v for k, v in sched.counters.totals.items() if k.startswith("session_")}
+
+
+def test_session_notes_reach_the_daemon_and_explain_follows_the_session(make_daemon) -> None:
+    """A request of session "na" with no hint at all: its 12 stored keys become the daemon's entry (all in RAM);
+    a Release of "na" marks the entry ended (kept, same chain); under pressure the released blocks go first and
+    the same entry then explains all 12 as evicted by lru. A session with no stored keys is never noted."""
+    d = make_daemon(arena_bytes="4MiB", max_block_bytes="64KiB", high_watermark=1.0, low_watermark=1.0,
+                    disk_bytes=0)
+    s = Side(d.address, make_caches(406))
+    a = HReq("n1", prompt_tokens(100, start=711), kv_transfer_params={"kvstore_session": "na"})
+    keys = tuple(keys_of(a.prompt_token_ids))
+    finish(s, a, list(range(25)))
+    assert note_counts(s.sched) == {"session_noted": 1}
+    with Client(d.address) as c:
+        [e] = c.explain_session("na")
+        assert (e.session, e.namespace, e.keys, e.ended) == ("na", ns(), keys, False)
+        assert e.explanations == (KeyExplanation(Tier.RAM),) * 12
+        s.sched.request_finished(HReq("empty", [1], kv_transfer_params={"kvstore_session": "nb"}))  # no block
+        s.sched.request_finished(HReq("end", [1], kv_transfer_params={"kvstore_hints": [
+            {"action": "release", "session": "na"}]}))
+        assert note_counts(s.sched) == {"session_noted": 2}
+        assert hint_counts(s.sched) == {"hint_accepted": 12}
+        [e] = c.explain_session("na")
+        assert (e.keys, e.ended, e.explanations) == (keys, True, (KeyExplanation(Tier.RAM),) * 12)
+        assert [(i.session, i.blocks, i.ended) for i in c.sessions()[0]] == [("na", 12, True)]
+        size = len(s.caches) * 2 * 2 * 4 * 2 * 8 * 2  # one stored block (see the released-session test)
+        c.register_namespace("filler")
+        n = 0
+        while c.stats().counters["evictions"] < 12:
+            c.put_many("filler", [b"f%d" % n], [b"x" * size])
+            n += 1
+        [e] = c.explain_session("na")
+        assert [(x.tier, x.cause, x.policy) for x in e.explanations] == [(Tier.NONE, "evicted", "lru")] * 12
     s.close()

@@ -5,7 +5,11 @@ The keys come from argv or --keys-file (hex, one per line), or from a prompt's t
 namespace's registered tokens_per_block, rooted at chain_root(--key-seed, --lora-name)). A trailing part block
 has no key (the connector stores full blocks only) and is left out.
 
-Only the Explain RPC is used: like `inspect`, explaining must not change what it explains, so nothing is counted
+With --session S the keys are the chain the daemon's session book holds for S (kvstore/engine/sessions.py: the
+vLLM connector notes each session's latest finished request, one entry per shard namespace; the ExplainSession
+RPC explains each), one table and summary per entry; NAMESPACE, when given, picks that entry.
+
+Only the Explain RPC is used (ExplainSession with --session): like `inspect`, explaining must not change what it explains, so nothing is counted
 as a lookup, no block is refreshed in the eviction order and no disk block is promoted. The "leading hits" of the
 summary are the blocks a prefix Lookup would find now (RAM or disk): the part of the prompt the store would
 serve. Exit code 0 whenever the daemon answered: misses are part of the report, not a failure.
@@ -25,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvstore.cli import render
+from kvstore.cli.commands import CommandError
 from kvstore.cli.keys_input import (add_key_arguments, chain_keys, parse_hex_key, read_keys_file, read_tokens_file,
                                     resolve_keys)
 from kvstore.client import Client, KeyExplanation
@@ -43,6 +48,11 @@ where its key lives now in NAMESPACE (ram or disk) or, when it is absent, why: o
 Then a summary: blocks by tier, misses by cause, and where the leading run of hits ends (what a prefix Lookup
 would serve now; the first miss there is the one that cost the request its cache). Read-only: it counts no
 lookup, refreshes no block in the eviction order and promotes nothing.
+
+With --session S the blocks are those of session S's latest finished request, as the vLLM connector noted
+them in the daemon's session book (a request names its session with kv_transfer_params {"kvstore_session": S}):
+one table per namespace holding the session (each shard of a tensor-parallel model has its own), or only
+NAMESPACE's when given. `kvstore sessions` lists the sessions the book holds.
 
 With --tokens-file the keys are the vLLM connector's: full blocks of the namespace's registered tokens_per_block,
 chained from --key-seed (the connector's key_seed, default 0) and --lora-name (the request's LoRA, if any)."""
@@ -68,7 +78,9 @@ reading it:
 examples:
   kvstore explain llama-3-8b@3f2a9c/default --tokens-file prompt.json
   kvstore explain myns --keys-file keys.txt --json
-  kvstore explain myns 9f86d081884c7d659a2feaa0c55ad015"""
+  kvstore explain myns 9f86d081884c7d659a2feaa0c55ad015
+  kvstore explain --session agent-42
+  kvstore explain llama-3-8b@3f2a9c/default --session agent-42 --json"""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,10 @@ def summarize(rows: list[Row], tokens_per_block: int | None, tail_tokens: int = 
 
 
 def run(client: Client, args: argparse.Namespace) -> int:
+    if args.session is not None:
+        return _run_session(client, args)
+    if not args.namespace:
+        raise CommandError("give NAMESPACE (e.g. llama-3-8b@3f2a9c/default), or --session S to explain a session")
     given = resolve_keys(client, args)
     keys, spans, tpb, tail = given.keys, given.spans, given.tokens_per_block, given.tail_tokens
     explained = client.explain(args.namespace, keys)
@@ -147,9 +163,37 @@ def run(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(namespace: str, rows: list[Row], summary: Summary) -> None:
+def _run_session(client: Client, args: argparse.Namespace) -> int:
+    """--session: each entry of the session (one per shard namespace) as its own table and summary."""
+    other = [n for n, v in (("KEY_HEX", args.keys), ("--keys-file", args.keys_file),
+                            ("--tokens-file", args.tokens_file)) if v]
+    if other:
+        raise CommandError(f"--session names the blocks itself: drop {' and '.join(other)}")
+    if not args.session:
+        raise CommandError("--session needs a session id (the request's kv_transfer_params 'kvstore_session')")
+    entries = client.explain_session(args.session, args.namespace or "")
+    tpb = {n.name: n.tokens_per_block or None for n in client.stats().namespaces}
+    docs: list[dict[str, Any]] = []
+    for e in entries:
+        per = tpb.get(e.namespace)  # a session chain starts at token 0: block i covers [i*tpb, (i+1)*tpb)
+        rows = [Row(i, k, x, (i * per, (i + 1) * per) if per else None)
+                for i, (k, x) in enumerate(zip(e.keys, e.explanations))]
+        summary = summarize(rows, per)
+        state = "ended" if e.ended else "live"
+        if args.json:
+            docs.append({"namespace": e.namespace, "ended": e.ended, "age_s": round(e.age_s, 3),
+                         "tokens_per_block": per, "blocks": [r.doc() for r in rows], "summary": summary.doc()})
+        else:
+            _print(e.namespace, rows, summary,
+                   f"{e.namespace}: session {e.session} ({state}, noted {render.human_age(e.age_s)} ago)")
+    if args.json:
+        render.emit_json({"session": args.session, "entries": docs})
+    return 0
+
+
+def _print(namespace: str, rows: list[Row], summary: Summary, title: str = "") -> None:
     c = Console(file=sys.stdout, highlight=False)
-    t = Table(title=Text(f"{namespace}: {len(rows)} block(s)"), title_justify="left")
+    t = Table(title=Text(f"{title or namespace}: {len(rows)} block(s)"), title_justify="left")
     with_tokens = rows[0].tokens is not None
     t.add_column("#", justify="right")
     if with_tokens:
@@ -176,8 +220,11 @@ def add_parser(sub: Any, add_globals: Callable[[argparse.ArgumentParser, bool], 
     sp: argparse.ArgumentParser = sub.add_parser(
         "explain", help="why a request's blocks missed: block by block, where each lives or why not",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("namespace", metavar="NAMESPACE", help="namespace name, e.g. llama-3-8b@3f2a9c/default")
+    sp.add_argument("namespace", metavar="NAMESPACE", nargs="?", default=None,
+                    help="namespace name, e.g. llama-3-8b@3f2a9c/default (optional with --session)")
     add_key_arguments(sp)
+    sp.add_argument("--session", metavar="S", default=None,
+                    help="explain session S's latest finished request (the daemon's session book; see above)")
     add_globals(sp, False)
     return sp
 

@@ -29,6 +29,7 @@ from kvstore.client.control import ControlPlane, FastControl, GrpcControl
 from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
+from kvstore.client.sessions import SessionCalls  # note_session, explain_session, sessions
 from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, PutResult, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
 from kvstore.hint_vocab import HintAction, HintOutcome
@@ -44,7 +45,7 @@ _MODES = ("auto", "arena", "stream")
 _CONTROLS = ("auto", "fast", "grpc")
 
 
-class Client:
+class Client(SessionCalls):
     """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`.
 
     `copy_threads` splits each batched arena copy over that many threads (by bytes; copies under 1 MiB stay

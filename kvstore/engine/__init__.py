@@ -25,7 +25,8 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     results.py       value objects the engine returns (ReserveResult, LookupResult, EngineStats, ...)
     counters.py      Counters: the named monotonic counters Stats reports
     config.py        EngineConfig
+    sessions.py      SessionBook: each agent session's latest chain of keys (own lock; the servicer holds it)
 
-Every part below engine.py is called under the engine's lock and has no lock of its own; none imports
-engine.py (tests/test_import_graph.py holds the graph free of cycles).
+Every part below engine.py but sessions.py is called under the engine's lock and has no lock of its own; none
+imports engine.py (tests/test_import_graph.py holds the graph free of cycles).
 """

@@ -9,6 +9,7 @@
     ops.py             the hot operations' semantics, once, for both front ends: tenant checks, engine call,
                        arena transfer windows
     arena_windows.py   arena transfers as the daemon sees them (Reserve -> Commit, lease -> Release), timed
+    session_ops.py     the session book's RPCs: checks, tenancy, each session's chain explained
     info.py            facts clients need about this daemon: identity, host, arena layout
     auth.py            bearer-token interceptor in front of every RPC when `tokens_file` is set
     tenancy.py         a namespace belongs to the tenant that registered it; per-RPC ownership checks

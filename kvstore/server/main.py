@@ -42,6 +42,7 @@ from kvstore.server.fast_server import FastServer, fast_socket_path
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
+from kvstore.engine.sessions import SessionBook
 from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
@@ -139,7 +140,8 @@ class Daemon:
                              interceptors=interceptors)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
-                                 transfers=self.transfers, guard=self.guard, tenants=self.tenants)
+                                 transfers=self.transfers, guard=self.guard, tenants=self.tenants,
+                                 sessions=SessionBook(cfg.session_book_max, cfg.session_book_keys))
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:

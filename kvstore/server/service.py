@@ -23,12 +23,14 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.results import KeyRecord
+from kvstore.engine.sessions import SessionBook
 from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
 from kvstore.pbmap import to_message
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
 from kvstore.server.ops import ControlOps
+from kvstore.server.session_ops import SessionOps, session_explanation, session_info
 from kvstore.server.tenancy import TenantGuard
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.tiers.disk.types import DiskStats
@@ -79,7 +81,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine, arena_view: np.ndarray, info: NodeInfo,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
                  transfers: TransferMeter | None = None, guard: TenantGuard | None = None,
-                 tenants: TenantUsage | None = None, ops: ControlOps | None = None) -> None:
+                 tenants: TenantUsage | None = None, ops: ControlOps | None = None,
+                 sessions: SessionBook | None = None) -> None:
         self._engine = engine
         self._guard = guard if guard is not None else TenantGuard(engine)  # tenancy.py: per-RPC ownership checks
         self._tenants = tenants if tenants is not None else TenantUsage(self._guard.owner_of, TenantQuotas(),
@@ -91,6 +94,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._transfers = transfers if transfers is not None else TransferMeter()
         # the hot operations' semantics, shared with the same-node fast path (ops.py, fast_server.py)
         self.ops = ops if ops is not None else ControlOps(engine, self._guard, ArenaWindows(self._transfers))
+        self.sessions = SessionOps(sessions if sessions is not None else SessionBook(), self.ops,
+                                   engine.config.max_batch_keys)  # session_ops.py: the session book's RPCs
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -179,6 +184,23 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def Hint(self, request: pb.HintRequest, context: grpc.ServicerContext) -> pb.HintResponse:
         return pb.HintResponse(outcomes=self.ops.hint(request.namespace, request.keys, request.action,
                                                       request.ttl_s))
+
+    @_rpc
+    def NoteSession(self, request: pb.NoteSessionRequest, context: grpc.ServicerContext) -> pb.NoteSessionResponse:
+        kept = self.sessions.note(request.namespace, request.session, list(request.keys), request.ended)
+        return pb.NoteSessionResponse(known=kept is not None, kept=kept or 0)
+
+    @_rpc
+    def ExplainSession(self, request: pb.ExplainSessionRequest,
+                       context: grpc.ServicerContext) -> pb.ExplainSessionResponse:
+        return pb.ExplainSessionResponse(entries=[session_explanation(x)
+                                                  for x in self.sessions.explain(request.session, request.namespace)])
+
+    @_rpc
+    def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.ServicerContext) -> pb.ListSessionsResponse:
+        shown, total = self.sessions.listing(request.limit)
+        return pb.ListSessionsResponse(sessions=[session_info(e, age) for e, age in shown], total=total,
+                                       max_sessions=self.sessions.book.max_sessions)
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

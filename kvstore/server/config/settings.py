@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from kvstore.engine.config import EngineConfig
+from kvstore.engine.sessions import check_book_limits
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.peer.cluster import COPIES, PLANES, PeerConfig
 from kvstore.policies import POLICY_NAMES
@@ -94,6 +95,11 @@ class ServerConfig:
                                "when and why, to give each miss a cause (~200 bytes a key); 0 keeps none", 262144)
     hint_max_ttl_s: float = _s("engine", "longest Retain or Pin an agent hint may ask for, in seconds; a longer "
                                "ttl is clipped to it (outcome 'clipped')", 600.0)
+    session_book_max: int = _s("engine", "agent sessions (x shard namespaces) whose latest chain of keys the daemon "
+                               "keeps for `kvstore explain --session` (the vLLM connector notes them); the least "
+                               "recently noted goes first; ~400 bytes each plus keys; 0 keeps none", 4096)
+    session_book_keys: int = _s("engine", "keys over all sessions of the session book (~60-110 bytes a key); the "
+                                "least recently noted sessions go to make room", 262144)
     grpc_workers: int = _s("listeners", "gRPC server threads (event subscribers hold one each)", 16)
     max_subscribers: int = _s("listeners", "most concurrent KV-event subscribers", 4)
     etcd_endpoints: str = _s("peer", "peer tier: comma-separated etcd v3 client URLs (https://host:2379 with "
@@ -232,4 +238,5 @@ class ServerConfig:
         security.check_security(self)
         security.check_etcd(self)
         security.check_metrics_labels(self)
+        check_book_limits(self.session_book_max, self.session_book_keys)
         return self
