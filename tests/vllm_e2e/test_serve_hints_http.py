@@ -8,6 +8,8 @@ vLLM's own prefix cache reset before every turn so every cached token comes from
 1. the session without hints: it stores the blocks, and its greedy tokens are the reference;
 2. the same turns with ``kvstore_session`` and hints (pin own blocks, retain the session, release the session):
    the same tokens, and the daemon's engine counters ``hint_<action>_<outcome>`` move by exact key counts;
+   `kvstore explain --session A` then answers the keys of the session's last turn (the connector noted them in
+   the daemon's session book), marked ended by the release;
 3. turn 1 again with malformed hints only (same tokens, no counter moves, one warning in the server's log
    naming each problem: the connector's own counters reach vLLM's stats logger only), then with prefetch + demote (the
    daemon has no disk tier: demote is rejected key by key). Hints run in order on the connector's one
@@ -17,6 +19,7 @@ vLLM's own prefix cache reset before every turn so every cached token comes from
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -27,6 +30,7 @@ from bench.serve.model import write_model
 from bench.serve.procs import ProcessSet
 from bench.serve.servers import SERVED_NAME, VllmSpec, kvstore_connector, start_vllm, wait_vllm
 from connector.keys import KeyChain, chain_root
+from kvstore.cli.main import main
 from kvstore.client import Client
 from kvstore.hint_vocab import HINT_COUNTER_NAMES
 from kvstore.testing import DaemonProcess
@@ -85,7 +89,7 @@ def _wait_counts(c: Client, want: dict[str, int], timeout_s: float = 60.0) -> di
     return got
 
 
-def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_path) -> None:
+def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_path, capsys) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
         spec = VllmSpec("hints", model, BLOCK, 2048, kvstore_connector(d.address, save="all", blocks_per_key=1),
@@ -120,6 +124,10 @@ def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_pat
             infos = [i for i in c.describe(ns, keys) if i is not None]
             explained = c.explain(ns, keys)
             stats = c.stats()
+            capsys.readouterr()
+            assert main(["--address", d.address, "--json", "explain", "--session", "A"]) == 0
+            by_session = json.loads(capsys.readouterr().out)
+
 
     assert [len(p) for p in prompts] == [SYSTEM, SYSTEM + OUT + TOOL, SYSTEM + 2 * (OUT + TOOL)]
     # every turn after a reset hits the store for what it can: pass 1 from its own previous turns, later all
@@ -134,6 +142,12 @@ def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_pat
     assert [i.pins for i in infos] == [1] * 4 + [0] * 4
     assert stats.pinned_bytes == sum(i.size for i in infos[:4])
     assert [e.present for e in explained] == [True] * 8
+    # `kvstore explain --session A`: the daemon's session book holds the keys of A's last turn (noted by the
+    # connector when it finished), marked ended by its release; all 8 in RAM
+    [entry] = by_session["entries"]
+    assert (entry["namespace"], entry["ended"], entry["tokens_per_block"]) == (ns, True, BLOCK)
+    assert [(b["key"], b["tier"]) for b in entry["blocks"]] == [(k.hex(), "ram") for k in keys]
+    assert entry["summary"]["prefix_blocks"] == 8 and entry["summary"]["first_miss"] is None
     # the connector dropped the malformed turn's hints with one warning that says what to send instead
     with open(tmp_path / "hints.log", errors="replace") as f:
         dropped = [line.split(": dropped malformed hint(s): ", 1)[1].strip() for line in f
