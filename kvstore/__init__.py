@@ -48,6 +48,7 @@ from kvstore.errors import (
     UnauthenticatedError,
     UnknownNamespaceError,
     UnknownReservationError,
+    UnknownSessionError,
 )
 
 __all__ = [
@@ -55,5 +56,5 @@ __all__ = [
     "Client", "Health", "KeyInfo", "Lease", "NamespaceInfo", "PutResult", "Reservation", "Stats",
     "KVStoreError", "ConfigError", "StoreUnavailableError", "InvalidRequestError", "BatchTooLargeError",
     "UnknownNamespaceError", "UnknownReservationError", "ReservationClosedError", "ConflictError",
-    "StoreFullError", "IntegrityError", "UnauthenticatedError", "PermissionDeniedError",
+    "StoreFullError", "IntegrityError", "UnauthenticatedError", "PermissionDeniedError", "UnknownSessionError",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "IntegrityError",
     "UnauthenticatedError",
     "PermissionDeniedError",
+    "UnknownSessionError",
     "error_for_reason",
 ]
 
@@ -111,6 +112,13 @@ class PermissionDeniedError(KVStoreError):
     grpc_code = "PERMISSION_DENIED"
 
 
+class UnknownSessionError(KVStoreError):
+    """A session the daemon's session book does not hold (never noted, or forgotten): NOT_FOUND."""
+
+    reason = "unknown_session"
+    grpc_code = "NOT_FOUND"
+
+
 _BY_REASON: dict[str, type[KVStoreError]] = {
     cls.reason: cls
     for cls in (
@@ -127,6 +135,7 @@ _BY_REASON: dict[str, type[KVStoreError]] = {
         IntegrityError,
         UnauthenticatedError,
         PermissionDeniedError,
+        UnknownSessionError,
     )
 }
 

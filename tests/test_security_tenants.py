@@ -92,6 +92,7 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
     assert alice.put(A_NS, b"k0", b"alice's secret" * 100)
     assert alice.put(A_NS, b"k1", b"more" * 100)
     alice.pin(A_NS, [b"k1"])
+    assert alice.note_session(A_NS, "alice-s", [b"k0", b"k1"])
     ch, stub = raw_stub(daemon.address)
     a_md, b_md = _md(ALICE_TOKEN), _md(BOB_TOKEN)
     rid = stub.Reserve(pb.ReserveRequest(namespace=A_NS, keys=[b"r"], sizes=[100]), metadata=a_md).reservation_id
@@ -132,6 +133,13 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
                                        pb.PutChunk(data=b"abc")]), metadata=b_md),
                 C.NOT_FOUND, "unknown_namespace", unknown),
         "Get": (lambda: list(stub.Get(keys, metadata=b_md)), C.NOT_FOUND, "unknown_namespace", unknown),
+        "NoteSession": (lambda: stub.NoteSession(pb.NoteSessionRequest(namespace=A_NS, session="alice-s",
+                                                                       keys=[b"k0"]), metadata=b_md),
+                        C.NOT_FOUND, "unknown_namespace", unknown),
+        "ExplainSession": (lambda: stub.ExplainSession(pb.ExplainSessionRequest(session="alice-s"), metadata=b_md),
+                           C.NOT_FOUND, "unknown_session", "no session 'alice-s' in the daemon's session book"),
+        "ListSessions": (lambda: _no_sessions(stub.ListSessions(pb.ListSessionsRequest(), metadata=b_md)), C.OK, "",
+                         ""),
         "Subscribe": (lambda: next(iter(stub.Subscribe(pb.SubscribeRequest(namespaces=[A_NS]), metadata=b_md))),
                       C.NOT_FOUND, "unknown_namespace", unknown),
     }
@@ -154,6 +162,9 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
         assert alice.get(A_NS, b"k0") == b"alice's secret" * 100
         assert [k.pins for k in alice.describe(A_NS, [b"k0", b"k1"])] == [0, 1]  # bob's Hint pinned nothing
         assert {n.name for n in alice.stats().namespaces} == {A_NS}
+        # bob's NoteSession recorded nothing: alice's session still holds her two keys
+        assert [(e.session, e.namespace, list(e.keys)) for e in alice.explain_session("alice-s")] == [
+            ("alice-s", A_NS, [b"k0", b"k1"])]
     finally:
         ch.close()
         alice.close()
@@ -162,6 +173,10 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
 
 def _released_none(r: pb.ReleaseResponse) -> None:
     assert r.released == 0
+
+
+def _no_sessions(r: pb.ListSessionsResponse) -> None:
+    assert list(r.sessions) == [] and r.total == 0  # alice's session is not bob's to see, not even counted
 
 
 def _no_foreign(r: pb.StatsResponse) -> None:

@@ -11,7 +11,8 @@ import pytest
 from kvstore import Client
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import KeyExplanation
-from kvstore.errors import BatchTooLargeError, ConfigError, InvalidRequestError, KVStoreError, UnknownNamespaceError
+from kvstore.errors import (BatchTooLargeError, ConfigError, InvalidRequestError, UnknownNamespaceError,
+                            UnknownSessionError)
 from kvstore.server.config import ServerConfig
 from kvstore.testing import DaemonProcess, raw_stub
 from kvstore.vocab import Tier
@@ -107,14 +108,14 @@ def test_an_unknown_session_is_not_found_with_how_to_fix_it(make_daemon) -> None
         c.register_namespace(TP0)
         c.register_namespace(TP1)
         c.note_session(TP0, "known", [b"k"])
-        with pytest.raises(KVStoreError) as err:
+        with pytest.raises(UnknownSessionError) as err:  # the exact class on the client, from the wire reason
             c.explain_session("nobody")
         assert str(err.value) == (
             "no session 'nobody' in the daemon's session book: a session is noted when a request carrying "
             "kv_transfer_params {'kvstore_session': 'nobody'} finishes (the vLLM connector notes it), or by "
             "Client.note_session; the book keeps the latest session_book_max, so an old one may be forgotten. "
             "`kvstore sessions` lists what it holds")
-        with pytest.raises(KVStoreError, match="no session 'known' in namespace 'sess/tp1'"):
+        with pytest.raises(UnknownSessionError, match="no session 'known' in namespace 'sess/tp1'"):
             c.explain_session("known", TP1)
     channel, stub = raw_stub(d.address)  # the status and reason on the wire
     with pytest.raises(grpc.RpcError) as raw:
@@ -151,7 +152,7 @@ def test_a_tenant_sees_only_its_own_sessions(tenants) -> None:
         assert [(e.namespace, e.keys) for e in alice.explain_session("shared-id")] == [(A_NS, (b"a",))]
         assert [(e.namespace, e.keys) for e in bob.explain_session("shared-id")] == [(B_NS, (b"b",))]
         alice.note_session(A_NS, "alice-only", [b"a"])
-        with pytest.raises(KVStoreError, match="no session 'alice-only' in the daemon's session book"):
+        with pytest.raises(UnknownSessionError, match="no session 'alice-only' in the daemon's session book"):
             bob.explain_session("alice-only")
         with pytest.raises(UnknownNamespaceError, match="unknown namespace 'model@abc/alice'"):
             bob.note_session(A_NS, "x", [b"k"])

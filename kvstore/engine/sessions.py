@@ -27,21 +27,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError
+from kvstore.errors import ConfigError, InvalidRequestError
 
-__all__ = ["SessionBook", "SessionEntry", "UnknownSessionError", "check_session_id", "check_book_limits",
+__all__ = ["SessionBook", "SessionEntry", "check_session_id", "check_book_limits",
            "MAX_SESSION_CHARS", "MAX_BOOK_SESSIONS", "MAX_BOOK_KEYS"]
 
 MAX_SESSION_CHARS = 256
 MAX_BOOK_SESSIONS = 1 << 20
 MAX_BOOK_KEYS = 1 << 24
-
-
-class UnknownSessionError(KVStoreError):
-    """A session the book does not hold (never noted, or forgotten): NOT_FOUND."""
-
-    reason = "unknown_session"
-    grpc_code = "NOT_FOUND"
 
 
 @dataclass(frozen=True)

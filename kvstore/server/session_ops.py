@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.engine.misses import KeyExplanation
-from kvstore.engine.sessions import SessionBook, SessionEntry, UnknownSessionError, check_session_id
+from kvstore.engine.sessions import SessionBook, SessionEntry, check_session_id
 from kvstore.server.ops import ControlOps
-from kvstore.errors import BatchTooLargeError
+from kvstore.errors import BatchTooLargeError, UnknownSessionError
 from kvstore.pbmap import to_message
 from kvstore.validation import check_keys, check_namespace_name
 
