@@ -14,7 +14,8 @@ run shows what the disk adds. --unique-share F sizes RAM + disk to F x the trace
 distinct cacheable block once), RAM taking --ram-share of it.
 
 --quick cuts (and says so in the JSON's "cut"): a trace file to its first 15 minutes (~2,700 of the
-conversation trace's 12,031 requests), AgentX to 20 sessions at scale 0.25, a sweep to fewer capacities;
+conversation trace's 12,031 requests), AgentX to 20 sessions at scale 0.25 (40 with --hints, so that a disk
+of 5 % of unique KV has the segments the daemon needs), a sweep to fewer capacities;
 its headline is RAM 3M + disk 30M tokens (next to RAM 3M alone).
 AgentX's default capacities (3M tokens, and the sweep's) are multiplied by its --scale, since every token
 count of the trace is; its sweep spans 100K..5M tokens, where its working set lies.
@@ -64,6 +65,9 @@ DISK_SWEEPS = {
 QUICK_DISK_TOKENS = 30_000_000
 QUICK_WINDOW_S = 900.0
 QUICK_AGENTX = {"sessions": 20, "scale": 0.25}
+# --hints --quick: twice the sessions, so that at 10 % of unique KV with the default --ram-share 0.5 the disk
+# tier still has the segments the daemon needs (20 sessions give it 2 of 1 MiB; it needs 3)
+QUICK_AGENTX_HINTS = {"sessions": 40, "scale": 0.25}
 
 
 def parse_tokens(text: str) -> int:
@@ -120,7 +124,8 @@ def _workload(a: argparse.Namespace, model: CostModel) -> tuple[Workload, float]
     """The requests to replay and the factor applied to default capacities."""
     conv = Convention.FULL_BLOCKS if a.partial_blocks == "drop" else Convention.KEEP_PARTIAL
     if a.agentx:
-        sessions, scale = (QUICK_AGENTX["sessions"], QUICK_AGENTX["scale"]) if a.quick else (a.sessions, a.scale)
+        quick = QUICK_AGENTX_HINTS if a.hints else QUICK_AGENTX
+        sessions, scale = (quick["sessions"], quick["scale"]) if a.quick else (a.sessions, a.scale)
         params = AgentXParams(sessions=int(sessions), scale=float(scale), seed=a.seed, hints=a.hints)
         reqs: list[Request] = generate(params)
         if a.write_trace:

@@ -39,7 +39,6 @@ from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.utils import allocate_kv_cache
 
@@ -168,44 +167,6 @@ class HybridHarness(Harness):
         """vLLM's block table of ``rid`` now, per group (NULL where a local group has handed a block back)."""
         return [[b.block_id for b in m.req_to_blocks.get(rid, ())]
                 for m in self.scheduler.kv_cache_manager.coordinator.single_type_managers]
-
-    def step(self) -> SchedulerOutput:
-        out = self.scheduler.schedule()
-        self.steps.append(out)
-        for job in out.kv_connector_metadata.plan.loads:   # the checks of Harness.step
-            assert job.req_id not in self._loading, f"second load job for {job.req_id}"
-            if job.sync:
-                assert job.req_id in out.num_scheduled_tokens, f"sync load of unscheduled {job.req_id}"
-            else:
-                self._loading.add(job.req_id)
-            self.load_jobs.append((len(self.steps) - 1, job.req_id))
-        stranded = self._waiting_remote() - self._loading
-        assert not stranded, f"in WAITING_FOR_REMOTE_KVS without a load job: {sorted(stranded)}"
-        if self.before_worker is not None:
-            self.before_worker(out)
-        w = self.worker
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        w.start_load_kv(None)
-        sampled = self._forward(out)
-        w.wait_for_save()
-        w._worker.drain()  # deterministic: loads and commits started this step are done
-        res = w.get_transfer_results(out.finished_req_ids)
-        kvo = KVConnectorOutput(finished_sending=res.finished_sending, finished_recving=res.finished_recving,
-                                failed_recving=res.failed_recving,
-                                invalid_block_ids=w.get_block_ids_with_load_errors())
-        w.clear_connector_metadata()
-        ids = list(sampled)
-        mro = self._aggregator.aggregate([ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[sampled[r] for r in ids], kv_connector_output=kvo)])
-        self._loading -= mro.kv_connector_output.finished_recving or set()
-        for outs in self.scheduler.update_from_output(out, mro).values():
-            for o in outs.outputs:
-                if o.prefill_stats is not None:
-                    self.prefill[o.request_id] = o.prefill_stats
-                if o.finish_reason is not None:
-                    self.finish_reasons[o.request_id] = o.finish_reason
-        return out
 
     def _forward(self, out: SchedulerOutput) -> dict[str, list[int]]:
         ngroups = len(self.group_layers)
