@@ -187,10 +187,10 @@ def test_replay_with_hints_equals_the_model_ram_and_disk() -> None:
 
 # -- the CLI ---------------------------------------------------------------------------------------------------
 
-def test_cli_hints_reports_lru_hints_and_belady_with_exact_store(capsys) -> None:
+def test_cli_hints_reports_lru_s3fifo_hints_and_belady_with_exact_store(capsys, tmp_path) -> None:
     from bench.replay.cli import main
     rc = main(["--agentx", "--sessions", "6", "--scale", "0.05", "--seed", "1", "--hints", "--ram-share", "1",
-               "--hint-shares", "0.2,0.5"])
+               "--hint-shares", "0.2,0.5", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     d = json.loads(out.strip().splitlines()[-1])
@@ -202,7 +202,16 @@ def test_cli_hints_reports_lru_hints_and_belady_with_exact_store(capsys) -> None
                             "hint_share_of_belady_met": True}
     assert [(p["capacity_tokens"], p["disk_tokens"], p["hint_gain"]) for p in d["points"]] == [
         (12_697, 0, 1.1348), (31_744, 0, 1.0)]
-    assert "LRU + hints (store)" in out and "Belady (one pool)" in out
+    # S3-FIFO: the real store under policy s3fifo (no hints) equal to its exact simulator at each share
+    assert (d["s3fifo_hit_rate"], d["s3fifo_prefill_reduction"]) == (0.77372, 4.4193)
+    assert [(p["s3fifo_hit_rate"], p["s3fifo_sim_hit_rate"], p["s3fifo_mismatched_requests"],
+             p["s3fifo_tier_mismatches"], p["s3fifo_landing_mismatches"]) for p in d["points"]] == [
+        (0.77372, 0.77372, 0, [], 0), (0.89785, 0.89785, 0, [], 0)]
+    for row in ("LRU (exact simulator)", "S3-FIFO (store)", "LRU + hints (store)", "Belady (one pool)"):
+        assert out.count(row) == 2, row  # one row per share
+    png = tmp_path / "hints_agentx_sessions_6_scale_0_05_seed_1.png"
+    assert d["plot"] == str(png) and f"plot: {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 def test_cli_hints_refuses_what_it_cannot_run(capsys) -> None:

@@ -11,8 +11,13 @@ into the CLI's exit status). `conditions` says what the daemon ran under and whe
 
 The ceiling (belady.py): Belady's offline rule over RAM + disk as one pool of the same blocks, so the store is
 read against the best any eviction could do there: `belady_hit_rate` and `belady_prefill_reduction`;
-`lru_hit_rate` and `lru_prefill_reduction` (the exact simulator's at this point: the store's policy) and
-`lru_share_of_belady`.
+`lru_hit_rate` and `lru_prefill_reduction` (the exact LRU simulator's at this store; the store's own figures when
+its policy is LRU) and `lru_share_of_belady`.
+
+Policies: LRU, or S3-FIFO (sim_policy.py: the daemon's own policy class in the engine's event order). Under
+S3-FIFO the replay always syncs lease releases, and with a disk tier records the order the daemon's promoter
+threads landed each probe's promotions in (landing.py) for the simulator to follow (`landing_mismatches`:
+probes where they were not the model's promotions; any is a verdict line).
 
 Misses by cause (miss_check.py): `misses_by_cause` (the daemon's misses_* counters over the run),
 `prefix_lookups_short` (the replay's prefix Lookups that stopped short) and `miss_causes_add_up`. `lru_pool_hit_rate` is a plain LRU over the same one pool (a RAM + disk store keeps
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 from bench.replay.belady import BeladyPlan, belady, plan
 from bench.replay.hints import simulate_hinted
+from bench.replay.landing import replay_observed
 from bench.replay.metrics import CostModel, HitFigures, capacity_model, disk_hit_tokens, hit_figures
 from bench.replay.miss_check import miss_figures
 from bench.replay.replayer import ReplayResult, memcpy_gbps, replay
@@ -66,6 +72,8 @@ def _ceiling(w: Workload, spec: StoreSpec, fs: HitFigures) -> dict:
     pool = spec.tiers[0].capacity_blocks + (spec.disk.capacity_blocks if spec.disk else 0)
     reqs, conv = w.requests, w.convention
     fb = hit_figures(reqs, belady(w.ceiling_plan(), pool).hits, conv)
+    if spec.policy != "lru":  # lru_*: plain LRU at this store, whatever policy the store ran
+        fs = hit_figures(reqs, simulate(reqs, spec.with_policy("lru").sim_tiers(), conv).hits, conv)
     fp = hit_figures(reqs, simulate(reqs, [LRUTier("pool", pool)], conv).hits, conv)
     return {"belady_blocks": pool, "belady_hit_rate": round(fb.hit_rate, 5),
             "belady_prefill_reduction": round(fb.prefill_reduction, 4), "lru_hit_rate": round(fs.hit_rate, 5),
@@ -149,6 +157,8 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
         c.update({k: o[k] for k in ("disk_sync", "disk_admission", "disk_codec", "disk_reinsert_hits",
                                     "write_queue_blocks", "disk_bytes", "disk_segment_bytes")},
                  disk_segments=d.segments, disk_blocks=d.capacity_blocks)
+        if spec.policy != "lru":  # the one thread race the model takes as input (landing.py)
+            c["promotion_order"] = "recorded from the daemon's event stream"
     return c
 
 
@@ -165,15 +175,33 @@ def _hint_figures(w: Workload, spec: StoreSpec, f: HitFigures, out: dict) -> dic
             "hint_prefill_share_of_belady": round(f.prefill_reduction / bel_pr, 4) if bel_pr else 0.0}
 
 
+def _store_and_sim(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None,
+                   hints: bool) -> tuple[ReplayResult, SimResult]:
+    """The replay and its simulation. Under LRU as ever; under another policy (S3-FIFO) the replay always waits
+    for lease releases before a put (a just-loaded block can reach a queue's tail with frequency 0 there, not
+    only when a request fills the RAM) and, with a disk tier, records the order its promotions landed in
+    (landing.py), which the simulator then follows."""
+    reqs, conv = w.requests, w.convention
+    if spec.policy == "lru":
+        sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv)
+        return replay(reqs, spec, convention=conv, on_request=on_request, hints=hints), sim
+    if hints:
+        raise ValueError(f"policy {spec.policy!r}: the hint model is LRU's (hints.py); replay it without hints")
+    if spec.disk is None:
+        store = replay(reqs, spec, convention=conv, on_request=on_request, sync_leases=True)
+        return store, simulate(reqs, spec.sim_tiers(), conv)
+    store, landed = replay_observed(reqs, spec, convention=conv, on_request=on_request, sync_leases=True)
+    return store, simulate(reqs, spec.sim_tiers(), conv, landed=landed)
+
+
 def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None, *,
               hints: bool = False) -> dict:
     """Replay `w` through a daemon sized by `spec`, simulate the same store, and report both. hints: send
     the requests' hints to the store and model them (hints.py); the point adds _hint_figures."""
     t0 = time.perf_counter()
     reqs, conv, model = w.requests, w.convention, w.model
-    sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv)
     best = w.max_result()
-    store = replay(reqs, spec, convention=conv, on_request=on_request, hints=hints)
+    store, sim = _store_and_sim(w, spec, on_request, hints)
     f, fs, fm = (hit_figures(reqs, h, conv) for h in (store.hits, sim.hits, best.hits))
     bad = _mismatches(store.hits, sim.hits)
     checks = _tier_checks(store, sim)
@@ -192,7 +220,7 @@ def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | Non
         "sim_hit_rate_ram": round((fs.hit_tokens - sim_disk_tok) / tokens, 5),
         "sim_hit_rate_disk": round(sim_disk_tok / tokens, 5),
         "prefill_reduction": round(f.prefill_reduction, 4), "max_prefill_reduction": round(fm.prefill_reduction, 4),
-        "mismatched_requests": len(bad), "first_mismatches": bad[:5],
+        "mismatched_requests": len(bad), "first_mismatches": bad[:5], "landing_mismatches": sim.landing_mismatches,
         "tier_checks": checks, "tier_mismatches": [k for k, (a, b) in checks.items() if a != b],
         "conditions": _conditions(spec, store),
         "unique_kv_tokens": unique, "store_share_of_unique": round(held / unique, 4) if unique else 0.0,

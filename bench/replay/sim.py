@@ -44,10 +44,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from bench.replay.keys import chain_keys
+from bench.replay.sim_policy import PolicyTier
 from bench.replay.trace import Convention, Request
 
-__all__ = ["LRUTier", "SegmentLog", "SimTier", "CacheSim", "SimResult", "simulate", "infinite_cache",
-           "WRITER_BATCH_BLOCKS", "PAGE_BYTES", "REINSERT_SHARE"]
+__all__ = ["LRUTier", "PolicyTier", "RamTier", "SegmentLog", "SimTier", "CacheSim", "SimResult", "simulate",
+           "infinite_cache", "WRITER_BATCH_BLOCKS", "PAGE_BYTES", "REINSERT_SHARE"]
 
 WRITER_BATCH_BLOCKS = 16  # kvstore.engine.movement.Mover: blocks one write_many call takes from the queue
 PAGE_BYTES = 4096  # every disk record starts on a page and is rounded up to whole pages
@@ -94,6 +95,21 @@ class LRUTier:
         for k in keys:
             od[k] = None
         return True, victims
+
+    def promote(self, keys: Sequence[bytes], keep: Collection[bytes],
+                landing: Callable[[list[bytes]], list[bytes]] | None = None) -> tuple[list[bool], list[bytes]]:
+        """A probe's promotions, in order: each a one-key admit that evicts outside `keep` and the promotions
+        before it (the get re-touches the prefix, so the order they land in changes nothing for LRU)."""
+        keep = set(keep)
+        oks: list[bool] = []
+        victims: list[bytes] = []
+        for k in keys:
+            ok, v = self.admit([k], keep)
+            victims += v
+            oks.append(ok)
+            if ok:
+                keep.add(k)
+        return oks, victims
 
 
 class SegmentLog:
@@ -190,24 +206,40 @@ class SegmentLog:
         return keep
 
 
-SimTier = LRUTier | SegmentLog
+RamTier = LRUTier | PolicyTier
+SimTier = LRUTier | PolicyTier | SegmentLog
 
 
 class CacheSim:
-    """RAM (an LRUTier) and optionally a disk tier (a SegmentLog), driven with the connector's calls."""
+    """RAM (an LRUTier, or a PolicyTier: S3-FIFO) and optionally a disk tier (a SegmentLog), driven with the
+    connector's calls."""
 
-    def __init__(self, tiers: Sequence[SimTier]) -> None:
-        if not tiers or not isinstance(tiers[0], LRUTier):
-            raise ValueError("CacheSim needs an LRUTier first (RAM)")
+    def __init__(self, tiers: Sequence[SimTier], landed: Sequence[bytes] | None = None) -> None:
+        if not tiers or not isinstance(tiers[0], (LRUTier, PolicyTier)):
+            raise ValueError("CacheSim needs a RAM tier first (an LRUTier or a PolicyTier)")
         if len(tiers) > 2 or (len(tiers) == 2 and not isinstance(tiers[1], SegmentLog)):
             raise ValueError("CacheSim models RAM and at most one disk tier (a SegmentLog) below it")
-        self.ram: LRUTier = tiers[0]
+        self.ram: RamTier = tiers[0]
         self.disk: SegmentLog | None = tiers[1] if len(tiers) == 2 else None  # type: ignore[assignment]  # checked above: tiers[1] is a SegmentLog
         self._flagged: set[bytes] = set()  # RAM entries marked "on disk" (written or promoted, not dropped since)
         # the daemon's counter names (kvstore/engine/counters.py), so store and model compare one to one
         self.counters = dict.fromkeys(("evictions", "evicted_to_disk", "promotions", "promotion_failures",
                                        "hit_keys_ram", "hit_keys_disk", "store_full"), 0)
         self.present_on_put = 0  # blocks a put found already stored (RAM or disk)
+        self._landed = landed  # the daemon's promotions in landing order (landing.py); None: chain order
+        self._landed_at = 0
+        self.landing_mismatches = 0  # probes whose landed keys were not the ones the model promoted
+
+    def _landing(self, got: list[bytes]) -> list[bytes]:
+        """The next len(got) landed keys, when they are `got` (else chain order, counted as a mismatch)."""
+        if self._landed is None:
+            return got
+        start, self._landed_at = self._landed_at, self._landed_at + len(got)
+        order = list(self._landed[start:self._landed_at])
+        if sorted(order) != sorted(got):
+            self.landing_mismatches += 1
+            return got
+        return order
 
     def lookup(self, keys: Sequence[bytes]) -> list[int]:
         """lookup_prefix, promotions, then the get: the tier of each hit (0 RAM, 1 disk); its length is the hit."""
@@ -222,12 +254,13 @@ class CacheSim:
                 break
         held = [k for k, t in zip(keys, found) if t == 0]
         ram.touch(held)
-        keep = set(held)
         n = len(found)
-        for i, t in enumerate(found):
-            if t:
-                if self._ram_admit([keys[i]], keep):  # a promoting block is no victim either
-                    keep.add(keys[i])
+        on_disk = [i for i, t in enumerate(found) if t]
+        if on_disk:  # promotions: a slot each outside this probe's RAM hits (and the blocks being promoted)
+            oks, victims = ram.promote([keys[i] for i in on_disk], held, self._landing)
+            self._evicted(victims)
+            for i, ok in zip(on_disk, oks):
+                if ok:
                     self._flagged.add(keys[i])
                     disk.read(keys[i])  # type: ignore[union-attr]  # a disk hit implies a disk tier
                     c["promotions"] += 1
@@ -258,12 +291,15 @@ class CacheSim:
 
     def _ram_admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> bool:
         stored, victims = self.ram.admit(keys, keep)  # all victims first, then the inserts, like Reserve
+        self._evicted(victims)
+        return stored
+
+    def _evicted(self, victims: Sequence[bytes]) -> None:
         self.counters["evictions"] += len(victims)
         for v in victims:
             if v in self._flagged:
                 self._flagged.discard(v)
                 self.counters["evicted_to_disk"] += 1
-        return stored
 
 
 @dataclass
@@ -280,13 +316,16 @@ class SimResult:
     resident: list[int] = field(default_factory=list)  # blocks per tier at the end
     present_on_put: int = 0
     counters: dict[str, int] = field(default_factory=dict)  # the daemon's names, plus disk_* for the disk tier
+    landing_mismatches: int = 0  # probes whose observed landings were not the model's promotions (landing.py)
 
 
 def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
              convention: Convention = Convention.FULL_BLOCKS,
-             on_hints: Callable[[CacheSim, Request, bool], None] | None = None) -> SimResult:
-    """`on_hints(sim, request, before)` runs before each request's lookup and after its put (hints.py)."""
-    sim = CacheSim(tiers)
+             on_hints: Callable[[CacheSim, Request, bool], None] | None = None,
+             landed: Sequence[bytes] | None = None) -> SimResult:
+    """`on_hints(sim, request, before)` runs before each request's lookup and after its put (hints.py);
+    `landed`: the promoted keys in the order the daemon's promoters landed them (landing.py; S3-FIFO)."""
+    sim = CacheSim(tiers, landed)
     hits: list[int] = []
     disk_hits: list[tuple[int, ...]] = []
     stored = 0
@@ -312,7 +351,8 @@ def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
                         disk_bytes_read=(counters["promotions"] + d.reinserted) * d.record_bytes)
         evictions.append(d.reclaimed)
     return SimResult(hits, [sum(hits) - on_disk, on_disk], disk_hits, stored, counters["store_full"],
-                     [t.name for t in tiers], evictions, [len(t) for t in tiers], sim.present_on_put, counters)
+                     [t.name for t in tiers], evictions, [len(t) for t in tiers], sim.present_on_put, counters,
+                     sim.landing_mismatches)
 
 
 def infinite_cache(requests: Sequence[Request], convention: Convention = Convention.FULL_BLOCKS) -> SimResult:

@@ -16,22 +16,27 @@ least one record (the block rounded up to 4 KiB). disk_sync "none": this is a hi
 durability test, so no fsync. Codec none (the stamped rows would compress to nothing and skew the bytes),
 admission always (every committed block gets its disk copy, which the simulator assumes). `disk_reinsert_hits`
 is the disk tier's second chance at reclamation (the daemon's default 1; 0 = plain FIFO), on both sides.
+`policy` is the RAM tier's eviction policy (POLICIES), the daemon's `policy` option and the simulator's RAM tier.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, SegmentLog, SimTier
+from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, PolicyTier, SegmentLog, SimTier
 from bench.replay.trace import BLOCK_TOKENS
 
-__all__ = ["TierSpec", "StoreSpec", "DiskLayout", "fmt_tokens", "MIN_SEGMENTS"]
+__all__ = ["TierSpec", "StoreSpec", "DiskLayout", "fmt_tokens", "MIN_SEGMENTS", "POLICIES"]
 
 TierKind = Literal["ram", "disk", "peer"]
 MIB = 1 << 20
 MIN_SEGMENTS = 64
+# RAM eviction policies with an exact simulator: LRU (sim.LRUTier) and S3-FIFO (sim_policy.PolicyTier, which
+# drives the daemon's own S3FIFOPolicy class in the engine's event order)
+POLICIES = ("lru", "s3fifo")
 # The write-behind queue only ever holds one put's blocks (the replayer drains it after each put); this bound
 # just has to exceed the largest request, which the daemon's 4096-key batches keep far below it.
 WRITE_QUEUE_BLOCKS = 1 << 16
@@ -100,22 +105,28 @@ class StoreSpec:
         if self.block_bytes % PAGE_BYTES:
             raise ValueError(f"bytes_per_token={self.bytes_per_token}: a {BLOCK_TOKENS}-token block must be a "
                              f"multiple of {PAGE_BYTES} bytes (the arena's page), so use a multiple of 8")
-        if self.policy != "lru":
-            raise ValueError(f"policy={self.policy!r}: only 'lru' has an exact simulator so far")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r}: use one of {', '.join(POLICIES)} (the policies with an "
+                             "exact simulator)")
         if self.tiers[0].capacity_blocks < 2:
             raise ValueError(f"ram capacity {self.tiers[0].capacity_tokens} tokens: need at least "
                              f"{2 * BLOCK_TOKENS} (two blocks; the daemon's arena minimum)")
         _ = self.disk  # a disk budget too small for its segments fails here, before any daemon starts
 
     @staticmethod
-    def ram(capacity_tokens: int, bytes_per_token: int = 64) -> StoreSpec:
-        return StoreSpec((TierSpec("ram", capacity_tokens),), bytes_per_token)
+    def ram(capacity_tokens: int, bytes_per_token: int = 64, policy: str = "lru") -> StoreSpec:
+        return StoreSpec((TierSpec("ram", capacity_tokens),), bytes_per_token, policy)
 
     @staticmethod
-    def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64, reinsert_hits: int = 1) -> StoreSpec:
+    def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64, reinsert_hits: int = 1,
+                 policy: str = "lru") -> StoreSpec:
         """RAM alone when disk_tokens is 0."""
         tiers = (TierSpec("ram", ram_tokens),) + ((TierSpec("disk", disk_tokens),) if disk_tokens else ())
-        return StoreSpec(tiers, bytes_per_token, disk_reinsert_hits=reinsert_hits)
+        return StoreSpec(tiers, bytes_per_token, policy, disk_reinsert_hits=reinsert_hits)
+
+    def with_policy(self, policy: str) -> StoreSpec:
+        """The same store under another RAM eviction policy."""
+        return dataclasses.replace(self, policy=policy)
 
     @property
     def block_bytes(self) -> int:
@@ -155,7 +166,8 @@ class StoreSpec:
         return opts
 
     def sim_tiers(self) -> list[SimTier]:
-        tiers: list[SimTier] = [LRUTier("ram", self.tiers[0].capacity_blocks)]
+        cap = self.tiers[0].capacity_blocks
+        tiers: list[SimTier] = [LRUTier("ram", cap) if self.policy == "lru" else PolicyTier("ram", cap, self.policy)]
         d = self.disk
         if d is not None:
             tiers.append(SegmentLog("disk", d.segments, d.segment_bytes, self.block_bytes,

@@ -5,8 +5,9 @@ difference is a finding, not noise: one request's hit count, one daemon counter 
 request whose disk-served positions differ, one loaded block whose content marks did not verify. A bug in
 the daemon, in the simulator, or a missing sync point; the figures of such a run are not the store's. Hit
 rates that agree to four decimals can hide differences that cancel out, hence request by request and
-counter by counter. Also a miss without its cause: the daemon's misses_* counters must add up to the
-replay's prefix lookups that stopped short (miss_check.py).
+counter by counter; under S3-FIFO with a disk tier, also a probe whose promotions the daemon landed for other
+keys than the model promoted (landing.py). Also a miss without its cause: the daemon's misses_* counters must
+add up to the replay's prefix lookups that stopped short (miss_check.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ EXIT_MISMATCH = 2
 
 def _label(p: dict) -> str:
     disk = f" + disk {fmt_tokens(p['disk_tokens'])}" if p.get("disk_tokens") else ""
-    return f"RAM {fmt_tokens(p['capacity_tokens'])}{disk}"
+    policy = f" ({p['policy']})" if p.get("policy", "lru") != "lru" else ""
+    return f"RAM {fmt_tokens(p['capacity_tokens'])}{disk}{policy}"
 
 
 def mismatches(p: dict) -> list[str]:
@@ -38,6 +40,9 @@ def mismatches(p: dict) -> list[str]:
     if p.get("mismatched_disk_hits"):
         out.append(f"{where}: {p['mismatched_disk_hits']} requests were served from disk at other positions "
                    "than simulated")
+    if p.get("landing_mismatches"):
+        out.append(f"{where}: {p['landing_mismatches']} probes' promotions landed (event stream) for other keys "
+                   "than the simulator promoted")
     if p["verify_failures"]:
         out.append(f"{where}: {p['verify_failures']} loaded blocks failed their content marks")
     missed = miss_mismatch(p)
