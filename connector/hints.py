@@ -40,8 +40,9 @@ background thread, which asks `Client.hint` once per shard namespace (every stag
 and counts one outcome per key and namespace: ``hint_accepted``, ``hint_clipped``, ``hint_deferred``,
 ``hint_rejected``, ``hint_missing``. ``hint_failed``: keys x namespaces whose call failed (store down, an error,
 a client without hint); ``hint_dropped``: hints lost to a full queue; ``hint_empty``: hints with no key to act
-on (an unknown session, a prompt shorter than a block). A save still in flight when its hint runs answers
-``missing``.
+on (an unknown session, a prompt shorter than a block). A block whose save is still in flight when its hint
+runs (reserved and gathered in the step, its Commit pending on the worker's commit thread) answers
+``deferred``: the daemon applies the hint when the Commit lands.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class HintOutcome(StrEnum):
 
     ACCEPTED = "accepted"  # done (or already so)
     CLIPPED = "clipped"    # done, with ttl_s cut to hint_max_ttl_s
-    DEFERRED = "deferred"  # under way: it completes when a pending disk write or promotion lands
+    DEFERRED = "deferred"  # under way: it completes when a pending disk write, promotion or Commit lands
     REJECTED = "rejected"  # refused: no disk tier, quota exhausted, pinned, not in RAM, no room
     MISSING = "missing"    # the key is not stored in any tier
 

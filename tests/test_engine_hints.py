@@ -195,6 +195,23 @@ def test_demote_of_a_block_already_on_disk_frees_ram_at_once(make_disk_rig) -> N
     assert eng.stats().leased_bytes == 0
 
 
+def test_a_deferred_demote_writes_at_commit_then_frees_ram(make_disk_rig) -> None:
+    rig = make_disk_rig(admission="never")  # no write at commit but the one the Demote asks for
+    eng = rig.engine
+    r = eng.reserve(DISK_NS, [b"a", b"b"], [len(value(b"a"))] * 2)
+    assert eng.hint(DISK_NS, [b"a"], "demote") == ["deferred"]
+    for k, off in zip([b"a", b"b"], r.offsets):
+        rig.mm[off: off + len(value(k))] = value(k)
+    eng.commit(r.reservation_id)
+    rig.wait_written(1)
+    wait_until(lambda: [i.tier for i in eng.describe(DISK_NS, [b"a", b"b"])] == ["disk", "ram"],
+               what="a's RAM copy dropped after the write its deferred Demote queued at commit")
+    res = eng.lookup(DISK_NS, [b"a"])
+    assert res.present == [True] and rig.read(res, 0) == value(b"a")
+    eng.release([res.lease_id])
+    assert eng.stats().counters["hints_late_rejected"] == 0
+
+
 def test_prefetch_brings_a_disk_block_into_ram(make_disk_rig) -> None:
     rig = make_disk_rig()
     eng = rig.engine
@@ -214,3 +231,78 @@ def test_hint_max_ttl_rule_names_the_setting() -> None:
         with pytest.raises(ConfigError, match=rf"invalid config: hint_max_ttl_s={bad}: use a number of seconds"):
             EngineConfig(max_block_bytes=MiB, hint_max_ttl_s=bad)
     assert EngineConfig(max_block_bytes=MiB).hint_max_ttl_s == 600.0
+
+
+# -- hints on blocks still being written (RESERVED: their Commit pending) --------------------------------------
+
+def late_counters(eng: Engine) -> dict[str, int]:
+    return {k: v for k, v in eng.stats().counters.items() if (k.startswith("hint_") or k == "hints_late_rejected")
+            and v}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_hints_on_blocks_being_written_apply_at_their_commit(policy: str) -> None:
+    # The connector's case: a turn's hints reach the daemon before the Commit of the turn's last blocks.
+    eng, _ = make_engine(policy)
+    put(eng, [b"a", b"b"])
+    r = eng.reserve(NS, [b"c", b"d"], [MiB, MiB])
+    assert eng.hint(NS, [b"c", b"a"], "retain", 10) == ["deferred", "accepted"]
+    assert eng.hint(NS, [b"c"], "pin", 10) == ["deferred"]
+    assert eng.hint(NS, [b"d"], "release") == ["deferred"]
+    assert eng.hint(NS, [b"c", b"zz"], "prefetch") == ["accepted", "missing"]  # it will be in RAM; nothing to do
+    assert eng.hint(NS, [b"d"], "demote") == ["rejected"]  # no disk tier: refused at once, not deferred
+    assert eng._hints.waiting() == 2 and [i.pins for i in eng.describe(NS, [b"a", b"b"])] == [0, 0]
+    assert eng.commit(r.reservation_id) == 2
+    assert eng._hints.waiting() == 0
+    assert [i.pins for i in eng.describe(NS, [b"a", b"b", b"c", b"d"])] == [0, 0, 1, 0]
+    put(eng, [b"e"])  # d was released at its commit: first to go
+    assert held(eng, [b"a", b"b", b"c", b"d", b"e"]) == [b"a", b"b", b"c", b"e"]
+    put(eng, [b"f"])  # a and c are retained (c pinned too): b, then e
+    assert held(eng, [b"a", b"b", b"c", b"e", b"f"]) == [b"a", b"c", b"e", b"f"]
+    assert late_counters(eng) == {"hint_retain_deferred": 1, "hint_retain_accepted": 1, "hint_pin_deferred": 1,
+                                  "hint_release_deferred": 1, "hint_prefetch_accepted": 1,
+                                  "hint_prefetch_missing": 1, "hint_demote_rejected": 1}
+
+
+@pytest.mark.parametrize("first,last,kept", [
+    ("release", "retain", [b"b", b"c", b"x", b"y"]),   # x retained: the least recent other block (a) goes
+    ("retain", "release", [b"a", b"b", b"c", b"y"])])  # x released: it goes first
+def test_the_latest_deferred_hint_wins(first: str, last: str, kept: list[bytes]) -> None:
+    eng, _ = make_engine()
+    put(eng, [b"a", b"b", b"c"])
+    r = eng.reserve(NS, [b"x"], [MiB])
+    assert eng.hint(NS, [b"x"], first, 10) == ["deferred"]
+    assert eng.hint(NS, [b"x"], last, 10) == ["deferred"]
+    eng.commit(r.reservation_id)
+    put(eng, [b"y"])
+    assert held(eng, [b"a", b"b", b"c", b"x", b"y"]) == kept
+
+
+def test_hints_of_an_aborted_or_expired_reservation_are_dropped() -> None:
+    eng, _ = make_engine()
+    r = eng.reserve(NS, [b"x"], [MiB])
+    assert eng.hint(NS, [b"x"], "pin", 10) == ["deferred"]
+    eng.abort(r.reservation_id)
+    assert eng._hints.waiting() == 0
+    put(eng, [b"x"])  # the same key written again: the old reservation's pin does not come back
+    assert [i.pins for i in eng.describe(NS, [b"x"])] == [0]
+    r = eng.reserve(NS, [b"y"], [MiB])
+    assert eng.hint(NS, [b"y"], "pin", 10) == ["deferred"]
+    later = time.monotonic() + eng.config.reservation_ttl_s + eng.config.quarantine_s + 1
+    eng.sweep(now=later - eng.config.quarantine_s)  # expired: quarantined
+    eng.sweep(now=later)  # its slot freed after the quarantine, and its hints with it
+    assert eng._hints.waiting() == 0
+    put(eng, [b"y"])
+    assert [i.pins for i in eng.describe(NS, [b"y"])] == [0]
+
+
+def test_a_deferred_pin_beyond_the_budget_is_counted_late() -> None:
+    eng, _ = make_engine(tenant="t")  # budget: half the 4 MiB arena, two blocks
+    put(eng, [b"a"])
+    r = eng.reserve(NS, [b"b", b"c"], [MiB, MiB])
+    assert eng.hint(NS, [b"b", b"c"], "pin", 10) == ["deferred", "deferred"]
+    assert eng.hint(NS, [b"a"], "pin", 10) == ["accepted"]  # a takes one of the two blocks of budget first
+    eng.commit(r.reservation_id)
+    assert [i.pins for i in eng.describe(NS, [b"a", b"b", b"c"])] == [1, 1, 0]
+    assert late_counters(eng) == {"hint_pin_deferred": 2, "hint_pin_accepted": 1, "hints_late_rejected": 1}
+    assert eng._hints.pinned_bytes("t") == 2 * MiB  # a and b: c's refused pin holds nothing

@@ -66,7 +66,7 @@ def test_stats_exact_fields() -> None:
         # no prefix Lookup stopped short (both Lookups above are without prefix): no miss has a cause
         "misses_never_stored": 0, "misses_evicted": 0, "misses_disk_reclaimed": 0, "misses_deleted": 0,
         "misses_cleared": 0, "misses_other_namespace": 0, "misses_load_failed": 0,
-        **dict.fromkeys(HINT_COUNTER_NAMES, 0),  # no hint was sent
+        **dict.fromkeys(HINT_COUNTER_NAMES, 0), "hints_late_rejected": 0,  # no hint was sent
     }
     eng.release([lease])
     assert eng.stats().leased_bytes == 0

@@ -102,6 +102,29 @@ def test_demote_and_prefetch_move_blocks_between_ram_and_disk(make_daemon) -> No
                                         "prefetch_accepted": 2, "prefetch_missing": 1, "retain_accepted": 1}
 
 
+def test_hints_on_blocks_being_written_are_deferred_to_their_commit(make_daemon) -> None:
+    # The connector's case: a turn's Retain/Pin reaches the daemon while its last blocks' Commit is pending.
+    d = make_daemon(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
+                    disk_bytes=0)
+    with d.client() as c:
+        c.register_namespace(NS)
+        c.put(NS, b"a", BLOCK)
+        r = c.reserve(NS, [b"b", b"c"], [len(BLOCK)] * 2)
+        assert c.hint(NS, [b"b", b"a"], "pin", 60) == [DEF, ACC]
+        assert c.hint(NS, [b"c"], "release") == [DEF]
+        assert c.describe(NS, [b"b", b"c"]) == [None, None]  # not visible until committed
+        assert c.commit(r) == 2
+        assert [i.pins for i in c.describe(NS, [b"a", b"b", b"c"]) if i is not None] == [1, 1, 0]
+        c.put(NS, b"d", BLOCK)
+        c.put(NS, b"e", BLOCK)  # the arena's 4 slots are full: c, released at its commit, goes first
+        assert c.exists(NS, [b"a", b"b", b"c", b"d", b"e"]) == [True, True, False, True, True]
+        r = c.reserve(NS, [b"f"], [len(BLOCK)])
+        assert c.hint(NS, [b"f"], "pin", 60) == [DEF]
+        assert c.abort(r) == 1  # an aborted write's hints go with it
+        assert c.stats().counters["hints_late_rejected"] == 0
+    assert nonzero(scrape_hints(d)) == {"pin_deferred": 2, "pin_accepted": 1, "release_deferred": 1}
+
+
 def test_batches_are_split_at_max_batch_keys_and_keep_their_order(make_daemon) -> None:
     d = make_daemon(arena_bytes="16MiB", max_block_bytes="1MiB", max_batch_keys=4)
     stored = [b"k%02d" % i for i in (1, 4, 7)]

@@ -50,7 +50,8 @@ actions (ACTION, case-insensitive):
 outcomes (one per block):
   accepted  done (or already so)
   clipped   done, with the ttl cut to the daemon's hint_max_ttl_s
-  deferred  under way: completes when a pending disk write or promotion lands (demote)
+  deferred  under way: completes when a pending disk write or promotion lands (demote), or when a block
+            still being written commits (retain, release, demote, pin)
   rejected  refused: no disk tier (demote), the pin budget is spent (pin), pinned (demote), not in RAM (retain,
             pin: prefetch it first), or the disk write queue is full
   missing   the block is stored in no tier

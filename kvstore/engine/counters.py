@@ -52,6 +52,7 @@ COUNTER_NAMES: tuple[str, ...] = (
     "misses_other_namespace",
     "misses_load_failed",
     *HINT_COUNTER_NAMES,  # hint_<action>_<outcome>: each key's answer to a hint (kvstore/engine/hints.py)
+    "hints_late_rejected",  # deferred hints (blocks awaiting their Commit) refused there: pin budget, write queue
 )
 
 

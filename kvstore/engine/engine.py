@@ -114,7 +114,7 @@ class Engine:
         self._ram = RamSpace(config, cat, layout, generations, allocator, policy, quotas, self.counters, self.events,
                              self.misses)
         self._leases = LeaseTable(cat, config.lease_ttl_s, self._ram.free, self.counters)
-        self._reservations = ReservationTable(cat, config, self._ram.free, self.counters)
+        self._reservations = ReservationTable(cat, config, self._free_unwritten, self.counters)
         self._disk = DiskLink(disk, admission, cat=cat, ram=self._ram, leases=self._leases, counters=self.counters,
                               events=self.events, lock=self._lock, arena_address=arena_address,
                               queue_blocks=config.write_queue_blocks, misses=self.misses)
@@ -124,6 +124,11 @@ class Engine:
         self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
         if disk is not None:  # known from before a restart; the next registration describes them
             self._names.recover(disk.namespaces())
+
+    def _free_unwritten(self, eid: int) -> None:
+        """A reservation's slot freed without a Commit (abort, expiry): hints waiting for it go too."""
+        self._hints.forget(eid)
+        self._ram.free(eid)
 
     def attach_remote(self, remote: RemoteHooks | None) -> None:
         """The peer tier's hooks: `fill` on Lookup (fetch misses from owners), `committed` on Commit (push)."""
@@ -205,6 +210,7 @@ class Engine:
         with self._lock:
             ns, eids = self._reservations.take(reservation_id, len(checksums))
             self._ram.commit(ns, eids, checksums)
+            self._hints.committed(eids)  # hints that reached these blocks while they were being written
             if self.events.subscribers:
                 self.events.publish(STORED, ns.name, [self._cat.keys[e] for e in eids], Tier.RAM)  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
             if self._remote is not None:  # queues pushes to owners; never blocks

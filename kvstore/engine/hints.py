@@ -19,6 +19,12 @@ in no tier is MISSING for every action. Per action:
               with no quotas. Over budget -> REJECTED; pinned again -> deadline extended, bytes counted once.
               ACCEPTED or CLIPPED as for RETAIN. Only on disk -> REJECTED. Expired by `expire` (the sweeper).
 
+A key still being written (RESERVED: its writer's Commit is pending) answers DEFERRED for Retain, Release,
+Demote (with a disk tier) and Pin (PREFETCH: ACCEPTED): the hint is kept and applied as above when the entry
+commits, with the deadline the hint gave (the latest hint of each action wins, in the order they came). A Pin
+that finds the budget spent by then (or a Demote whose write queue is full) is counted as `hints_late_rejected`;
+an aborted or expired reservation's hints are dropped with its slots.
+
 Pins set by Engine.pin are not counted: the budget bounds what agents may hold. Called under the engine's lock.
 """
 
@@ -46,6 +52,7 @@ from kvstore.vocab import Tier
 __all__ = ["Hints", "parse_hint"]
 
 _COMMITTED = int(EntryState.COMMITTED)
+_RESERVED = int(EntryState.RESERVED)
 _NONE, _RAM = int(Tier.NONE), int(Tier.RAM)
 ACCEPTED, CLIPPED, DEFERRED = HintOutcome.ACCEPTED, HintOutcome.CLIPPED, HintOutcome.DEFERRED
 REJECTED, MISSING = HintOutcome.REJECTED, HintOutcome.MISSING
@@ -89,6 +96,8 @@ class Hints:
         self._pin_heap: list[tuple[float, int]] = []  # (until, eid), stale ones skipped
         self._pinned: dict[str, int] = {}         # tenant -> bytes pinned by hints
         self._demoting: dict[int, bytes] = {}     # eid -> key: RAM copy to drop once its disk write lands
+        # eid -> (key, namespace, action -> (until, outcome if timed)): hints on entries awaiting their Commit
+        self._waiting: dict[int, tuple[bytes, Namespace, dict[HintAction, tuple[float, HintOutcome]]]] = {}
         disk.on_written = self._written
 
     def apply(self, ns: Namespace, keys: Sequence[bytes], act: HintAction, ttl_s: float, now: float,
@@ -101,27 +110,78 @@ class Hints:
         ttl = min(ttl_s, self._max_ttl)
         timed = CLIPPED if ttl_s > self._max_ttl else ACCEPTED
         out: list[str] = []
+        state = self._cat.state
         for key, eid, tier in zip(keys, eids.tolist(), tier_list):
             if tier == _NONE:
-                res = MISSING
+                res = self._defer(ns, eid, key, act, now + ttl, timed) if eid >= 0 and state[eid] == _RESERVED \
+                    else MISSING
             elif act is HintAction.PREFETCH:
                 res = ACCEPTED
-            elif tier != _RAM or self._cat.state[eid] != _COMMITTED:  # on disk only (eid < 0) or being promoted
+            elif tier != _RAM or state[eid] != _COMMITTED:  # on disk only (eid < 0) or being promoted
                 res = self._not_in_ram(act, eid)
-            elif act is HintAction.RETAIN:
-                self._policy.set_priority(eid, RETAINED, now + ttl)
-                res = timed
-            elif act is HintAction.RELEASE:
-                self._policy.set_priority(eid, RELEASED)
-                res = ACCEPTED
-            elif act is HintAction.DEMOTE:
-                res = self._demote(eid, key)
             else:
-                res = self._pin(ns, eid, key, now + ttl, timed)
+                res = self._act(ns, eid, key, act, now + ttl, timed)
             out.append(res.value)
             setattr(self._counters, f"hint_{act.value}_{res.value}",
                     getattr(self._counters, f"hint_{act.value}_{res.value}") + 1)
         return out
+
+    def _act(self, ns: Namespace, eid: int, key: bytes, act: HintAction, until: float,
+             timed: HintOutcome) -> HintOutcome:
+        """A hint on a committed RAM entry (every action but PREFETCH, which needs nothing more)."""
+        if act is HintAction.RETAIN:
+            self._policy.set_priority(eid, RETAINED, until)
+            return timed
+        if act is HintAction.RELEASE:
+            self._policy.set_priority(eid, RELEASED)
+            return ACCEPTED
+        if act is HintAction.DEMOTE:
+            return self._demote(eid, key)
+        return self._pin(ns, eid, key, until, timed)
+
+    # -- hints on blocks still being written ------------------------------------------------------------
+    def _defer(self, ns: Namespace, eid: int, key: bytes, act: HintAction, until: float,
+               timed: HintOutcome) -> HintOutcome:
+        """A hint on a RESERVED entry (its writer's Commit is pending): kept and applied when it commits.
+
+        Why: the connector saves a request's last blocks in the background and sends the request's hints when
+        vLLM finishes it, so the hints of an agent's turn (Retain over the tool wait, Pin) often reach the
+        daemon before the Commit of the very blocks they name. PREFETCH needs nothing (it will be in RAM)."""
+        if act is HintAction.PREFETCH:
+            return ACCEPTED
+        if act is HintAction.DEMOTE and self._disk.store is None:
+            return REJECTED
+        _, _, acts = self._waiting.setdefault(eid, (key, ns, {}))
+        acts.pop(act, None)  # the latest of each action, in the order they came (a Retain after a Release wins)
+        acts[act] = (until, timed)
+        return DEFERRED
+
+    def committed(self, eids: Sequence[int]) -> None:
+        """These entries just committed: apply the hints that waited for them (an entry aborted or expired
+        meanwhile left its hints here; they apply only to an entry committed with the same key and namespace)."""
+        if not self._waiting:
+            return
+        cat = self._cat
+        for eid in eids:
+            waiting = self._waiting.pop(eid, None)
+            if waiting is None:
+                continue
+            key, ns, acts = waiting
+            if cat.keys[eid] != key or int(cat.ns[eid]) != ns.id:
+                continue
+            for act, (until, timed) in acts.items():
+                res = self._act(ns, eid, key, act, until, timed)
+                if res is REJECTED:  # the answer was DEFERRED: count what became of it
+                    self._counters.hints_late_rejected += 1
+
+    def forget(self, eid: int) -> None:
+        """The entry's reservation ended without a Commit (aborted, or expired and its slot freed)."""
+        if self._waiting:
+            self._waiting.pop(eid, None)
+
+    def waiting(self) -> int:
+        """Entries with hints waiting for their Commit."""
+        return len(self._waiting)
 
     def _not_in_ram(self, act: HintAction, eid: int) -> HintOutcome:
         if act is HintAction.RELEASE:

@@ -111,6 +111,8 @@ _COUNTERS = {
     "reservation_expirations": ("kvstore_reservation_expirations", "Reserved blocks dropped by TTL"),
     "slab_binds": ("kvstore_arena_slab_binds", "Empty arena slabs moved to another tenant's memory file (tokens on)"),
     "slab_bind_failures": ("kvstore_arena_slab_bind_failures", "Slab moves that failed (no memory): store full"),
+    "hints_late_rejected": ("kvstore_hints_late_rejected",
+                            "Hints deferred until their block's Commit, then refused there (pin budget, write queue)"),
 }
 
 
