@@ -8,6 +8,7 @@ sleeping. Disk rig: tests/tiering_rig.py (real DiskStore and mover threads), awa
 
 from __future__ import annotations
 
+import errno
 import math
 import time
 
@@ -306,3 +307,27 @@ def test_a_deferred_pin_beyond_the_budget_is_counted_late() -> None:
     assert [i.pins for i in eng.describe(NS, [b"a", b"b", b"c"])] == [1, 1, 0]
     assert late_counters(eng) == {"hint_pin_deferred": 2, "hint_pin_accepted": 1, "hints_late_rejected": 1}
     assert eng._hints.pinned_bytes("t") == 2 * MiB  # a and b: c's refused pin holds nothing
+
+
+def test_hints_on_a_block_being_promoted_apply_when_it_lands(make_disk_rig) -> None:
+    # An agent's Prefetch when its tool returns, then a Retain and a Pin: they meet the promotion in flight.
+    rig = make_disk_rig()
+    eng = rig.engine
+    rig.put_disk_only([b"p", b"q"])
+    rig.io.armed = "pread"  # hold the promoter's reads
+    assert eng.hint(DISK_NS, [b"p", b"q"], "prefetch") == ["accepted", "accepted"]
+    assert rig.io.entered.wait(10)
+    assert eng.hint(DISK_NS, [b"p"], "retain", 60) == ["deferred"]
+    assert eng.hint(DISK_NS, [b"p"], "pin", 60) == ["deferred"]
+    assert eng.hint(DISK_NS, [b"q"], "pin", 60) == ["deferred"]
+    assert eng._hints.waiting() == 2
+    rig.io.inject("pread", errno.EIO, times=1)  # one of the two reads fails: its hints go with its slot
+    rig.io.armed = ""
+    rig.io.gate.set()
+    wait_until(lambda: eng.stats().counters["promotions"] == 2 and eng._hints.waiting() == 0
+               and eng.stats().counters["promotion_failures"] == 1, what="both promotions ended")
+    infos = eng.describe(DISK_NS, [b"p", b"q"])
+    # the read error dropped its block (a miss from now on); the one that landed carries its deferred pin
+    assert [(i.tier, i.pins) for i in infos] == [("ram+disk", 1)] and sorted(eng.exists(DISK_NS, [b"p", b"q"])) == [
+        False, True]
+    assert late_counters(eng) == {"hint_prefetch_accepted": 2, "hint_retain_deferred": 1, "hint_pin_deferred": 2}

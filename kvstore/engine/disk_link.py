@@ -68,6 +68,7 @@ class DiskLink:
         self.mover = Mover(store, self, queue_blocks=queue_blocks) if store is not None else None
         self._next_probe = 0.0
         self.on_written: Callable[[list[int]], None] | None = None  # hints.py: after each batch, under the lock
+        self.on_promoted: Callable[[int, bool], None] | None = None  # hints.py: (entry, landed), under the lock
 
     # -- outside the lock -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -234,8 +235,12 @@ class DiskLink:
                 self._ram.insert(ns, [p.eid])
                 self._events.publish(MOVED, ns.name, [p.key], Tier.DISK, Tier.RAM)
                 p.ok = True
+                if self.on_promoted is not None:
+                    self.on_promoted(p.eid, True)
             else:
                 if alive:
+                    if self.on_promoted is not None:
+                        self.on_promoted(p.eid, False)
                     cat.unindex(p.eid)
                     self._ram.free(p.eid)
                 self._counters.promotion_failures += 1

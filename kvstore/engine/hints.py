@@ -5,13 +5,13 @@ in no tier is MISSING for every action. Per action:
 
     RETAIN    RAM entry: kept until now + ttl_s while any other entry can go (HintedPolicy's RETAINED; still
               evictable under pressure) -> ACCEPTED, or CLIPPED when ttl_s > hint_max_ttl_s (the max is used).
-              Only on disk (or being promoted) -> REJECTED: prefetch it first.
+              Only on disk -> REJECTED: prefetch it first.
     RELEASE   RAM entry: first to go (RELEASED; a later Retain or Pin undoes it) -> ACCEPTED; only on disk ->
               ACCEPTED (no RAM copy to let go of).
     DEMOTE    no disk tier -> REJECTED. Only on disk -> ACCEPTED. In RAM with a disk copy: the RAM copy is
               dropped now -> ACCEPTED (pinned -> REJECTED; leased -> DEFERRED, released: first to go). Without
               one: its write is queued (bypassing admission) and the RAM copy is dropped when the write lands
-              -> DEFERRED (the write queue full -> REJECTED). Being promoted -> DEFERRED.
+              -> DEFERRED (the write queue full -> REJECTED).
     PREFETCH  the engine runs a probe Lookup first (lease-less: disk and peer hits start their promotion, as a
               scheduler's probe does); present in any tier -> ACCEPTED.
     PIN       RAM entry: never evicted until now + ttl_s (the catalog's pin count, as Engine.pin), its bytes
@@ -19,11 +19,12 @@ in no tier is MISSING for every action. Per action:
               with no quotas. Over budget -> REJECTED; pinned again -> deadline extended, bytes counted once.
               ACCEPTED or CLIPPED as for RETAIN. Only on disk -> REJECTED. Expired by `expire` (the sweeper).
 
-A key still being written (RESERVED: its writer's Commit is pending) answers DEFERRED for Retain, Release,
-Demote (with a disk tier) and Pin (PREFETCH: ACCEPTED): the hint is kept and applied as above when the entry
-commits, with the deadline the hint gave (the latest hint of each action wins, in the order they came). A Pin
-that finds the budget spent by then (or a Demote whose write queue is full) is counted as `hints_late_rejected`;
-an aborted or expired reservation's hints are dropped with its slots.
+A key still being written (RESERVED: its writer's Commit is pending) or being promoted (PROMOTING: its disk
+read in flight, e.g. after a Prefetch) answers DEFERRED for Retain, Release, Demote (with a disk tier) and Pin
+(PREFETCH: ACCEPTED): the hint is kept and applied as above when the entry commits or its promotion lands, with
+the deadline the hint gave (the latest hint of each action wins, in the order they came). A Pin that finds the
+budget spent by then (or a Demote whose write queue is full) is counted as `hints_late_rejected`; the hints of
+an aborted or expired reservation, or of a failed promotion, are dropped with its slot.
 
 Pins set by Engine.pin are not counted: the budget bounds what agents may hold. Called under the engine's lock.
 """
@@ -53,6 +54,7 @@ __all__ = ["Hints", "parse_hint"]
 
 _COMMITTED = int(EntryState.COMMITTED)
 _RESERVED = int(EntryState.RESERVED)
+_PROMOTING = int(EntryState.PROMOTING)
 _NONE, _RAM = int(Tier.NONE), int(Tier.RAM)
 ACCEPTED, CLIPPED, DEFERRED = HintOutcome.ACCEPTED, HintOutcome.CLIPPED, HintOutcome.DEFERRED
 REJECTED, MISSING = HintOutcome.REJECTED, HintOutcome.MISSING
@@ -99,6 +101,7 @@ class Hints:
         # eid -> (key, namespace, action -> (until, outcome if timed)): hints on entries awaiting their Commit
         self._waiting: dict[int, tuple[bytes, Namespace, dict[HintAction, tuple[float, HintOutcome]]]] = {}
         disk.on_written = self._written
+        disk.on_promoted = self._promoted
 
     def apply(self, ns: Namespace, keys: Sequence[bytes], act: HintAction, ttl_s: float, now: float,
               probed: Sequence[int] | None = None) -> list[str]:
@@ -117,8 +120,10 @@ class Hints:
                     else MISSING
             elif act is HintAction.PREFETCH:
                 res = ACCEPTED
-            elif tier != _RAM or state[eid] != _COMMITTED:  # on disk only (eid < 0) or being promoted
-                res = self._not_in_ram(act, eid)
+            elif eid >= 0 and state[eid] == _PROMOTING:  # its read lands soon: then it is a RAM entry
+                res = self._defer(ns, eid, key, act, now + ttl, timed)
+            elif tier != _RAM or state[eid] != _COMMITTED:  # on disk only (eid < 0)
+                res = self._not_in_ram(act)
             else:
                 res = self._act(ns, eid, key, act, now + ttl, timed)
             out.append(res.value)
@@ -142,11 +147,13 @@ class Hints:
     # -- hints on blocks still being written ------------------------------------------------------------
     def _defer(self, ns: Namespace, eid: int, key: bytes, act: HintAction, until: float,
                timed: HintOutcome) -> HintOutcome:
-        """A hint on a RESERVED entry (its writer's Commit is pending): kept and applied when it commits.
+        """A hint on a RESERVED entry (its writer's Commit is pending) or a PROMOTING one (its read in flight):
+        kept and applied when it commits or lands.
 
         Why: the connector saves a request's last blocks in the background and sends the request's hints when
         vLLM finishes it, so the hints of an agent's turn (Retain over the tool wait, Pin) often reach the
-        daemon before the Commit of the very blocks they name. PREFETCH needs nothing (it will be in RAM)."""
+        daemon before the Commit of the very blocks they name; and an agent's Retain right after its Prefetch
+        meets the promotions that Prefetch started. PREFETCH needs nothing (it will be in RAM)."""
         if act is HintAction.PREFETCH:
             return ACCEPTED
         if act is HintAction.DEMOTE and self._disk.store is None:
@@ -174,6 +181,13 @@ class Hints:
                 if res is REJECTED:  # the answer was DEFERRED: count what became of it
                     self._counters.hints_late_rejected += 1
 
+    def _promoted(self, eid: int, landed: bool) -> None:
+        """DiskLink: a promotion ended; its entry joined RAM (apply the hints that waited) or its slot goes."""
+        if landed:
+            self.committed([eid])
+        else:
+            self.forget(eid)
+
     def forget(self, eid: int) -> None:
         """The entry's reservation ended without a Commit (aborted, or expired and its slot freed)."""
         if self._waiting:
@@ -183,11 +197,11 @@ class Hints:
         """Entries with hints waiting for their Commit."""
         return len(self._waiting)
 
-    def _not_in_ram(self, act: HintAction, eid: int) -> HintOutcome:
-        if act is HintAction.RELEASE:
+    @staticmethod
+    def _not_in_ram(act: HintAction) -> HintOutcome:
+        """A key only on disk: Release and Demote have nothing left to do; Retain and Pin nothing to keep."""
+        if act in (HintAction.RELEASE, HintAction.DEMOTE):
             return ACCEPTED
-        if act is HintAction.DEMOTE:
-            return DEFERRED if eid >= 0 else ACCEPTED  # being promoted / only on disk already
         return REJECTED  # Retain, Pin: nothing in RAM to keep (prefetch first)
 
     # -- demote -----------------------------------------------------------------------------------------
