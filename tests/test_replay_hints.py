@@ -199,7 +199,8 @@ def test_cli_hints_reports_lru_s3fifo_hints_and_belady_with_exact_store(capsys, 
         0.2, 0.8163, 0.79153, 0.86946)
     assert (d["hint_gain"], d["hint_share_of_belady"]) == (1.1348, 0.9389)
     assert d["targets"] == {"hint_gain": 1.3, "hint_share_of_belady": 0.9, "hint_gain_met": False,
-                            "hint_share_of_belady_met": True}
+                            "hint_share_of_belady_met": True, "s3fifo_hint_gain_met": False,
+                            "s3fifo_hint_share_of_belady_met": True}
     assert [(p["capacity_tokens"], p["disk_tokens"], p["hint_gain"]) for p in d["points"]] == [
         (12_697, 0, 1.1348), (31_744, 0, 1.0)]
     # S3-FIFO: the real store under policy s3fifo (no hints) equal to its exact simulator at each share
@@ -207,7 +208,13 @@ def test_cli_hints_reports_lru_s3fifo_hints_and_belady_with_exact_store(capsys, 
     assert [(p["s3fifo_hit_rate"], p["s3fifo_sim_hit_rate"], p["s3fifo_mismatched_requests"],
              p["s3fifo_tier_mismatches"], p["s3fifo_landing_mismatches"]) for p in d["points"]] == [
         (0.77372, 0.77372, 0, [], 0), (0.89785, 0.89785, 0, [], 0)]
-    for row in ("LRU (exact simulator)", "S3-FIFO (store)", "LRU + hints (store)", "Belady (one pool)"):
+    assert (d["s3fifo_hint_hit_rate"], d["s3fifo_hint_prefill_reduction"], d["s3fifo_hint_gain"],
+            d["s3fifo_hint_share_of_belady"]) == (0.8138, 5.3705, 1.1196, 0.936)
+    assert [(p["s3fifo_hint_hit_rate"], p["s3fifo_hint_sim_hit_rate"], p["s3fifo_hint_mismatched_requests"],
+             p["s3fifo_hint_tier_mismatches"]) for p in d["points"]] == [(0.8138, 0.8138, 0, []),
+                                                                          (0.90008, 0.90008, 0, [])]
+    for row in ("LRU (exact simulator)", "S3-FIFO (store)", "LRU + hints (store)", "S3-FIFO + hints (store)",
+                "Belady (one pool)", "S3-FIFO + hints over LRU"):
         assert out.count(row) == 2, row  # one row per share
     png = tmp_path / "hints_agentx_sessions_6_scale_0_05_seed_1.png"
     assert d["plot"] == str(png) and f"plot: {png}" in out

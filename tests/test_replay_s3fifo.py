@@ -14,7 +14,9 @@ from bench.replay.agentx import AgentXParams, generate
 from bench.replay.landing import replay_observed
 from bench.replay.replayer import replay
 from bench.replay.run import _tier_checks
+from bench.replay.hints import simulate_hinted
 from bench.replay.sim import CacheSim, LRUTier, PolicyTier, SegmentLog, simulate
+from bench.replay.sim_policy import HintedPolicyTier
 from bench.replay.tiers import StoreSpec
 from bench.replay.verdict import mismatches
 
@@ -144,3 +146,68 @@ def test_s3fifo_replay_with_disk_tier_equals_simulation(reinsert_hits: int) -> N
     assert sum(len(d) >= 2 for d in sim.disk_hits) >= 50  # probes whose landing order was the threads' choice
     assert (sim.counters["disk_reinserted"] > 0) == (reinsert_hits > 0)
     assert store.synced_writes and store.counters["demote_dropped"] == 0
+
+
+# -- S3-FIFO with hints ------------------------------------------------------------------------------------------
+
+def test_hinted_tier_makes_the_engines_choices_on_a_random_script() -> None:
+    # The same 400 operations on a real Engine (4 slots, S3-FIFO, hints) and on the model's tier: after each,
+    # the same blocks are resident. Puts, hits (deferred on both sides), Retain, Release, Pin (budget: 2 blocks).
+    import random
+
+    from tests.engine_helpers import NS, put
+    from tests.test_engine_hints import make_engine
+
+    eng, _ = make_engine("s3fifo")
+    tier = HintedPolicyTier("ram", 4)
+    rng = random.Random(7)
+    keys = [f"k{i}".encode() for i in range(9)]
+    for step in range(400):
+        present = [k for k in keys if k in tier]
+        absent = [k for k in keys if k not in tier]
+        op = rng.choice(["put", "put", "touch", "touch", "retain", "release", "pin"])
+        if op == "put" or not present:
+            k = rng.choice(absent)
+            put(eng, [k])
+            assert tier.admit([k], ())[0]
+        elif op == "touch":
+            ks = rng.sample(present, rng.randint(1, len(present)))
+            assert eng.lookup(NS, ks, lease=False).present == [True] * len(ks)
+            tier.touch(ks)
+        elif op == "pin":
+            k = rng.choice(present)
+            got = eng.hint(NS, [k], "pin", 20)
+            assert got == (["accepted"] if tier.pin(k) else ["rejected"]), step
+        else:
+            k = rng.choice(present)
+            assert eng.hint(NS, [k], op, 20) == ["accepted"]
+            tier.retain(k, 20, False) if op == "retain" else tier.release(k)
+        assert {k for k, p in zip(keys, eng.exists(NS, keys)) if p} == {k for k in keys if k in tier}, (step, op)
+    # the budget filled (two pinned blocks, never evicted since) and the script evicted often
+    assert len(tier.pinned) == 2 and sum(i.pins for i in eng.describe(NS, sorted(tier.pinned))) == 2
+    c = eng.stats().counters
+    assert (c["evictions"], c["hint_pin_rejected"]) == (122, 19)
+
+
+def test_s3fifo_with_hints_replay_equals_simulation() -> None:
+    # AgentX's hints (pins, retains over tool waits, releases) through a real daemon under S3-FIFO, RAM alone
+    # and RAM + disk (promotion order recorded): store == model request by request, hint outcomes included.
+    reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1, hints=True))
+    spec = StoreSpec.ram(12_697, policy="s3fifo")
+    store = replay(reqs, spec, sync_leases=True, hints=True)
+    sim = simulate_hinted(reqs, spec.sim_tiers())
+    assert store.verify_failures == 0 and store.hits == sim.hits
+    checks = _tier_checks(store, sim)
+    assert [k for k, (a, b) in checks.items() if a != b] == [], checks
+    assert {k: v for k, v in sim.counters.items() if k.startswith("hint_")} == {
+        "hint_pin_accepted": 6, "hint_retain_accepted": 2_551, "hint_retain_missing": 11,
+        "hint_release_accepted": 123} == store.hint_outcomes
+    assert (sum(sim.hits), sum(simulate(reqs, spec.sim_tiers()).hits)) == (2_924, 2_780)  # hinted vs plain S3-FIFO
+    spec = StoreSpec.ram_disk(10_000, 49_152, policy="s3fifo")
+    store, landed = replay_observed(reqs, spec, sync_leases=True, hints=True)
+    sim = simulate_hinted(reqs, spec.sim_tiers(), landed=landed)
+    assert store.verify_failures == 0 and sim.landing_mismatches == 0
+    assert store.hits == sim.hits and store.disk_hits == sim.disk_hits
+    checks = _tier_checks(store, sim)
+    assert [k for k, (a, b) in checks.items() if a != b] == [], checks
+    assert sim.counters["hint_retain_accepted"] > 0 and sim.counters["promotions"] > 0

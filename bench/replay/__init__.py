@@ -7,7 +7,8 @@
 - tiers.py        the store under test (RAM, disk segments; capacities in tokens) for daemon and simulator
 - sim.py          offline exact simulation: LRU RAM tier, segment-log disk tier (oldest segment reclaimed,
                   second chance for records read since written); the infinite-cache maximum
-- sim_policy.py   the S3-FIFO RAM tier for sim.py: the daemon's own policy class driven in the engine's order
+- sim_policy.py   the S3-FIFO RAM tier for sim.py: the daemon's own policy (and hint) classes driven in the
+                  engine's order
 - landing.py      the order the daemon's promoter threads landed promotions in, read from its event stream
 - belady.py       the ceiling: Belady's offline farthest-next-use eviction over RAM + disk as one pool
 - miss_check.py   the daemon's misses by cause over a run, checked to add up to the probes that stopped short
@@ -19,7 +20,7 @@
 - agentx.py       seeded AgentX-shaped trace generator (with the hints an agent runtime sends: hints=True);
                   agentx_stats.py measures its statistics
 - hints.py        agent hints: what the replay sends when (trace clock), the exact model of the daemon's rules
-- hints_cli.py    --hints: LRU, S3-FIFO and LRU + hints (the real store) and Belady at 10 % and 25 % of unique KV
+- hints_cli.py    --hints: LRU, S3-FIFO, each with hints (the real store) and Belady at 10 % and 25 % of unique KV
 - hints_plot.py   --hints' PNG: hit rate and prefill reduction per policy and share
 - cli.py          the command line; __main__.py runs it
 """

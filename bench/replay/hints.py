@@ -1,5 +1,7 @@
 """Agent hints in the replay: what is sent to the store when (HintFeed), and the exact model of what the
-daemon does with it (HintedLRU, apply_hint; kvstore/engine/hints.py and kvstore/policies/hinted.py).
+daemon does with it (HintedLRU, apply_hint; kvstore/engine/hints.py and kvstore/policies/hinted.py). Under
+S3-FIFO the RAM tier is sim_policy.HintedPolicyTier, which hands Retain and Release to the daemon's own
+HintedPolicy class; the rules below are what that class does over LRU.
 
 The clock is the trace's. A hint's ttl is in trace seconds (AgentX: a Retain lasts the agent's think time),
 but the daemon times hints by its own monotonic clock, and the replay runs far faster (or, in a burst,
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from bench.replay.keys import chain_keys
 from bench.replay.sim import CacheSim, LRUTier, SimResult, SimTier, simulate
+from bench.replay.sim_policy import HintedPolicyTier, PolicyTier
 from bench.replay.trace import Convention, Request
 
 __all__ = ["Send", "HintFeed", "HintedLRU", "apply_hint", "simulate_hinted", "DAEMON_MAX_TTL_S", "EXPIRE_TTL_S"]
@@ -122,6 +125,26 @@ class HintedLRU(LRUTier):
             od[k] = None
         return True, victims
 
+    def retain(self, key: bytes, ttl_s: float, expire: bool) -> None:
+        """A Retain of an entry in RAM (`expire`: the replay ending an earlier one with a tiny ttl)."""
+        self.released.pop(key, None)
+        if expire:
+            self.retained.discard(key)
+        else:
+            self.retained.add(key)
+
+    def release(self, key: bytes) -> None:
+        self.retained.discard(key)
+        self.released.setdefault(key, None)
+
+    def pin(self, key: bytes) -> bool:
+        """False: over the pin budget (nothing pinned); a key pinned again counts once."""
+        if key not in self.pinned:
+            if len(self.pinned) + 1 > self.pin_budget:
+                return False
+            self.pinned.add(key)
+        return True
+
     def _victim(self, keep: Collection[bytes]) -> bytes | None:
         pinned = self.pinned
         for k in self.released:
@@ -138,28 +161,21 @@ class HintedLRU(LRUTier):
 
 
 def apply_hint(sim: CacheSim, send: Send) -> list[str]:
-    """The daemon's answer to `send`, key by key, applied to the model's RAM tier (a HintedLRU)."""
+    """The daemon's answer to `send`, key by key, applied to the model's RAM tier (a HintedLRU, or a
+    HintedPolicyTier: S3-FIFO with the real HintedPolicy)."""
     ram, disk, c = sim.ram, sim.disk, sim.counters
-    assert isinstance(ram, HintedLRU), "simulate_hinted puts a HintedLRU first"
+    assert isinstance(ram, (HintedLRU, HintedPolicyTier)), "simulate_hinted puts a hinted RAM tier first"
     out: list[str] = []
     for k in send.keys:
         if k in ram:
             res = "clipped" if send.ttl_s > DAEMON_MAX_TTL_S else "accepted"
             if send.action == "retain":
-                ram.released.pop(k, None)
-                if send.expire:
-                    ram.retained.discard(k)
-                else:
-                    ram.retained.add(k)
+                ram.retain(k, min(send.ttl_s, DAEMON_MAX_TTL_S), send.expire)
             elif send.action == "release":
-                ram.retained.discard(k)
-                ram.released.setdefault(k, None)
+                ram.release(k)
                 res = "accepted"
-            elif k not in ram.pinned:
-                if len(ram.pinned) + 1 > ram.pin_budget:
-                    res = "rejected"
-                else:
-                    ram.pinned.add(k)
+            elif not ram.pin(k):
+                res = "rejected"
         elif disk is not None and k in disk:
             res = "accepted" if send.action == "release" else "rejected"
         else:
@@ -171,14 +187,22 @@ def apply_hint(sim: CacheSim, send: Send) -> list[str]:
 
 
 def simulate_hinted(requests: Sequence[Request], tiers: Sequence[SimTier],
-                    convention: Convention = Convention.FULL_BLOCKS) -> SimResult:
-    """`simulate` with the requests' hints sent as the replayer sends them (HintFeed), RAM as a HintedLRU."""
+                    convention: Convention = Convention.FULL_BLOCKS,
+                    landed: Sequence[bytes] | None = None) -> SimResult:
+    """`simulate` with the requests' hints sent as the replayer sends them (HintFeed), RAM as a HintedLRU (or,
+    for a PolicyTier, a HintedPolicyTier of its policy); `landed` as for `simulate` (S3-FIFO with a disk)."""
     ram = tiers[0]
-    hinted: list[SimTier] = [HintedLRU(ram.name, ram.capacity_blocks), *tiers[1:]]
+    hinted_ram: SimTier
+    if isinstance(ram, PolicyTier):
+        assert ram.capacity_blocks is not None
+        hinted_ram = HintedPolicyTier(ram.name, ram.capacity_blocks, ram.policy_name)
+    else:
+        hinted_ram = HintedLRU(ram.name, ram.capacity_blocks)
+    hinted: list[SimTier] = [hinted_ram, *tiers[1:]]
     feed = HintFeed()
 
     def on_hints(sim: CacheSim, r: Request, before: bool) -> None:
         for send in (feed.before(r) if before else feed.after(r)):
             apply_hint(sim, send)
 
-    return simulate(requests, hinted, convention, on_hints=on_hints)
+    return simulate(requests, hinted, convention, on_hints=on_hints, landed=landed)

@@ -5,16 +5,17 @@ rest a disk tier; --ram-share 1 sizes RAM alone) the AgentX trace with its hints
 through the real store, which receives them through Client.hint, and checked against the exact model
 (hints.py): request by request, counter by counter, every hint outcome count; any difference exits 2.
 Next to it, at the same store: plain LRU (the exact simulator without hints: the store's policy, equal to
-the store by the replay without hints); S3-FIFO, the real store again with policy s3fifo and no hints,
-checked against its own exact simulator (sim_policy.py; with a disk tier following the promotion order the
-daemon recorded, landing.py), any difference exiting 2 as well; and Belady's offline optimum over RAM + disk
-as one pool (belady.py).
+the store by the replay without hints); S3-FIFO, the real store again with policy s3fifo, without hints and
+with them, each checked against its own exact simulator (sim_policy.py, which drives the daemon's own policy
+and hint classes; with a disk tier following the promotion order the daemon recorded, landing.py), any
+difference exiting 2 as well; and Belady's offline optimum over RAM + disk as one pool (belady.py).
 
 stdout: one table (hit rate and prefill reduction per share and policy), the plot's path (hints_plot.py: one
 PNG in --out), then one JSON line: the first share's hint_hit_rate, lru_hit_rate, s3fifo_hit_rate,
-belady_hit_rate (and each one's prefill reduction), hint_gain (hint over LRU prefill reduction) and
-hint_share_of_belady (hint over Belady hit rate), every share's point under "points", the plot's path, and
-the issue's targets (hint_gain >= 1.3 and hint_share_of_belady >= 0.9 at the first share) as booleans.
+s3fifo_hint_hit_rate, belady_hit_rate (and each one's prefill reduction), hint_gain (LRU + hints over LRU
+prefill reduction), hint_share_of_belady (LRU + hints over Belady hit rate), s3fifo_hint_gain and
+s3fifo_hint_share_of_belady (the same for S3-FIFO + hints), every share's point under "points", the plot's
+path, and the issue's targets (gain >= 1.3 and share of Belady >= 0.9 at the first share) as booleans.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ GAIN_TARGET = 1.3
 SHARE_TARGET = 0.9
 HEADLINE = ("hint_hit_rate", "lru_hit_rate", "belady_hit_rate", "hint_gain", "hint_share_of_belady",
             "hint_prefill_reduction", "lru_prefill_reduction", "belady_prefill_reduction", "s3fifo_hit_rate",
-            "s3fifo_prefill_reduction")
-# from the S3-FIFO run of a share, into its point with an s3fifo_ prefix: its figures and its exactness
+            "s3fifo_prefill_reduction", "s3fifo_hint_hit_rate", "s3fifo_hint_prefill_reduction", "s3fifo_hint_gain",
+            "s3fifo_hint_share_of_belady")
+# from the S3-FIFO runs of a share (without hints, then with), into its point with an s3fifo_ (s3fifo_hint_)
+# prefix: their figures and their exactness; and the hinted run's gain and share under their own names
 S3FIFO_KEYS = ("hit_rate", "prefill_reduction", "sim_hit_rate", "mismatched_requests", "tier_mismatches",
                "landing_mismatches", "replay_s")
+S3FIFO_HINT_KEYS = ("hint_gain", "hint_share_of_belady")
 
 
 def hint_specs(w: Workload, shares: list[float], ram_share: float, bytes_per_token: int,
@@ -71,10 +75,13 @@ def _rows(shares: list[float], points: list[dict]) -> list[tuple]:
         for name, hr, pr in (("LRU (exact simulator)", p["lru_hit_rate"], p["lru_prefill_reduction"]),
                              ("S3-FIFO (store)", p["s3fifo_hit_rate"], p["s3fifo_prefill_reduction"]),
                              ("LRU + hints (store)", p["hint_hit_rate"], p["hint_prefill_reduction"]),
+                             ("S3-FIFO + hints (store)", p["s3fifo_hint_hit_rate"],
+                              p["s3fifo_hint_prefill_reduction"]),
                              ("Belady (one pool)", p["belady_hit_rate"], p["belady_prefill_reduction"])):
             rows.append((where, name, f"{hr:.4f}", f"{pr:.2f}x", f"{hr / p['belady_hit_rate']:.3f}"
                          if p["belady_hit_rate"] else "-"))
         rows.append((where, "hint gain over LRU (prefill reduction)", "", f"{p['hint_gain']:.3f}x", ""))
+        rows.append((where, "S3-FIFO + hints over LRU", "", f"{p['s3fifo_hint_gain']:.3f}x", ""))
     return rows
 
 
@@ -86,13 +93,17 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
     except ValueError as exc:
         parser.error(str(exc))
     points, fifo = [], []
-    with progress(2 * len(w.requests) * len(specs)) as bar:
+    with progress(3 * len(w.requests) * len(specs)) as bar:
         for share, spec in zip(shares, specs):
             bar.step(f"hints at {share:.0%}: RAM {fmt_tokens(spec.ram_tokens)}")
             p = run_point(w, spec, bar.advance, hints=True)
             bar.step(f"S3-FIFO at {share:.0%}")
             fifo.append(run_point(w, spec.with_policy("s3fifo"), bar.advance))
-            points.append(p | {f"s3fifo_{k}": fifo[-1][k] for k in S3FIFO_KEYS})
+            bar.step(f"S3-FIFO + hints at {share:.0%}")
+            fifo.append(run_point(w, spec.with_policy("s3fifo"), bar.advance, hints=True))
+            points.append(p | {f"s3fifo_{k}": fifo[-2][k] for k in S3FIFO_KEYS}
+                          | {f"s3fifo_hint_{k}": fifo[-1][k] for k in S3FIFO_KEYS}
+                          | {f"s3fifo_{k}": fifo[-1][k] for k in S3FIFO_HINT_KEYS})
     print_table(f"Agent hints: {w.name}" + (f" ({w.cut})" if w.cut else ""),
                 ["store (share of unique KV)", "policy", "hit rate", "prefill reduction", "of Belady"],
                 _rows(shares, points))
@@ -101,19 +112,22 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
         print(f"{share:.0%}: {misses_text(p)}")
     stem = re.sub(r"[^A-Za-z0-9]+", "_", w.name).strip("_") + ("_quick" if a.quick else "_cut" if w.cut else "")
     png = plot_hints(shares, points, a.out / f"hints_{stem}.png",
-                     f"{w.name}{' (quick)' if a.quick else ''}: LRU, S3-FIFO, LRU + hints, Belady")
+                     f"{w.name}{' (quick)' if a.quick else ''}: LRU, S3-FIFO, with and without hints, Belady")
     print(f"plot: {png}")
     bad = all_mismatches(points) + all_mismatches(fifo)
-    keep = HEADLINE + tuple(f"s3fifo_{k}" for k in S3FIFO_KEYS) + (
+    keep = tuple(dict.fromkeys(HEADLINE + tuple(f"s3fifo_{k}" for k in S3FIFO_KEYS)
+                               + tuple(f"s3fifo_hint_{k}" for k in S3FIFO_KEYS) + (
         "capacity_tokens", "disk_tokens", "store_share_of_unique", "hit_rate", "sim_hit_rate", "mismatched_requests",
         "tier_mismatches", "tier_checks", "conditions", "replay_s", "hint_s", "misses_by_cause", "prefix_lookups_short",
-        "miss_causes_add_up")
+        "miss_causes_add_up")))
     result = {"trace": w.name, "cut": w.cut, "requests": len(w.requests), "share": shares[0],
               **{k: head[k] for k in HEADLINE},
               **{k: head[k] for k in ("misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")},
               "targets": {"hint_gain": GAIN_TARGET, "hint_share_of_belady": SHARE_TARGET,
                           "hint_gain_met": head["hint_gain"] >= GAIN_TARGET,
-                          "hint_share_of_belady_met": head["hint_share_of_belady"] >= SHARE_TARGET},
+                          "hint_share_of_belady_met": head["hint_share_of_belady"] >= SHARE_TARGET,
+                          "s3fifo_hint_gain_met": head["s3fifo_hint_gain"] >= GAIN_TARGET,
+                          "s3fifo_hint_share_of_belady_met": head["s3fifo_hint_share_of_belady"] >= SHARE_TARGET},
               "points": [{"share": s, **{k: p[k] for k in keep}} for s, p in zip(shares, points)],
               "plot": str(png), "exact": not bad, "mismatches": bad[:20],
               "elapsed_s": round(time.perf_counter() - t0, 1)}

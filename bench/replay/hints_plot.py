@@ -1,6 +1,6 @@
 """The --hints run's one plot: hit rate and prefill reduction per policy at each share of unique KV.
 
-Grouped bars (one group a share, one bar a policy: LRU, S3-FIFO, LRU + hints, Belady), hit rate on the left
+Grouped bars (one group a share, one bar a policy: LRU, S3-FIFO, each + hints, Belady), hit rate on the left
 panel and prefill reduction on the right, each bar labelled with its value so the PNG reads without the table.
 matplotlib only here, imported when plotting (Agg backend: no display), like report.plot_sweep.
 """
@@ -16,6 +16,7 @@ __all__ = ["POLICIES", "plot_hints"]
 POLICIES = (("LRU", "lru_hit_rate", "lru_prefill_reduction"),
             ("S3-FIFO", "s3fifo_hit_rate", "s3fifo_prefill_reduction"),
             ("LRU + hints", "hint_hit_rate", "hint_prefill_reduction"),
+            ("S3-FIFO + hints", "s3fifo_hint_hit_rate", "s3fifo_hint_prefill_reduction"),
             ("Belady", "belady_hit_rate", "belady_prefill_reduction"))
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
+from bench.replay.hints import HintFeed
 from bench.replay.miss_check import miss_deltas
 from bench.replay.replayer import DISK_STATS, NAMESPACE, SYNC_BELOW_REQUESTS, ReplayResult, _run, wait_for_leases
 from bench.replay.tiers import StoreSpec
@@ -69,8 +70,8 @@ class LandingLog:
 
 def replay_observed(requests: Sequence[Request], spec: StoreSpec, *,
                     convention: Convention = Convention.FULL_BLOCKS, on_request: Callable[[], None] | None = None,
-                    sync_leases: bool | None = None) -> tuple[ReplayResult, list[bytes]]:
-    """replayer.replay (no hints), plus the promoted keys in the order the daemon inserted them into its policy."""
+                    sync_leases: bool | None = None, hints: bool = False) -> tuple[ReplayResult, list[bytes]]:
+    """replayer.replay, plus the promoted keys in the order the daemon inserted them into its policy."""
     largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
     if sync_leases is None:
         sync_leases = spec.tiers[0].capacity_blocks < SYNC_BELOW_REQUESTS * largest
@@ -82,7 +83,8 @@ def replay_observed(requests: Sequence[Request], spec: StoreSpec, *,
         log = LandingLog(client)
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
         before = dict(client.stats().counters)
-        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None)
+        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
+                      feed=HintFeed() if hints else None)
         stats = client.stats()
         landed = log.finish(client)
         result.resident_blocks = stats.blocks

@@ -165,7 +165,8 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
 def _hint_figures(w: Workload, spec: StoreSpec, f: HitFigures, out: dict) -> dict:
     """With hints: the store's figures against plain LRU (simulated at the same store) and Belady. The
     point's lru_* figures are plain LRU's then, and hint_* the hinted store's."""
-    plain = hit_figures(w.requests, simulate(w.requests, spec.sim_tiers(), w.convention).hits, w.convention)
+    plain = hit_figures(w.requests, simulate(w.requests, spec.with_policy("lru").sim_tiers(), w.convention).hits,
+                        w.convention)
     bel_hr, bel_pr = out["belady_hit_rate"], out["belady_prefill_reduction"]
     return {"hint_hit_rate": round(f.hit_rate, 5), "hint_prefill_reduction": round(f.prefill_reduction, 4),
             "lru_hit_rate": round(plain.hit_rate, 5), "lru_prefill_reduction": round(plain.prefill_reduction, 4),
@@ -185,13 +186,13 @@ def _store_and_sim(w: Workload, spec: StoreSpec, on_request: Callable[[], None] 
     if spec.policy == "lru":
         sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv)
         return replay(reqs, spec, convention=conv, on_request=on_request, hints=hints), sim
-    if hints:
-        raise ValueError(f"policy {spec.policy!r}: the hint model is LRU's (hints.py); replay it without hints")
+    model = simulate_hinted if hints else simulate
     if spec.disk is None:
-        store = replay(reqs, spec, convention=conv, on_request=on_request, sync_leases=True)
-        return store, simulate(reqs, spec.sim_tiers(), conv)
-    store, landed = replay_observed(reqs, spec, convention=conv, on_request=on_request, sync_leases=True)
-    return store, simulate(reqs, spec.sim_tiers(), conv, landed=landed)
+        store = replay(reqs, spec, convention=conv, on_request=on_request, sync_leases=True, hints=hints)
+        return store, model(reqs, spec.sim_tiers(), conv)
+    store, landed = replay_observed(reqs, spec, convention=conv, on_request=on_request, sync_leases=True,
+                                    hints=hints)
+    return store, model(reqs, spec.sim_tiers(), conv, landed=landed)
 
 
 def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None, *,

@@ -34,9 +34,14 @@ from collections.abc import Callable, Collection, Sequence
 import numpy as np
 
 from kvstore.policies import make_policy
-from kvstore.policies.hinted import with_hints
+from kvstore.policies.hinted import RELEASED, RETAINED, HintedPolicy, with_hints
 
-__all__ = ["PolicyTier", "fingerprint"]
+__all__ = ["PolicyTier", "HintedPolicyTier", "fingerprint", "CLOCK_TICK_S"]
+
+# HintedPolicyTier's clock: every reading moves it on by this much, so a Retain ended with the replay's
+# 1e-9 s ttl (hints.EXPIRE_TTL_S) has expired by the next victim choice, as on the daemon's monotonic clock,
+# and one sent with the daemon's max ttl (600 s) never expires within a run (6e8 readings)
+CLOCK_TICK_S = 1e-6
 
 
 def fingerprint(key: bytes) -> int:
@@ -104,9 +109,13 @@ class PolicyTier:
         victims.append(v)
         return True
 
+    def _held(self, keep: Collection[bytes]) -> set[int]:
+        """The entry ids no victim may be: those the call found present."""
+        return {self._eid[k] for k in keep if k in self._eid}
+
     def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
         """Reserve + Commit of absent keys: all slots first (all or nothing), then the inserts in order."""
-        ids = {self._eid[k] for k in keep if k in self._eid}
+        ids = self._held(keep)
         victims: list[bytes] = []
         used = len(self._eid)
         for _ in keys:
@@ -120,7 +129,7 @@ class PolicyTier:
                 landing: Callable[[list[bytes]], list[bytes]] | None = None) -> tuple[list[bool], list[bytes]]:
         """A probe's promotions: a slot each in order (False: none could be freed), then the inserts of those
         that got one, in chain order or in the order `landing` (the promoters' finishing order) gives them."""
-        ids = {self._eid[k] for k in keep if k in self._eid}
+        ids = self._held(keep)
         victims: list[bytes] = []
         oks: list[bool] = []
         used = len(self._eid)
@@ -131,3 +140,48 @@ class PolicyTier:
         got = [k for k, ok in zip(keys, oks) if ok]
         self._insert(landing(got) if landing is not None else got)
         return oks, victims
+
+
+class HintedPolicyTier(PolicyTier):
+    """The RAM tier under `policy` with the engine's hints (kvstore/engine/hints.py), for hints.apply_hint.
+
+    Retain and Release go to the REAL HintedPolicy the tier already drives (its priority classes, release order
+    and pressure rule are then the daemon's by construction), on a clock of its own (CLOCK_TICK_S). Pins are the
+    catalog's in the daemon, outside the policy: here a set of keys no victim may be, like the keys a call holds.
+    """
+
+    def __init__(self, name: str, capacity_blocks: int, policy: str = "s3fifo") -> None:
+        super().__init__(name, capacity_blocks, policy)
+        self._now = 0.0
+        self.policy = HintedPolicy(make_policy(policy), clock=self._tick)
+        self.pinned: set[bytes] = set()
+
+    def _tick(self) -> float:
+        self._now += CLOCK_TICK_S
+        return self._now
+
+    @property
+    def pin_budget(self) -> int:
+        """Blocks hint pins may hold: half the arena (the daemon's budget without tenant quotas)."""
+        return (self.capacity_blocks or 0) // 2
+
+    def _held(self, keep: Collection[bytes]) -> set[int]:
+        eid = self._eid
+        return {eid[k] for k in keep if k in eid} | {eid[k] for k in self.pinned if k in eid}
+
+    def retain(self, key: bytes, ttl_s: float, expire: bool) -> None:
+        """A Retain of an entry in RAM (`expire`: the replay ending an earlier one with a tiny ttl)."""
+        self._apply()  # the engine applies pending hits before a hint (Hints.apply)
+        self.policy.set_priority(self._eid[key], RETAINED, self._tick() + ttl_s)
+
+    def release(self, key: bytes) -> None:
+        self._apply()
+        self.policy.set_priority(self._eid[key], RELEASED)
+
+    def pin(self, key: bytes) -> bool:
+        """False: over the pin budget (nothing pinned); a key pinned again counts once."""
+        if key not in self.pinned:
+            if len(self.pinned) + 1 > self.pin_budget:
+                return False
+            self.pinned.add(key)
+        return True
