@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvstore.testing import DaemonProcess
 
 ALICE_TOKEN = "alice-0123456789abcdef"
 BOB_TOKEN = "bob-fedcba9876543210xx"
@@ -16,3 +20,13 @@ def secret(path: str, text: str) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     return path
+
+
+def two_tenant_daemon(folder: Path) -> Iterator[tuple[DaemonProcess, str, str]]:
+    """A daemon that knows alice's and bob's tokens, with each one's token file: the body of a module fixture
+    (`yield from two_tenant_daemon(tmp_path_factory.mktemp("tokens"))`)."""
+    tokens = secret(str(folder / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
+    alice = secret(str(folder / "alice.token"), ALICE_TOKEN + "\n")
+    bob = secret(str(folder / "bob.token"), BOB_TOKEN + "\n")
+    with DaemonProcess(tokens_file=tokens) as daemon:
+        yield daemon, alice, bob

@@ -17,7 +17,7 @@ from kvstore.client import KeyExplanation
 from kvstore.errors import InvalidRequestError, UnknownNamespaceError
 from kvstore.testing import DaemonProcess
 from kvstore.vocab import Tier
-from tests.tenant_helpers import A_NS, ALICE_TOKEN, B_NS, BOB_TOKEN, secret
+from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
 
 pytestmark = pytest.mark.timeout(90)
 A, B = "explain/a", "explain/b"
@@ -99,12 +99,7 @@ def test_bad_input_gets_a_clear_error_and_the_daemon_keeps_serving(daemon: Daemo
 
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("tokens")
-    tokens = secret(str(d / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
-    alice = secret(str(d / "alice.token"), ALICE_TOKEN + "\n")
-    bob = secret(str(d / "bob.token"), BOB_TOKEN + "\n")
-    with DaemonProcess(tokens_file=tokens) as daemon:
-        yield daemon, alice, bob
+    yield from two_tenant_daemon(tmp_path_factory.mktemp("tokens"))
 
 
 def test_a_tenant_cannot_explain_another_tenants_namespace_nor_see_its_holders(tenants) -> None:

@@ -14,9 +14,9 @@ from kvstore.client import KeyExplanation
 from kvstore.errors import (BatchTooLargeError, ConfigError, InvalidRequestError, UnknownNamespaceError,
                             UnknownSessionError)
 from kvstore.server.config import ServerConfig
-from kvstore.testing import DaemonProcess, raw_stub
+from kvstore.testing import raw_stub
 from kvstore.vocab import Tier
-from tests.tenant_helpers import A_NS, ALICE_TOKEN, B_NS, BOB_TOKEN, secret
+from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
 
 pytestmark = pytest.mark.timeout(90)
 TP0, TP1 = "sess/tp0", "sess/tp1"
@@ -134,12 +134,7 @@ def test_bad_book_settings_stop_the_daemon_before_it_starts() -> None:
 
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("tokens")
-    tokens = secret(str(d / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
-    alice = secret(str(d / "alice.token"), ALICE_TOKEN + "\n")
-    bob = secret(str(d / "bob.token"), BOB_TOKEN + "\n")
-    with DaemonProcess(tokens_file=tokens) as daemon:
-        yield daemon, alice, bob
+    yield from two_tenant_daemon(tmp_path_factory.mktemp("tokens"))
 
 
 def test_a_tenant_sees_only_its_own_sessions(tenants) -> None:
