@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
@@ -28,34 +27,18 @@ import httpx
 from bench.serve.http_client import reset_prefix_cache
 from bench.serve.model import write_model
 from bench.serve.procs import ProcessSet
-from bench.serve.servers import SERVED_NAME, VllmSpec, kvstore_connector, start_vllm, wait_vllm
+from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vllm
 from connector.keys import KeyChain, chain_root
 from kvstore.cli.main import main
 from kvstore.client import Client
-from kvstore.hint_vocab import HINT_COUNTER_NAMES
 from kvstore.testing import DaemonProcess
+from tests.vllm_e2e.hints_http import complete as _complete
+from tests.vllm_e2e.hints_http import hint_counts as _hint_counts
+from tests.vllm_e2e.hints_http import tokens as _tokens
+from tests.vllm_e2e.hints_http import wait_counts as _wait_counts
 
 SYSTEM, TOOL, OUT, BLOCK = 300, 100, 8, 64
 PIN_TTL_S = 120.0
-
-
-def _tokens(seed: int, n: int) -> list[int]:
-    return [(seed * 7919 + 31 * i) % 8000 + 3 for i in range(n)]
-
-
-async def _complete(http: httpx.AsyncClient, url: str, prompt: list[int],
-                    params: dict[str, Any] | None) -> tuple[int, tuple[int, ...]]:
-    """(cached prompt tokens, generated ids) of one greedy completion, kv_transfer_params in the body."""
-    body: dict[str, Any] = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": OUT, "temperature": 0.0,
-                            "ignore_eos": True, "return_token_ids": True}
-    if params is not None:
-        body["kv_transfer_params"] = params
-    r = await http.post(url + "/v1/completions", json=body)
-    assert r.status_code == 200, r.text[:500]
-    js = r.json()
-    ids = tuple(js["choices"][0]["token_ids"])
-    assert len(ids) == OUT
-    return int((js["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0), ids
 
 
 async def _turns(url: str, params: list[dict[str, Any] | None]) -> tuple[list[list[int]], list[tuple]]:
@@ -72,21 +55,6 @@ async def _turns(url: str, params: list[dict[str, Any] | None]) -> tuple[list[li
             out.append(got)
             context += list(got[1])
     return prompts, out
-
-
-def _hint_counts(c: Client) -> dict[str, int]:
-    counters = c.stats().counters
-    return {k: counters.get(k, 0) for k in HINT_COUNTER_NAMES if counters.get(k, 0)}
-
-
-def _wait_counts(c: Client, want: dict[str, int], timeout_s: float = 60.0) -> dict[str, int]:
-    """The daemon's nonzero hint counters once they reach ``want`` (hints run on a background thread)."""
-    deadline = time.monotonic() + timeout_s
-    got = _hint_counts(c)
-    while got != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        got = _hint_counts(c)
-    return got
 
 
 def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_path, capsys) -> None:
