@@ -17,6 +17,7 @@
     hints.py           agent hints: read from a request, aimed at a session's keys, sent off vLLM's thread
     link.py            a fail-soft handle on the daemon for code running inside vLLM
     stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
+    prom.py            those counters on vLLM's Prometheus /metrics: stable names, labels from closed vocabularies
     misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread
     probe.py           the scheduler's lookup of a prefix across every shard (stages, TP ranks, groups) at once
 """

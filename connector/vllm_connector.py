@@ -41,6 +41,7 @@ from connector.groups import KVGroup, groups_from_config
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
+from connector.prom import KVStorePromMetrics
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.stats import ConnectorCounters, miss_summary
 from connector.worker import WorkerSide
@@ -57,6 +58,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -393,6 +395,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KVStoreStats(data=dict(data)) if data is not None else KVStoreStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]],
+                           ) -> KVConnectorPromMetrics | None:
+        """The connector's counters on vLLM's /metrics (connector/prom.py)."""
+        return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._sched is not None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.serve.http_client import complete, reset_prefix_cache
 from bench.serve.model import write_model
 from bench.serve.procs import ProcessSet
 from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vllm
 from kvstore.client import Client
-from kvstore.testing import DaemonProcess
+from kvstore.testing import DaemonProcess, wait_until
 
 SYSTEM, TOOL, OUT = 300, 100, 8
 
@@ -43,6 +44,15 @@ async def _session(url: str, reset: bool) -> list[tuple[int, int, tuple[int, ...
     return out
 
 
+def _kvstore_metrics(url: str) -> dict[tuple[str, str], float]:
+    """The connector's counters on the server's own /metrics (connector/prom.py): (name, family label value)
+    -> value, for engine 0."""
+    text = httpx.get(f"{url}/metrics", timeout=30.0).text
+    return {(s.name, s.labels.get("tier") or s.labels.get("cause") or s.labels.get("outcome") or ""): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name.startswith("vllm:kvstore_") and s.name.endswith("_total") and s.labels.get("engine") == "0"}
+
+
 def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
@@ -53,6 +63,10 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
         for p, s in zip(procs, specs):
             wait_vllm(p, s, timeout_s=600)
         got = asyncio.run(_session(specs[0].url, reset=True))
+        # vLLM's stat logger records the step that finished the last turn after its response: wait for it
+        wait_until(lambda: _kvstore_metrics(specs[0].url).get(("vllm:kvstore_loaded_blocks_total", "")) == 4 + 6,
+                   timeout_s=30.0, what="the connector's loaded blocks on /metrics")
+        metrics = _kvstore_metrics(specs[0].url)
         want = asyncio.run(_session(specs[1].url, reset=False))
         with Client(d.address) as c:
             (ns,) = [n for n in c.stats().namespaces if n.name.startswith("vllm/")]
@@ -68,3 +82,8 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
     assert hit_keys == 2 * (4 + 6)
     # stored: every full block vLLM computed over the session (turn 2's prompt + 7 generated: 523 -> 8 blocks)
     assert blocks == (prompts[2] + OUT - 1) // 64
+    # vLLM's /metrics lists the connector's counters: every hit token came from the store's RAM
+    served = {tier: metrics[("vllm:kvstore_served_tokens_total", tier)] for tier in ("ram", "disk", "peer")}
+    assert served == {"ram": 256 + 384, "disk": 0, "peer": 0}
+    assert metrics[("vllm:kvstore_hit_tokens_total", "")] == 256 + 384
+    assert ("vllm:kvstore_misses_total", "never_stored") in metrics

@@ -129,6 +129,7 @@ class Harness:
         self.finish_reasons: dict[str, Any] = {}  # request id -> vLLM's FinishReason
         self.load_jobs: list[tuple[int, str]] = []  # (step, request id) of every load job
         self._loading: set[str] = set()  # requests with a load job not yet reported received
+        self.scheduler_stats: list[Any] = []  # vLLM's SchedulerStats of every step, as its stat loggers get them
 
     @property
     def sched_side(self) -> KVStoreConnector:
@@ -185,10 +186,14 @@ class Harness:
                 kv_connector_output=KVConnectorOutput(finished_sending=res.finished_sending or None,
                                                       finished_recving=res.finished_recving or None,
                                                       failed_recving=res.failed_recving,
-                                                      invalid_block_ids=errors)))
+                                                      invalid_block_ids=errors,
+                                                      # as vLLM's model runner: this step's worker counters
+                                                      kv_connector_stats=w.get_kv_connector_stats())))
         mro = self._aggregator.aggregate(outputs)
         self._loading -= mro.kv_connector_output.finished_recving or set()
         for outs in self.scheduler.update_from_output(out, mro).values():
+            if outs.scheduler_stats is not None:
+                self.scheduler_stats.append(outs.scheduler_stats)
             for o in outs.outputs:
                 if o.prefill_stats is not None:
                     self.prefill[o.request_id] = o.prefill_stats

@@ -156,6 +156,7 @@ class HybridHarness(Harness):
         self.finish_reasons = {}
         self.load_jobs = []
         self._loading = set()
+        self.scheduler_stats = []
         self.tables: dict[str, list[list[int]]] = {}  # request -> per group, the block table the worker saw
         self.kept: dict[str, list[list[int]]] = {}    # request -> per group, vLLM's blocks at its last step
 

@@ -118,6 +118,7 @@ class MLAHarness(Harness):
         self.finish_reasons = {}
         self.load_jobs = []
         self._loading = set()
+        self.scheduler_stats = []
 
     def _forward(self, out: SchedulerOutput) -> dict[str, list[int]]:
         sampled = super()._forward(out)  # block tables and sampling (no K/V caches to write)
