@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import sys
 import termios
+import threading
 import time
 import tty
 from collections.abc import Sequence
@@ -260,15 +262,22 @@ def _namespaces(v: TopView, last: str) -> RenderableType:
 
 # -- the loop -------------------------------------------------------------------------------------------------
 class _Keys:
-    """Single key presses from a terminal stdin (cbreak: no Enter needed, Ctrl-C still signals).
+    """Single key presses from a terminal stdin (cbreak: no Enter needed), and Ctrl-C, as a quit request.
 
-    When stdin is not a terminal it is never read (it may belong to a pipeline); waiting is then a sleep.
-    The terminal's settings are restored on exit, whatever ended the loop.
+    When stdin is not a terminal it is never read (it may belong to a pipeline). Ctrl-C does not raise while
+    top runs: SIGINT only sets `interrupted` and wakes the wait (signal.set_wakeup_fd on a pipe the wait
+    selects on), so it never lands inside a Stats call, whose gRPC channel an interrupt can leave unable to
+    close (the process then hung instead of exiting). Off the main thread signals stay as they were. The
+    terminal's settings and the previous SIGINT handler are restored on exit, whatever ended the loop.
     """
 
     def __init__(self) -> None:
         self._fd: int | None = None
         self._saved: list[Any] | None = None
+        self._wake: tuple[int, int] | None = None
+        self._old_wakeup_fd = -1
+        self._old_handler: Any = None
+        self.interrupted = False
 
     def __enter__(self) -> _Keys:
         try:
@@ -278,27 +287,46 @@ class _Keys:
                 tty.setcbreak(self._fd)
         except (OSError, ValueError, termios.error):
             self._fd = None
+        if threading.current_thread() is threading.main_thread():
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake = (r, w)
+            self._old_wakeup_fd = signal.set_wakeup_fd(w)
+            self._old_handler = signal.signal(signal.SIGINT, self._on_interrupt)
         return self
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         if self._fd is not None and self._saved is not None:
             termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+        if self._wake is not None:
+            signal.signal(signal.SIGINT, self._old_handler)
+            signal.set_wakeup_fd(self._old_wakeup_fd)
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
 
     def wait_for_quit(self, seconds: float) -> bool:
-        """Sleep `seconds`, or less when 'q' is pressed: True then."""
+        """Sleep `seconds`, or less when 'q' is pressed or Ctrl-C comes: True then."""
         deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self._fd is None:
+        while not self.interrupted and (left := deadline - time.monotonic()) > 0:
+            fds = [fd for fd in (self._fd, self._wake[0] if self._wake else None) if fd is not None]
+            if not fds:
                 time.sleep(left)
                 return False
-            ready, _, _ = select.select([self._fd], [], [], left)
-            if ready:
+            ready, _, _ = select.select(fds, [], [], left)
+            if self._wake is not None and self._wake[0] in ready:
+                os.read(self._wake[0], 512)  # drain: the handler has run (or runs next) and set `interrupted`
+            if self._fd is not None and self._fd in ready:
                 ch = os.read(self._fd, 1)
                 if ch in (b"q", b"Q"):
                     return True
                 if not ch:  # the terminal went away: keep refreshing without keys
                     self._fd = None
-        return False
+        return self.interrupted
 
 
 def run(client: Client, args: argparse.Namespace) -> int:
@@ -321,7 +349,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
         with _Keys() as keys, Live(waiting, console=console, auto_refresh=False) as live:
             prev, t0 = client.stats(), time.monotonic()
             done = 0
-            while iterations is None or done < iterations:
+            while (iterations is None or done < iterations) and not keys.interrupted:
                 if keys.wait_for_quit(interval):
                     break
                 cur, t1 = client.stats(), time.monotonic()
