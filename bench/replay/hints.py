@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from bench.replay.keys import chain_keys
 from bench.replay.sim import CacheSim, LRUTier, SimResult, SimTier, simulate
-from bench.replay.sim_policy import HintedPolicyTier, PolicyTier
+from bench.replay.sim_policy import HintedPolicyTier, HintPins, PolicyTier
 from bench.replay.trace import Convention, Request
 
 __all__ = ["Send", "HintFeed", "HintedLRU", "apply_hint", "simulate_hinted", "DAEMON_MAX_TTL_S", "EXPIRE_TTL_S"]
@@ -95,7 +95,7 @@ class HintFeed:
         return out
 
 
-class HintedLRU(LRUTier):
+class HintedLRU(HintPins, LRUTier):
     """The RAM tier's LRU with the daemon's hint classes (see the module docstring)."""
 
     def __init__(self, name: str, capacity_blocks: int | None) -> None:
@@ -103,11 +103,6 @@ class HintedLRU(LRUTier):
         self.released: OrderedDict[bytes, None] = OrderedDict()
         self.retained: set[bytes] = set()
         self.pinned: set[bytes] = set()
-
-    @property
-    def pin_budget(self) -> int:
-        """Blocks hint pins may hold: half the arena (the daemon's budget without tenant quotas)."""
-        return (self.capacity_blocks or 0) // 2
 
     def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
         od = self._od
@@ -137,13 +132,6 @@ class HintedLRU(LRUTier):
         self.retained.discard(key)
         self.released.setdefault(key, None)
 
-    def pin(self, key: bytes) -> bool:
-        """False: over the pin budget (nothing pinned); a key pinned again counts once."""
-        if key not in self.pinned:
-            if len(self.pinned) + 1 > self.pin_budget:
-                return False
-            self.pinned.add(key)
-        return True
 
     def _victim(self, keep: Collection[bytes]) -> bytes | None:
         pinned = self.pinned

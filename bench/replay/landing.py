@@ -9,24 +9,21 @@ guessing: the engine publishes a `moved` event (disk -> RAM) under its lock righ
 event stream lists the promoted keys in exactly the policy's order. The simulator then takes each probe's
 landings from this list (sim.CacheSim, `landed`); everything else it still derives from the trace.
 
-`replay_observed` is replayer.replay with a Subscribe stream open for the whole run. A sentinel block put in a
-second namespace after the last request marks the end of the stream (events reach a subscriber in publish
-order), so no landing is missed; a gap (events dropped for a slow reader) fails the run.
+`replay_observed` is replayer.replay with a Subscribe stream open for the whole run (its `watch` hook). A
+sentinel block put in a second namespace after the last request marks the end of the stream (events reach a
+subscriber in publish order), so no landing is missed; a gap (events dropped for a slow reader) fails the run.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from bench.replay.hints import HintFeed
-from bench.replay.miss_check import miss_deltas
-from bench.replay.replayer import DISK_STATS, NAMESPACE, SYNC_BELOW_REQUESTS, ReplayResult, _run, wait_for_leases
+from bench.replay.replayer import NAMESPACE, ReplayResult, replay
 from bench.replay.tiers import StoreSpec
 from bench.replay.trace import Convention, Request
 from kvstore.client import Client
-from kvstore.testing import DaemonProcess, wait_until
+from kvstore.testing import wait_until
 
 __all__ = ["LandingLog", "replay_observed"]
 
@@ -72,25 +69,12 @@ def replay_observed(requests: Sequence[Request], spec: StoreSpec, *,
                     convention: Convention = Convention.FULL_BLOCKS, on_request: Callable[[], None] | None = None,
                     sync_leases: bool | None = None, hints: bool = False) -> tuple[ReplayResult, list[bytes]]:
     """replayer.replay, plus the promoted keys in the order the daemon inserted them into its policy."""
-    largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
-    if sync_leases is None:
-        sync_leases = spec.tiers[0].capacity_blocks < SYNC_BELOW_REQUESTS * largest
-    with DaemonProcess(**spec.daemon_options()) as daemon, daemon.client() as client:
-        client.register_namespace(NAMESPACE, model="trace-replay", layout_digest=f"bpt{spec.bytes_per_token}")
-        if largest > client.max_batch_keys:
-            print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "
-                  f"({client.max_batch_keys}); the simulation may differ on it", file=sys.stderr)
+    landed: list[bytes] = []
+
+    def watch(client: Client) -> Callable[[Client], None]:
         log = LandingLog(client)
-        sync = (lambda: wait_for_leases(client)) if sync_leases else None
-        before = dict(client.stats().counters)
-        result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
-                      feed=HintFeed() if hints else None)
-        stats = client.stats()
-        landed = log.finish(client)
-        result.resident_blocks = stats.blocks
-        result.counters = dict(stats.counters)
-        result.misses_by_cause = miss_deltas(before, result.counters)
-        if stats.disk is not None:
-            result.disk = {k: int(getattr(stats.disk, k)) for k in DISK_STATS}
-        result.synced_leases = sync_leases
+        return lambda c: landed.extend(log.finish(c))
+
+    result = replay(requests, spec, convention=convention, on_request=on_request, sync_leases=sync_leases,
+                    hints=hints, watch=watch)
     return result, landed

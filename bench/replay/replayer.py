@@ -140,13 +140,16 @@ def _written(s: Stats) -> bool:
 
 def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Convention = Convention.FULL_BLOCKS,
            on_request: Callable[[], None] | None = None, sync_leases: bool | None = None,
-           hints: bool = False) -> ReplayResult:
+           hints: bool = False,
+           watch: Callable[[Client], Callable[[Client], None]] | None = None) -> ReplayResult:
     """Start a daemon sized by `spec`, replay `requests` through it, stop it; the measured result.
 
     sync_leases: wait between each load and its put until the daemon holds no lease. None = only where it can
     change a victim, i.e. when the RAM tier holds fewer than `SYNC_BELOW_REQUESTS` of the largest request.
     With a disk tier the replay also waits for promotions and for the disk writer (always: see above).
     hints: send the requests' hints (see above; the daemon must answer Client.hint).
+    watch: called with the client before the first request; what it returns is called with the client after
+    the run's final Stats (landing.py reads the event stream this way).
     """
     largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
     if sync_leases is None:
@@ -156,11 +159,14 @@ def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Conventi
         if largest > client.max_batch_keys:  # the client splits such a request into calls the model does not split
             print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "
                   f"({client.max_batch_keys}); the simulation may differ on it", file=sys.stderr)
+        finish = watch(client) if watch is not None else None
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
         before = dict(client.stats().counters)
         result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
                       feed=HintFeed() if hints else None)
         stats = client.stats()
+        if finish is not None:
+            finish(client)
         result.resident_blocks = stats.blocks
         result.counters = dict(stats.counters)
         result.misses_by_cause = miss_deltas(before, result.counters)

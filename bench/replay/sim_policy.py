@@ -36,7 +36,7 @@ import numpy as np
 from kvstore.policies import make_policy
 from kvstore.policies.hinted import RELEASED, RETAINED, HintedPolicy, with_hints
 
-__all__ = ["PolicyTier", "HintedPolicyTier", "fingerprint", "CLOCK_TICK_S"]
+__all__ = ["PolicyTier", "HintedPolicyTier", "HintPins", "fingerprint", "CLOCK_TICK_S"]
 
 # HintedPolicyTier's clock: every reading moves it on by this much, so a Retain ended with the replay's
 # 1e-9 s ttl (hints.EXPIRE_TTL_S) has expired by the next victim choice, as on the daemon's monotonic clock,
@@ -142,7 +142,27 @@ class PolicyTier:
         return oks, victims
 
 
-class HintedPolicyTier(PolicyTier):
+class HintPins:
+    """Hint pins as both hinted RAM models keep them (hints.HintedLRU, HintedPolicyTier): the pinned keys, and
+    the daemon's budget without tenant quotas, half the arena, counted in blocks of the store."""
+
+    pinned: set[bytes]
+    capacity_blocks: int | None
+
+    @property
+    def pin_budget(self) -> int:
+        return (self.capacity_blocks or 0) // 2
+
+    def pin(self, key: bytes) -> bool:
+        """False: over the pin budget (nothing pinned); a key pinned again counts once."""
+        if key not in self.pinned:
+            if len(self.pinned) + 1 > self.pin_budget:
+                return False
+            self.pinned.add(key)
+        return True
+
+
+class HintedPolicyTier(HintPins, PolicyTier):
     """The RAM tier under `policy` with the engine's hints (kvstore/engine/hints.py), for hints.apply_hint.
 
     Retain and Release go to the REAL HintedPolicy the tier already drives (its priority classes, release order
@@ -160,11 +180,6 @@ class HintedPolicyTier(PolicyTier):
         self._now += CLOCK_TICK_S
         return self._now
 
-    @property
-    def pin_budget(self) -> int:
-        """Blocks hint pins may hold: half the arena (the daemon's budget without tenant quotas)."""
-        return (self.capacity_blocks or 0) // 2
-
     def _held(self, keep: Collection[bytes]) -> set[int]:
         eid = self._eid
         return {eid[k] for k in keep if k in eid} | {eid[k] for k in self.pinned if k in eid}
@@ -178,10 +193,3 @@ class HintedPolicyTier(PolicyTier):
         self._apply()
         self.policy.set_priority(self._eid[key], RELEASED)
 
-    def pin(self, key: bytes) -> bool:
-        """False: over the pin budget (nothing pinned); a key pinned again counts once."""
-        if key not in self.pinned:
-            if len(self.pinned) + 1 > self.pin_budget:
-                return False
-            self.pinned.add(key)
-        return True
