@@ -164,8 +164,9 @@ class Hints:
         return DEFERRED
 
     def committed(self, eids: Sequence[int]) -> None:
-        """These entries just committed: apply the hints that waited for them (an entry aborted or expired
-        meanwhile left its hints here; they apply only to an entry committed with the same key and namespace)."""
+        """These entries just committed (or their promotion landed): apply the hints that waited for them. The
+        key and namespace are checked again: hints apply only to the block they were sent for, should an id
+        whose slot went without `forget` (a cancelled promotion) be reused."""
         if not self._waiting:
             return
         cat = self._cat
@@ -189,7 +190,8 @@ class Hints:
             self.forget(eid)
 
     def forget(self, eid: int) -> None:
-        """The entry's reservation ended without a Commit (aborted, or expired and its slot freed)."""
+        """The entry's slot went without a Commit or a landing (an aborted or expired reservation, a failed
+        promotion): its waiting hints go with it."""
         if self._waiting:
             self._waiting.pop(eid, None)
 
