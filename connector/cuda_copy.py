@@ -30,7 +30,7 @@ from connector.layout import CopyPlan
 from connector.pinning import PinnedRanges
 from kvstore.client.arena_map import ArenaMap
 
-__all__ = ["CudaCopier", "compute_marker"]
+__all__ = ["CudaCopier", "compute_marker", "device_pointer"]
 
 _KERNEL = r"""
 extern "C" __global__ void kv_copy_segments(const unsigned long long* __restrict__ dst,
@@ -53,6 +53,18 @@ extern "C" __global__ void kv_copy_segments(const unsigned long long* __restrict
 
 _HOST_REGISTER_PORTABLE = 1
 _HOST_REGISTER_MAPPED = 2
+
+
+def device_pointer(runtime: Any, address: int) -> int:
+    """The device address of registered host memory at `address`.
+
+    cupy 14 (cupy-cuda13x, seen on an H200 image) has no `hostGetDevicePointer`; every cupy has
+    `pointerGetAttributes`, whose `devicePointer` is what cudaHostGetDevicePointer returns. The older call is the
+    fallback for a runtime module without it."""
+    get_attrs = getattr(runtime, "pointerGetAttributes", None)
+    if get_attrs is not None:
+        return int(get_attrs(address).devicePointer)
+    return int(runtime.hostGetDevicePointer(address, 0))
 
 
 class CudaCopier:
@@ -78,7 +90,7 @@ class CudaCopier:
         cupy = self._cupy
         with cupy.cuda.Device(self._dev_index):
             cupy.cuda.runtime.hostRegister(address, nbytes, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
-            dev_ptr = int(cupy.cuda.runtime.hostGetDevicePointer(address, 0))
+            dev_ptr = device_pointer(cupy.cuda.runtime, address)
         if dev_ptr != address:  # every CUDA GPU of this decade has unified virtual addressing
             cupy.cuda.runtime.hostUnregister(address)
             raise RuntimeError("the GPU maps pinned host memory at another address (no unified virtual "
