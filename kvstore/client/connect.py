@@ -16,7 +16,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.arena.layout import ArenaLayout
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.control import FastControl, GrpcControl
-from kvstore.client.fast_channel import FastChannel, request_arena
+from kvstore.client.fast_channel import FastChannel, request_arena, spin_us_from_env
 from kvstore.client.rpc import Rpc
 from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
@@ -110,7 +110,7 @@ def open_fast(h: pb.HealthResponse, rpc: Rpc, grpc_control: GrpcControl, request
     if not why and not h.arena.socket:
         why = "the daemon has no same-node socket (unix_socket is off)"
     elif not why:
-        channel = FastChannel(h.arena.socket, rpc.token, rpc.timeout_s)
+        channel = FastChannel(h.arena.socket, rpc.token, rpc.timeout_s, spin_us_from_env())
         try:
             channel.call(fp.ECHO, b"")  # dials and says HELLO: the token is checked now
             return FastControl(channel, grpc_control)
