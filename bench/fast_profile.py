@@ -281,7 +281,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
     from bench.control_plane import lookup_sizes
     from bench.uds_limit import UdsPeer
     from kvstore.client.fast_channel import DEFAULT_SPIN_US
-    from kvstore.server.fast_server import SPIN_US
+    from kvstore.fastpath.sockets import DAEMON_SPIN_US
     from kvstore.client import Client
     from kvstore.fastpath import protocol as fp
     from kvstore.testing import DaemonProcess
@@ -322,7 +322,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
     out["request_stages_us_p50"] = {k: medians(v) for k, v in req.items() if not k.startswith("unattributed")}
     out["api_stages_us_p50"] = {k: medians(v) for k, v in api_stages(client_evs).items()}
     req_bytes, rep_bytes = lookup_sizes(n_keys)
-    with UdsPeer({fp.LOOKUP: rep_bytes - fp.HEADER.size}, spin_us=DEFAULT_SPIN_US, peer_spin_us=SPIN_US) as peer:
+    with UdsPeer({fp.LOOKUP: rep_bytes - fp.HEADER.size}, spin_us=DEFAULT_SPIN_US, peer_spin_us=DAEMON_SPIN_US) as peer:
         body = bytes(req_bytes - fp.HEADER.size)
         out["uds_rtt_p50_us"] = p50_us(lambda: peer.call(fp.LOOKUP, body), iters)
         out["uds_echo_p50_us"] = p50_us(lambda: peer.call(fp.ECHO, b""), iters)

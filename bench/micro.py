@@ -30,7 +30,7 @@ from bench.micro_phases import phases
 from bench.targets import Target, evaluate, mark
 from bench.uds_limit import UdsPeer
 from kvstore.client.fast_channel import DEFAULT_SPIN_US
-from kvstore.server.fast_server import SPIN_US
+from kvstore.fastpath.sockets import DAEMON_SPIN_US
 from kvstore.client import Client
 from kvstore.fastpath import protocol as fp
 from kvstore.testing import DaemonProcess, wait_until
@@ -213,7 +213,7 @@ def control_section(r: Report, plan: Plan, fast: Client, grpc: Client) -> None:
     control_plane.store_chain(fast, keys, (control_plane.LOOKUP_NS, *control_plane.TP_NAMESPACES))
     wait_until(lambda: fast.stats().leases_active == 0, timeout_s=10, what="the background Releases to land")
     _, rep = control_plane.lookup_sizes(plan.lookup_keys)
-    with UdsPeer({fp.LOOKUP: rep - fp.HEADER.size}, spin_us=DEFAULT_SPIN_US, peer_spin_us=SPIN_US) as peer:
+    with UdsPeer({fp.LOOKUP: rep - fp.HEADER.size}, spin_us=DEFAULT_SPIN_US, peer_spin_us=DAEMON_SPIN_US) as peer:
         cases = control_plane.Cases(fast, grpc, peer, keys)
         before = fast.stats()
         hot, cold = control_plane.run(cases, plan.budget, plan.cold_iters)

@@ -17,6 +17,7 @@ from kvstore.client.fast_channel import DEFAULT_SPIN_US, MAX_SPIN_US, spin_us_fr
 from kvstore.errors import ConfigError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import FrameReader
+from kvstore.server.config import load_config
 from kvstore.server.fast_server import Spinner
 from kvstore.testing import DaemonProcess
 
@@ -172,3 +173,27 @@ def test_clients_with_and_without_polling_get_the_same_bytes(monkeypatch: pytest
         monkeypatch.setenv("KVSTORE_SPIN_US", "-5")
         with pytest.raises(ConfigError, match="KVSTORE_SPIN_US='-5'"):
             Client(d.address, control="fast")
+
+
+CONFIG_BASE = ["--unix-socket", "/tmp/kvstore-spin-test.sock", "--disk-bytes", "0"]
+
+
+def test_the_daemons_fast_spin_us_setting_is_checked() -> None:
+    assert load_config(CONFIG_BASE, env={}).fast_spin_us == 200
+    assert load_config([*CONFIG_BASE, "--fast-spin-us", "0"], env={}).fast_spin_us == 0
+    assert load_config(CONFIG_BASE, env={"KVSTORE_FAST_SPIN_US": "10000"}).fast_spin_us == 10_000
+    for bad in ("-1", "10001"):
+        with pytest.raises(ConfigError, match=rf"fast_spin_us={bad}: use 0 \(never poll\) to 10000 us"):
+            load_config([*CONFIG_BASE, "--fast-spin-us", bad], env={})
+
+
+def test_a_daemon_that_never_polls_answers_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTORE_SPIN_US", "0")
+    keys = [bytes([i]) * 16 for i in range(4)]
+    with DaemonProcess(arena_bytes=64 << 20, fast_spin_us=0) as d, Client(d.address, control="fast") as c:
+        c.register_namespace("n")
+        c.put_many("n", keys, [np.full(1024, i, dtype=np.uint8) for i in range(4)])
+        for _ in range(20):  # close together: a polling daemon would poll here
+            assert c.lookup("n", keys, prefix=True, lease=False).num_prefix == 4
+        # the readiness probe's and this client's HELLO echoes, Reserve + Commit, 20 Lookups
+        assert c.stats().control.fast_requests == 2 + 2 + 20

@@ -8,7 +8,10 @@ import time
 
 from kvstore.errors import ConfigError
 
-__all__ = ["recv_exact", "clear_stale_socket", "set_kernel_timeouts", "FrameReader"]
+__all__ = ["recv_exact", "clear_stale_socket", "set_kernel_timeouts", "FrameReader", "DAEMON_SPIN_US"]
+
+# The daemon's default for polling between a client's close frames (ServerConfig.fast_spin_us, FastServer)
+DAEMON_SPIN_US = 200
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

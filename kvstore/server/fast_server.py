@@ -14,7 +14,8 @@ Bounds and failures:
   frame and is closed (the client then uses gRPC).
 - The token is checked again on every request, so a revoked one is refused at once (UNAUTHENTICATED, closed).
 - Between frames the thread sleeps in recv, except while its client's frames come close together: then it
-  polls for the next one for up to `spin_us` (Spinner; at most one polling thread per 8 CPUs).
+  polls for the next one for up to `spin_us` (ServerConfig.fast_spin_us; Spinner; at most one polling thread
+  per 8 CPUs).
 - A frame that breaks the format gets an invalid_request error frame and the connection is closed (the stream
   may be out of step); a KVStoreError is an error frame and the connection goes on; EOF mid-frame just closes.
 """
@@ -32,14 +33,11 @@ from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
 from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.sockets import FrameReader, clear_stale_socket, recv_exact
+from kvstore.fastpath.sockets import DAEMON_SPIN_US, FrameReader, clear_stale_socket, recv_exact
 from kvstore.server.auth import current_tenant
 from kvstore.server.ops import ControlOps
 
-__all__ = ["FastServer", "FastCounters", "Spinner", "fast_socket_path", "SPIN_US"]
-
-SPIN_US = 200  # how long a connection's thread polls for the client's next frame when they come close together
-
+__all__ = ["FastServer", "FastCounters", "Spinner", "fast_socket_path"]
 
 def _default_spinners() -> int:
     """How many connection threads may poll at once: one per 8 CPUs (at least one), so that polling never
@@ -97,7 +95,7 @@ class FastServer:
                  tenant_of: Callable[[str], str | None] | None,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, *,
                  hello_timeout_s: float = 2.0, frame_timeout_s: float = 5.0, max_connections: int = 256,
-                 spin_us: int = SPIN_US, max_spinners: int = 0) -> None:
+                 spin_us: int = DAEMON_SPIN_US, max_spinners: int = 0) -> None:
         self.path = path
         self._backing = backing
         self._ops = ops

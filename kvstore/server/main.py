@@ -169,7 +169,7 @@ class Daemon:
         tenant_of = (lambda token: auth.tokens.tenant_of(token)) if auth is not None else None
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
         fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
-                          observe)
+                          observe, spin_us=self.cfg.fast_spin_us)
         self.info.fast_status = fast.status
         return fast
 
