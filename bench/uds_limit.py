@@ -11,9 +11,10 @@ that answers each request at once. Nothing in Python can do a round trip of thos
 The peer runs in its own interpreter (`python -m bench.uds_limit --serve PATH`), not a fork of the benchmark:
 forking a process that holds gRPC channels and threads is unsafe. Both sockets are blocking without timeouts
 (a timeout makes CPython poll() before every recv: one more syscall, which is the product's choice, not the
-limit's). Where the product polls before it sleeps (its client for DEFAULT_SPIN_US, the daemon for SPIN_US
-while a client's calls come close together), so does the limit (`spin_us`, `peer_spin_us`): a wake-up from
-sleep costs tens of microseconds on a VM, and the best the machine does is not to pay it. The peer echoes a request's body back, except for ops given a fixed reply size (`--reply OP:BYTES`),
+limit's). Where the product polls before it sleeps (its client for DEFAULT_SPIN_US, the daemon for
+DAEMON_SPIN_US while a client's calls come close together), so does the limit (`spin_us`, `peer_spin_us`): a
+wake-up from sleep costs tens of microseconds on a VM, and the best the machine does is not to pay it. The
+peer echoes a request's body back, except for ops given a fixed reply size (`--reply OP:BYTES`),
 which it answers with that many bytes: a 280-key Lookup request gets a reply of a real 280-hit reply's size.
 """
 

@@ -26,12 +26,11 @@ from typing import Any
 
 from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError, error_for_reason
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.sockets import FrameReader, recv_exact, set_kernel_timeouts
+from kvstore.fastpath.sockets import MAX_SPIN_US, FrameReader, recv_exact, set_kernel_timeouts
 
 __all__ = ["FastChannel", "request_arena", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
 
 DEFAULT_SPIN_US = 300   # covers the daemon's answer to the hot calls (bench.fast_profile: 60-250 us on 2 cores)
-MAX_SPIN_US = 10_000
 
 
 def _raise_error(body: bytes) -> None:
@@ -111,8 +110,7 @@ def spin_us_from_env() -> int:
 
 class FastChannel:
     """`spin_us`: after sending, poll for the reply this long before sleeping in recv (0: sleep at once). A reply
-    that lands while the caller sleeps pays a wake-up (20-30 us on a VM, bench.micro's uds_rtt vs uds_rtt_spin);
-    most replies come within 50-300 us, and the caller would only wait for them anyway."""
+    that lands while the caller sleeps pays a wake-up (20-30 us on a VM); most replies come within 50-300 us, and the caller would only wait for them anyway."""
 
     def __init__(self, path: str, token: str, timeout_s: float, spin_us: int = 0) -> None:
         self.path = path

@@ -8,10 +8,12 @@ import time
 
 from kvstore.errors import ConfigError
 
-__all__ = ["recv_exact", "clear_stale_socket", "set_kernel_timeouts", "FrameReader", "DAEMON_SPIN_US"]
+__all__ = ["recv_exact", "clear_stale_socket", "set_kernel_timeouts", "FrameReader", "DAEMON_SPIN_US", "MAX_SPIN_US"]
 
 # The daemon's default for polling between a client's close frames (ServerConfig.fast_spin_us, FastServer)
 DAEMON_SPIN_US = 200
+# The most either end may be told to poll ($KVSTORE_SPIN_US on the client, fast_spin_us on the daemon)
+MAX_SPIN_US = 10_000
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

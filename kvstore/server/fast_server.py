@@ -95,7 +95,7 @@ class FastServer:
                  tenant_of: Callable[[str], str | None] | None,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, *,
                  hello_timeout_s: float = 2.0, frame_timeout_s: float = 5.0, max_connections: int = 256,
-                 spin_us: int = DAEMON_SPIN_US, max_spinners: int = 0) -> None:
+                 spin_us: int = DAEMON_SPIN_US) -> None:
         self.path = path
         self._backing = backing
         self._ops = ops
@@ -107,7 +107,7 @@ class FastServer:
         self._frame_timeout = frame_timeout_s
         self._max_connections = max_connections
         self._spin_s = spin_us * 1e-6
-        self._spinners = threading.BoundedSemaphore(max_spinners or _default_spinners())
+        self._spinners = threading.BoundedSemaphore(_default_spinners())
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvstore.errors import ConfigError
+from kvstore.fastpath.sockets import MAX_SPIN_US
 
 if TYPE_CHECKING:
     from kvstore.server.config.settings import ServerConfig
@@ -41,7 +42,8 @@ def check_listeners(cfg: ServerConfig) -> None:
     require(cfg.sweep_interval_s > 0, f"sweep_interval_s={cfg.sweep_interval_s} must be > 0")
     require(cfg.max_message_bytes >= 1 << 20, "max_message_bytes must be at least 1MiB")
     require(1 <= cfg.grpc_workers <= 256, f"grpc_workers={cfg.grpc_workers}: use 1..256")
-    require(0 <= cfg.fast_spin_us <= 10_000, f"fast_spin_us={cfg.fast_spin_us}: use 0 (never poll) to 10000 us")
+    require(0 <= cfg.fast_spin_us <= MAX_SPIN_US,
+            f"fast_spin_us={cfg.fast_spin_us}: use 0 (never poll) to {MAX_SPIN_US} us")
     require(0 <= cfg.max_subscribers < cfg.grpc_workers,
             f"max_subscribers={cfg.max_subscribers} must be below grpc_workers={cfg.grpc_workers}")
     require(cfg.log_level in LOG_LEVELS, f"log_level={cfg.log_level!r}: use debug, info, warning or error")
