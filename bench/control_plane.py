@@ -7,6 +7,9 @@ bytes between two Python processes over a unix socket (bench/uds_limit.py). The 
   uds rtt / uds echo     the raw socket with the Lookup's real encoded frame sizes / with empty frames
   fast / grpc echo       client.echo(b""): ECHO on the fast path (the daemon does nothing), Health on gRPC
   lookup                 client.lookup(280 stored keys, prefix=True, lease=False)
+  probe / probe daemon   client.probe_prefix(the same 280 keys): the scheduler's call (counts only); through the
+                         shared key index (the client finds the entries, the daemon checks their ids) / with the
+                         index turned off in that client ($KVSTORE_KEY_INDEX=0: the daemon looks up every key)
   lookup lease           lease=True, the lease released untimed (wait=True) after each call
   lookup lease+release   lease=True and its Release(wait=True), both timed: the get path's two round trips
   reserve+commit         Reserve of 1 fresh key of 4 KiB and its Commit (no copy: the control plane alone)
@@ -55,7 +58,7 @@ RC_BYTES = 4 << 10
 TP_NAMESPACES = [LOOKUP_NS[:-1] + str(r) for r in range(8)]  # a TP 8 model's rank namespaces, same name length
 COLD_GAP_S = 0.02        # idle time before each cold call: one vLLM step under load
 HOT_BLOCK = (20, 4)      # consecutive calls per case and round, of which the first are untimed
-COLD = ("uds rtt", "uds echo", "fast echo", "fast lookup", "grpc lookup")
+COLD = ("uds rtt", "uds echo", "fast echo", "fast lookup", "grpc lookup", "fast probe")
 _BLOCK = 16 << 10        # the stored chain's block size (a Lookup's cost does not depend on it)
 
 # What one call of each case makes the daemon count, exactly.
@@ -67,6 +70,7 @@ EFFECTS: dict[str, dict[str, int]] = {
     "fast lookup lease+release": {"lookup_calls": 1, "fast_requests": 2},
     "fast reserve+commit": {"reserve_calls": 1, "committed_blocks": 1, "fast_requests": 2},
     "uds rtt": {}, "uds echo": {},
+    "fast probe": {"lookup_calls": 1, "fast_requests": 1}, "fast probe daemon": {"lookup_calls": 1, "fast_requests": 1},
     "fast probe x8": {"lookup_calls": 8, "fast_requests": 8},
     "fast probe x8 seq": {"lookup_calls": 8, "fast_requests": 8},
 }
@@ -110,10 +114,14 @@ class Cases:
     """The cases over one fast client, one gRPC client and one raw peer; `calls` counts every call made
     (warm-up and untimed ones too), so `expected()` can say exactly what the daemon must have counted."""
 
-    def __init__(self, fast: Client, grpc: Client, peer: UdsPeer, keys: list[bytes]) -> None:
-        if (fast.control_path, grpc.control_path) != ("fast", "grpc"):
-            raise RuntimeError(f"control paths are {fast.control_path}/{grpc.control_path}, expected fast/grpc")
-        self.fast, self.grpc, self.peer, self.keys = fast, grpc, peer, keys
+    def __init__(self, fast: Client, grpc: Client, peer: UdsPeer, keys: list[bytes], no_index: Client) -> None:
+        """`no_index`: a fast-path client with the shared key index turned off ($KVSTORE_KEY_INDEX=0)."""
+        if (fast.control_path, grpc.control_path, no_index.control_path) != ("fast", "grpc", "fast"):
+            raise RuntimeError(f"control paths are {fast.control_path}/{grpc.control_path}/{no_index.control_path}, "
+                               "expected fast/grpc/fast")
+        if (fast.probe_path, no_index.probe_path) != ("index", "daemon"):
+            raise RuntimeError(f"probe paths are {fast.probe_path}/{no_index.probe_path}, expected index/daemon")
+        self.fast, self.grpc, self.peer, self.keys, self.no_index = fast, grpc, peer, keys, no_index
         self.calls: Counter[str] = Counter()
         self.request = fp.encode_lookup(LOOKUP_NS, keys)
         req_bytes, self.reply_bytes = lookup_sizes(len(keys))
@@ -137,6 +145,8 @@ class Cases:
                 def lease_release(_: object, c: Client = c, look: Callable[[Any], Any] = look) -> None:
                     c.release([look(None)], wait=True)
                 made["fast lookup lease+release"] = Case(lease_release)
+                made["fast probe"] = Case(self._probe(c))
+                made["fast probe daemon"] = Case(self._probe(self.no_index))
                 made["fast probe x8"] = Case(self._probe8(c, pipelined=True))
                 made["fast probe x8 seq"] = Case(self._probe8(c, pipelined=False))
             made[f"{p} reserve+commit"] = self._reserve_commit(c)
@@ -166,6 +176,15 @@ class Cases:
             if r.num_prefix != n or (lease and not r.id):
                 raise RuntimeError(f"lookup ({c.control_path}) found {r.num_prefix} of {n} keys, lease {r.id}")
             return r
+        return go
+
+    def _probe(self, c: Client) -> Callable[[object], None]:
+        keys, want = self.keys, (len(self.keys), True)
+
+        def go(_: object) -> None:
+            got = c.probe_prefix(LOOKUP_NS, keys)
+            if got != want:
+                raise RuntimeError(f"the probe ({c.probe_path}) answered {got}, expected {want}")
         return go
 
     def _probe8(self, c: Client, pipelined: bool) -> Callable[[object], None]:
@@ -227,7 +246,8 @@ def counted(before: Stats, after: Stats) -> dict[str, int]:
 FIELD = {"uds rtt": "uds_rtt", "uds echo": "uds_echo", "fast echo": "fast_echo", "grpc echo": "grpc_echo",
          "fast lookup": "fast_lookup280", "grpc lookup": "grpc_lookup280", "fast lookup lease": "fast_lookup280_lease",
          "fast lookup lease+release": "fast_lookup280_lease_release", "fast reserve+commit": "fast_reserve_commit",
-         "grpc reserve+commit": "grpc_reserve_commit", "fast probe x8": "fast_probe280x8",
+         "grpc reserve+commit": "grpc_reserve_commit", "fast probe": "fast_probe280",
+         "fast probe daemon": "fast_probe280_daemon", "fast probe x8": "fast_probe280x8",
          "fast probe x8 seq": "fast_probe280x8_seq"}
 LABELS = {
     "uds rtt": "limit: raw unix socket, Lookup-sized frames", "uds echo": "limit: raw unix socket, empty frames",
@@ -237,10 +257,12 @@ LABELS = {
     "fast lookup lease+release": "fast Lookup 280 (lease) + Release(wait)",
     "fast reserve+commit": "fast Reserve + Commit (1 x 4 KiB, no copy)",
     "grpc reserve+commit": "gRPC Reserve + Commit (1 x 4 KiB, no copy)",
+    "fast probe": "fast probe 280 (shared key index)", "fast probe daemon": "fast probe 280 (index off)",
     "fast probe x8": "fast probe 280 x 8 namespaces (TP 8), pipelined",
     "fast probe x8 seq": "fast probe 280 x 8 namespaces, one after another",
 }
-ROW_TARGETS = {"fast lookup": ("fast_lookup280_us_p50", "fast_lookup280_vs_uds"), "fast echo": ("fast_echo_us_p50",)}
+ROW_TARGETS = {"fast lookup": ("fast_lookup280_us_p50", "fast_lookup280_vs_uds"), "fast echo": ("fast_echo_us_p50",),
+               "fast probe": ("fast_probe280_us_p50", "fast_probe280_vs_uds")}
 
 
 def _us(s: Samples, q: str = "p50") -> float:
@@ -254,9 +276,12 @@ def fields(hot: dict[str, Samples], cold: dict[str, Samples]) -> dict[str, Any]:
     out.update(uds_rtt_us_p99=_us(hot["uds rtt"], "p99"), fast_lookup280_us_p99=_us(hot["fast lookup"], "p99"))
     for suffix, res in (("", hot), ("_cold", cold)):
         out[f"fast_lookup280_vs_uds{suffix}"] = round(res["fast lookup"].p50 / res["uds rtt"].p50, 3)
+        if "fast probe" in res:
+            out[f"fast_probe280_vs_uds{suffix}"] = round(res["fast probe"].p50 / res["uds rtt"].p50, 3)
         out[f"fast_echo_vs_uds{suffix}"] = round(res["fast echo"].p50 / res["uds echo"].p50, 3)
         out[f"grpc_lookup280_vs_fast{suffix}"] = round(res["grpc lookup"].p50 / res["fast lookup"].p50, 3)
     out["lookup_ratio"] = round(hot["fast lookup"].p50 / hot["fast echo"].p50, 3)
+    out["probe_index_vs_daemon"] = round(hot["fast probe"].p50 / hot["fast probe daemon"].p50, 3)
     out["tp8_probe_vs_seq"] = round(hot["fast probe x8"].p50 / hot["fast probe x8 seq"].p50, 3)
     out["tp8_probe_vs_lookup"] = round(hot["fast probe x8"].p50 / hot["fast lookup"].p50, 3)
     req, rep = lookup_sizes()
@@ -273,7 +298,8 @@ def rows(hot: dict[str, Samples], cold: dict[str, Samples]) -> list[list[Any]]:
     out: list[list[Any]] = []
     for k in (k for k in LABELS if k in hot):
         s = hot[k]
-        ref = "uds echo" if k.endswith("echo") else "uds rtt" if "lookup" in k or k == "uds rtt" else None
+        ref = ("uds echo" if k.endswith("echo") else
+               "uds rtt" if "lookup" in k or k in ("uds rtt", "fast probe", "fast probe daemon") else None)
         c = cold.get(k)
         out.append([LABELS[k], len(s), f"{s.p50 * 1e6:.1f}", f"{s.p90 * 1e6:.1f}", f"{s.p99 * 1e6:.1f}",
                     f"{s.p50 / hot[ref].p50:.2f}" if ref else "", f"{c.p50 * 1e6:.1f}" if c else "",

@@ -17,10 +17,12 @@ Stages are medians over the requests; the wrappers cost ~0.3-0.5 us each, so eac
 is shown beside an uninstrumented daemon's p50 measured in the same run, and the raw unix-socket limit of the
 Lookup's byte counts (bench/uds_limit.py) beside both.
 
-Scenarios (each alone, its calls back to back: hot): lookup = client.lookup(280 stored 16-byte keys, prefix, no lease), as vLLM's
-scheduler probes; put = client.put of one fresh 256 KiB block into a full arena (Reserve, copy, Commit, and the
-eviction a full cache pays); get = client.get_into of one stored 256 KiB block (Lookup with lease, copy, the
-async Release on the client's background thread).
+Scenarios (each alone, its calls back to back: hot): lookup = client.lookup(280 stored 16-byte keys, prefix, no
+lease: the hit columns come back); probe_prefix = client.probe_prefix(the same keys), what vLLM's scheduler calls,
+through the shared key index (the client finds the entries, the daemon checks their ids); put = client.put of one
+fresh 256 KiB block into a full arena (Reserve, copy, Commit, and the eviction a full cache pays); get =
+client.get_into of one stored 256 KiB block (Lookup with lease, copy, the async Release on the client's
+background thread).
 
     python -m bench.fast_profile [--iters 1000] [--keys 280]
 
@@ -88,13 +90,13 @@ def instrument_daemon() -> None:
     # a whole frame (header and body, usually one recv_into); its end is the daemon thread's wake-up
     _wrap(FrameReader, "frame", "recv")
     _wrap(fast_server.FastServer, "_answer", lambda a: "answer " + fp.OP_NAMES.get(a[2].op, "?"))
-    for name in ("decode_lookup", "decode_reserve", "decode_commit", "decode_release", "decode_u64"):
+    for name in ("decode_lookup", "decode_reserve", "decode_commit", "decode_release", "decode_u64", "decode_probe"):
         _wrap(fp, name, "decode request")
-    for name in ("encode_lookup_reply", "encode_reserve_reply", "encode_count"):
+    for name in ("encode_lookup_reply", "encode_reserve_reply", "encode_count", "encode_probe_reply"):
         _wrap(fp, name, "encode reply")
     _wrap(fp, "frame", "frame")
     _wrap(MetricsServer, "observe", "observe")
-    for op in ("lookup", "reserve", "commit", "release", "abort"):
+    for op in ("lookup", "reserve", "commit", "release", "abort", "probe"):
         _wrap(ControlOps, op, "ops")
         _wrap(Engine, op, "engine")
     for name in ("namespace", "reservation", "own_leases"):
@@ -103,28 +105,30 @@ def instrument_daemon() -> None:
         _wrap(ArenaWindows, name, "arena windows")
     _wrap(Engine, "_check_keys", "engine: check_keys")
     for owner, name in ((Lookups, "locate"), (Lookups, "ram_hits"), (Lookups, "_promote"), (Lookups, "_answer"),
-                        (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold")):
+                        (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold"), (Lookups, "prior_hits")):
         _wrap(owner, name, f"engine: {name.lstrip('_')}")
     _wrap(ReadBuffer, "record", "engine: touches")
 
 
 def instrument_client() -> None:
     from kvstore.client import client, control, fast_channel
+    from kvstore.fastpath.key_index import IndexView
     from kvstore.fastpath import protocol as fp
     from kvstore.fastpath.sockets import FrameReader
     _common()
     _wrap(FrameReader, "frame", "recv")  # the reply's header and body: its end is the client's wake-up
     _wrap(fast_channel.FastChannel, "call", lambda a: "call " + fp.OP_NAMES.get(a[1], "?"))
-    for name in ("encode_lookup", "encode_reserve", "encode_commit", "encode_release"):
+    for name in ("encode_lookup", "encode_reserve", "encode_commit", "encode_release", "encode_probe"):
         _wrap(fp, name, "encode request")
-    for name in ("decode_lookup_reply", "decode_reserve_reply", "decode_count"):
+    for name in ("decode_lookup_reply", "decode_reserve_reply", "decode_count", "decode_probe_reply"):
         _wrap(fp, name, "decode reply")
+    _wrap(IndexView, "probe", "index probe")
     _wrap(control, "Lease", "build result")
     _wrap(control, "Reservation", "build result")
     _wrap(client.Client, "_check_incarnation", "check incarnation")
     _wrap(client.Client, "_write", "copy")
     _wrap(client.Client, "_read", "copy")
-    for api in ("lookup", "put", "get_into"):
+    for api in ("lookup", "put", "get_into", "probe_prefix"):
         _wrap(client.Client, api, f"api {api}")
 
 
@@ -273,7 +277,11 @@ def scenarios(c: Any, n_keys: int) -> dict[str, tuple[Callable[[], object], Call
     def get() -> None:
         if c.get_into(LOOKUP_NS, got, buf) is None:
             raise RuntimeError("the profiled get missed")
-    return {"lookup": (lambda: store_chain(c, keys), lookup), "put": (lambda: None, put),
+    def probe() -> None:
+        if c.probe_prefix(LOOKUP_NS, keys) != (n_keys, True):
+            raise RuntimeError("the profiled probe missed stored keys")
+    return {"lookup": (lambda: store_chain(c, keys), lookup), "probe_prefix": (lambda: store_chain(c, keys), probe),
+            "put": (lambda: None, put),
             "get_into": (lambda: c.put(LOOKUP_NS, got, block), get)}
 
 
@@ -333,7 +341,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
 def report(out: dict[str, Any]) -> None:
     from bench._common import print_table
     req = out["request_stages_us_p50"]
-    ops = [op for op in ("Lookup", "Reserve", "Commit", "Release") if op in req]
+    ops = [op for op in ("Lookup", "Probe", "Reserve", "Commit", "Release") if op in req]
     names = list(CRITICAL) + ["request total"] + sorted({k for op in ops for k in req[op]} - set(CRITICAL)
                                                         - {"request total"})
     print_table("each fast-path request (µs p50; the first five rows are its critical path; 'daemon: engine: *' "

@@ -35,6 +35,7 @@ run)
   inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
   suffix=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   cc -O3 -Wall -shared -fPIC -pthread -I"$inc" kvstore/_native/copy.c -o "kvstore/_native/_copy$suffix"
+  cc -O3 -Wall -shared -fPIC -I"$inc" kvstore/_native/key_index.c -o "kvstore/_native/_keyindex$suffix"
   python3 -m bench.gpu_check 2>&1 | tee "${OUT:-$DIR}/gpu_check.log" ;;
 *)
   echo "usage: bash bench/gpu_offline.sh prepare|run (see the comment at the top)" >&2; exit 2 ;;

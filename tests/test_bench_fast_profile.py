@@ -15,15 +15,17 @@ def test_every_request_is_followed_into_the_daemon() -> None:
     json.dumps(out)
     got = out["requests_attributed"]
     assert not [k for k in got if k.startswith("unattributed")], got
-    # lookups: the scenario's, the get_into's, and the chain check of the lookup scenario's preparation;
-    # reserves: the puts', and one each for the chain and the get's block stored again (present: no commit)
-    assert (got["Lookup"], got["Reserve"], got["Commit"]) == (2 * ITERS + 1, ITERS + 2, ITERS)
+    # lookups: the scenario's, the get_into's, and the chain checks of the lookup and probe scenarios' preparation;
+    # reserves: the puts', and one each for the two chains and the get's block stored again (present: no commit);
+    # probes: the probe scenario's, through the shared key index
+    assert (got["Lookup"], got["Reserve"], got["Commit"]) == (2 * ITERS + 2, ITERS + 3, ITERS)
+    assert got["Probe"] == ITERS
     assert 1 <= got["Release"] <= ITERS  # a get's Release is queued; the client's thread may coalesce them
     for op, stages in out["request_stages_us_p50"].items():
         for k in fast_profile.CRITICAL:
             assert stages[k] >= 0, (op, k, stages[k])
         assert stages["daemon: engine"] > 0 and stages["daemon: decode request"] > 0, op
     api = out["api_stages_us_p50"]
-    assert set(api) == {"lookup", "put", "get_into"} and api["put"]["client: copy"] > 0
-    assert set(out["plain_p50_us"]) == {"lookup", "put", "get_into", "echo"}
+    assert set(api) == {"lookup", "probe_prefix", "put", "get_into"} and api["put"]["client: copy"] > 0
+    assert set(out["plain_p50_us"]) == {"lookup", "probe_prefix", "put", "get_into", "echo"}
     fast_profile.report(out)

@@ -41,11 +41,16 @@ def test_every_field_of_issue_14_is_reported(out: dict[str, object]) -> None:
               "put_256k_gbs", "put_2m_gbs", "get_256k_gbs", "get_2m_gbs", "put_256k_gbs_grpc", "put_2m_gbs_grpc",
               "get_256k_gbs_grpc", "get_2m_gbs_grpc", "arena_put_ratio", "arena_get_ratio", "arena_put_ratio_grpc",
               "arena_get_ratio_grpc", "uds_rtt_us_p50_cold", "fast_lookup280_us_p50_cold", "fast_lookup280_vs_uds_cold",
-              "grpc_put_gbs", "grpc_get_gbs", "bytes_per_block", "limit_gbs", "targets", "checks_exact"):
+              "grpc_put_gbs", "grpc_get_gbs", "bytes_per_block", "limit_gbs", "targets", "checks_exact",
+              "fast_probe280_us_p50", "fast_probe280_daemon_us_p50", "fast_probe280_vs_uds", "probe_index_vs_daemon",
+              "fast_probe280_us_p50_cold"):
         assert k in out, k
     for k in ("uds_rtt_us_p50", "fast_echo_us_p50", "fast_lookup280_us_p50", "put_256k_gbs", "arena_get_ratio_grpc"):
         assert isinstance(out[k], float) and out[k] > 0, k
     assert out["fast_lookup280_vs_uds"] == pytest.approx(out["fast_lookup280_us_p50"] / out["uds_rtt_us_p50"], rel=0.01)
+    assert out["fast_probe280_vs_uds"] == pytest.approx(out["fast_probe280_us_p50"] / out["uds_rtt_us_p50"], rel=0.01)
+    assert out["probe_index_vs_daemon"] == pytest.approx(
+        out["fast_probe280_us_p50"] / out["fast_probe280_daemon_us_p50"], rel=0.01)
     assert out["arena_put_ratio"] == pytest.approx(out["arena_put_gbs"] / out["limit_gbs"], rel=0.01)
     assert out["arena_put_ratio_grpc"] == pytest.approx(out["arena_put_gbs_grpc"] / out["limit_gbs"], rel=0.01)
     # the raw socket carries the bytes a 280-key Lookup of 16-byte keys really puts on the wire
@@ -56,7 +61,8 @@ def test_targets_agree_with_the_values(out: dict[str, object]) -> None:
     targets = out["targets"]
     assert isinstance(targets, dict)
     assert set(targets) == {"fast_lookup280_us_p50", "fast_lookup280_vs_uds", "fast_echo_us_p50", "arena_put_ratio",
-                            "arena_get_ratio", "put_2m_gbs", "put_256k_gbs", "bytes_per_block"}
+                            "arena_get_ratio", "put_2m_gbs", "put_256k_gbs", "bytes_per_block", "fast_probe280_us_p50",
+                            "fast_probe280_vs_uds"}
     assert (targets["fast_lookup280_us_p50"]["op"], targets["fast_lookup280_us_p50"]["bound"]) == ("<=", 150)
     assert (targets["put_256k_gbs"]["op"], targets["put_256k_gbs"]["bound"]) == (">=", 1.5)
     cmp = {"<=": operator.le, ">=": operator.ge}
@@ -74,12 +80,13 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
     assert set(calls) == set(control_plane.EFFECTS)
     for name, n in calls.items():
         assert n == HOT_CALLS + (COLD_CALLS if name in cold else 0), name
-    # what the daemon counted over the control section: 4 Lookup cases (2 of them cold too) and 2 TP 8 probes of
-    # 8 Lookups each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1, lookup lease 2 (its Release),
-    # lease+release 2, reserve+commit 2, each TP 8 probe 8
-    assert checks["lookup_calls"] == (4 + 16) * HOT_CALLS + 2 * COLD_CALLS
+    # what the daemon counted over the control section: 6 Lookup cases (4 Lookups, 2 probes; 3 of them cold too)
+    # and 2 TP 8 probes of 8 each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1, lookup lease 2 (its
+    # Release), lease+release 2, reserve+commit 2, probe 1 (through the key index: a PROBE), probe with the
+    # index off 1 (a LOOKUP), each TP 8 probe 8
+    assert checks["lookup_calls"] == (6 + 16) * HOT_CALLS + 3 * COLD_CALLS
     assert checks["reserve_calls"] == checks["committed_blocks"] == 2 * HOT_CALLS
-    assert checks["fast_requests"] == (8 + 16) * HOT_CALLS + 2 * COLD_CALLS
+    assert checks["fast_requests"] == (10 + 16) * HOT_CALLS + 3 * COLD_CALLS
     assert out["fast_probe280x8_us_p50"] > 0 and out["fast_probe280x8_seq_us_p50"] > 0
     # the ratio is of the unrounded p50s, the fields are rounded to 0.1 us
     assert out["tp8_probe_vs_seq"] == pytest.approx(out["fast_probe280x8_us_p50"] / out["fast_probe280x8_seq_us_p50"],
@@ -102,7 +109,8 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
 
 def test_a_fast_echo_that_never_reaches_the_daemon_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     with DaemonProcess(arena_bytes="64MiB", max_block_bytes="4MiB") as d, \
-            Client(d.address, control="fast") as fast, Client(d.address, control="grpc") as grpc:
+            Client(d.address, control="fast") as fast, Client(d.address, control="grpc") as grpc, \
+            micro._without_key_index(d.address) as no_index:
         monkeypatch.setattr(Client, "echo", lambda self, payload=b"": payload)  # a number without a round trip
         with pytest.raises(RuntimeError, match="a case did not do what it says"):
-            micro.control_section(micro.Report(), TINY, fast, grpc)
+            micro.control_section(micro.Report(), TINY, fast, grpc, no_index)

@@ -214,6 +214,7 @@ def test_put_refuses_unreadable_empty_and_oversized_files(daemon: DaemonProcess,
 def test_health(daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _json(daemon, capsys, "health")
     assert doc["status"] == "SERVING" and doc["node_id"] == daemon.node_id
+    assert (doc["client_control"], doc["client_data"], doc["client_probe"]) == ("fast", "arena", "index")
     rc, out, _ = _cli(daemon, capsys, "health")
     assert rc == 0 and "SERVING" in out
 

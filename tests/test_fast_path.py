@@ -296,7 +296,7 @@ def test_stats_health_and_metrics_say_what_went_over_the_fast_path() -> None:
         assert after.fast_connections == base.fast_connections == 1
         assert after.arena_files_handed == base.arena_files_handed == 2
         h = c.health()
-        assert (h.client_control, h.client_data) == ("fast", "arena")
+        assert (h.client_control, h.client_data, h.client_probe) == ("fast", "arena", "index")
         import urllib.request
         text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
         assert "kvstore_fast_connections 1.0" in text and "kvstore_arena_files_handed_total 2.0" in text

@@ -1,4 +1,5 @@
-"""Native helpers for kvstore: the batched gather/scatter copy.
+"""Native helpers for kvstore: the batched gather/scatter copy (here), and ``_keyindex``, the shared key index's
+table (key_index.c, used through kvstore/fastpath/key_index.py).
 
 Moving a KV-cache block means moving many small pieces (one per layer and per K/V) plus whole 2 MiB
 blocks. Doing that with a Python loop costs microseconds per piece and holds the GIL; the C extension

@@ -257,7 +257,8 @@ def print_health(h: Health) -> None:
                   f"{'locked' if h.arena_locked else 'NOT locked'}, "
                   f"{'one memory file per tenant' if h.arena_isolated else 'one shared memory file'}"),
         ("this client", f"control {'fast path (same-node socket)' if h.client_control == 'fast' else 'gRPC'}, "
-                        f"data {'arena (shared memory)' if h.client_data == 'arena' else 'streamed over gRPC'}"),
+                        f"data {'arena (shared memory)' if h.client_data == 'arena' else 'streamed over gRPC'}, "
+                        f"probes {'through the shared key index' if h.client_probe == 'index' else 'by the daemon'}"),
         ("max block", human_bytes(h.max_block_bytes)),
         ("max batch", f"{h.max_batch_keys} keys"),
         ("peers", _peers_line(h.peers)),

@@ -12,6 +12,7 @@
     stream_path.py   the Put / Get streams for clients that cannot map the arena
     releaser.py      lease releases off the caller's path (a background thread)
     probes.py        how much of a key chain every one of several namespaces holds (pipelined probes)
+    shared_index.py  SharedIndex: the tenant's shared key index that probes read first, fetched again after a restart
     batches.py       split batches at max_batch_keys; spread per-hit results over the keys asked
     listing.py       Describe and Explain in batches, ListKeys page by page
     hinting.py       Hint in batches: an agent's hint on keys, one HintOutcome per key

@@ -135,6 +135,13 @@ class Client(SessionCalls):
         """'fast' when the hot operations go over the daemon's same-node socket, else 'grpc'."""
         return self._control.name
 
+    @property
+    def probe_path(self) -> str:
+        """"index" when prefix probes read the daemon's shared key index first (fast path, the daemon offers one,
+        $KVSTORE_KEY_INDEX is not 0), else "daemon" (see kvstore/client/shared_index.py)."""
+        index = getattr(self._control, "index", None)
+        return "index" if index is not None and index.view() is not None else "daemon"
+
     def _check_incarnation(self, incarnation: int) -> None:
         """The daemon restarted since we mapped its arena: map the new one before using any offset."""
         current = self._slot.map
@@ -184,9 +191,10 @@ class Client(SessionCalls):
             return [v is not None for v in arena_path.validated(m, lease, [1] * lease.hits)]
 
     def health(self) -> Health:
-        """The daemon's health, plus which paths this client uses (client_control, client_data)."""
+        """The daemon's health, plus which paths this client uses (client_control, client_data, client_probe)."""
         h = Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))
-        return dataclasses.replace(h, client_control=self.control_path, client_data=self.mode)
+        return dataclasses.replace(h, client_control=self.control_path, client_data=self.mode,
+                                   client_probe=self.probe_path)
 
     def close(self) -> None:
         self._releaser.close(self._rpc.timeout_s)

@@ -18,6 +18,7 @@ from kvstore.client.arena_map import ArenaMap
 from kvstore.client.control import FastControl, GrpcControl
 from kvstore.client.fast_channel import FastChannel, request_arena, spin_us_from_env
 from kvstore.client.rpc import Rpc
+from kvstore.client.shared_index import SharedIndex, index_wanted
 from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 from kvstore.hostinfo import boot_id
@@ -113,7 +114,8 @@ def open_fast(h: pb.HealthResponse, rpc: Rpc, grpc_control: GrpcControl, request
         channel = FastChannel(h.arena.socket, rpc.token, rpc.timeout_s, spin_us_from_env())
         try:
             channel.call(fp.ECHO, b"")  # dials and says HELLO: the token is checked now
-            return FastControl(channel, grpc_control)
+            index = SharedIndex(h.arena.socket, rpc.token, rpc.timeout_s) if index_wanted() else None
+            return FastControl(channel, grpc_control, index)
         except StoreUnavailableError as exc:
             channel.close()
             why = str(exc)

@@ -15,9 +15,11 @@ from typing import Protocol
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.fast_channel import FastChannel
 from kvstore.client.rpc import Rpc
+from kvstore.client.shared_index import SharedIndex
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
+from kvstore.fastpath.key_index import IndexView
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
 
@@ -98,9 +100,11 @@ def _decoded(fn, body: bytes):
 class FastControl:
     name = "fast"
 
-    def __init__(self, channel: FastChannel, fallback: GrpcControl) -> None:
+    def __init__(self, channel: FastChannel, fallback: GrpcControl, index: SharedIndex | None = None) -> None:
+        """`index`: the tenant's shared key index, which prefix probes read first (shared_index.py)."""
         self.channel = channel
         self._grpc = fallback
+        self.index = index
 
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
         try:
@@ -158,6 +162,12 @@ class FastControl:
         probe of every TP rank's, pipeline stage's and KV cache group's namespace). A prefix one counts only
         (summary); one without `prefix` answers every key's tier (a sliding-window group's window). The first
         refused one raises."""
+        view = self.index.view() if self.index is not None and prefix else None
+        if view is not None:
+            try:
+                return self._probe_indexed(view, namespaces, keys)
+            except _ENCODE_ERRORS:
+                pass  # a key the fast format cannot carry (or not bytes): the plain path decides what to say
         try:
             bodies = [fp.encode_lookup(ns, keys) for ns in namespaces]
         except _ENCODE_ERRORS:
@@ -170,6 +180,28 @@ class FastControl:
             r = _decoded(fp.decode_lookup_reply, reply)
             out.append(Lease(ns, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums,
                              r.lease_id, r.incarnation, r.tiers))
+        return out
+
+    def _probe_indexed(self, view: IndexView, namespaces: Sequence[str], keys: Sequence[bytes]) -> list[Lease]:
+        """Prefix probes whose leading keys come from the shared key index: each namespace's request names the
+        entries found there (ids + serials) and carries only the keys after them; the daemon checks the
+        entries and looks up the rest (Engine.probe), all namespaces in one round trip."""
+        assert self.index is not None
+        keys = keys if isinstance(keys, list) else list(keys)
+        bodies = []
+        for ns in namespaces:
+            found = view.probe(ns, keys)
+            n, ids, serials = found if found is not None else (0, b"", b"")
+            bodies.append(fp.encode_probe(ns, ids, serials, keys[n:]))
+        out = []
+        replies = ([self.channel.call(fp.PROBE, bodies[0])] if len(bodies) == 1
+                   else self.channel.call_many([(fp.PROBE, b, 0) for b in bodies]))
+        for ns, reply in zip(namespaces, replies):
+            if isinstance(reply, KVStoreError):
+                raise reply
+            num_prefix, present, tiers, incarnation = _decoded(fp.decode_probe_reply, reply)
+            self.index.seen(view, incarnation)
+            out.append(Lease(ns, num_prefix, present, [], [], [], [], 0, incarnation, tiers))
         return out
 
     def release(self, lease_ids: list[int]) -> int:

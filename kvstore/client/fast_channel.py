@@ -28,7 +28,7 @@ from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError, err
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import MAX_SPIN_US, FrameReader, recv_exact, set_kernel_timeouts
 
-__all__ = ["FastChannel", "request_arena", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
+__all__ = ["FastChannel", "request_arena", "request_key_index", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
 
 DEFAULT_SPIN_US = 300   # covers the daemon's answer to the hot calls (bench.fast_profile: 60-250 us on 2 cores)
 
@@ -54,12 +54,24 @@ def request_arena(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, i
 
     UnauthenticatedError (token missing or unknown), StoreUnavailableError (socket absent, daemon gone, not
     answering, or full), InvalidRequestError (the daemon refused the request as malformed)."""
-    hello = fp.frame(fp.HELLO, fp.encode_hello(token, want_arena=True))
+    return _request_file(path, token, timeout_s, want_arena=True)
+
+
+def request_key_index(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, int]:
+    """(read-only descriptor of this caller's tenant's shared key index, the daemon's incarnation); the errors of
+    request_arena, and StoreUnavailableError when the daemon runs without an index."""
+    return _request_file(path, token, timeout_s, want_arena=False)
+
+
+def _request_file(path: str, token: str, timeout_s: float, want_arena: bool) -> tuple[int, int]:
+    """The one-shot exchange that hands over a file: HELLO asking for it, the reply with it over SCM_RIGHTS."""
+    what = "arena" if want_arena else "key index"
+    hello = fp.frame(fp.HELLO, fp.encode_hello(token, want_arena=want_arena, want_index=not want_arena))
     fds: list[int] = []
     try:
         sock = _dial(path, timeout_s)
     except OSError as exc:
-        raise StoreUnavailableError(f"cannot get the arena from {path}: {exc.strerror or exc}") from exc
+        raise StoreUnavailableError(f"cannot get the {what} from {path}: {exc.strerror or exc}") from exc
     try:
         sock.sendall(hello)
         data, fds, _, _ = socket.recv_fds(sock, 4096, 1)
@@ -73,10 +85,10 @@ def request_arena(path: str, token: str, timeout_s: float = 5.0) -> tuple[int, i
             _raise_error(body)
         incarnation, _ = fp.decode_hello_reply(body)
         if len(fds) != 1:
-            raise StoreUnavailableError(f"{path} answered without an arena file")
+            raise StoreUnavailableError(f"{path} answered without the {what} file")
         return fds.pop(), incarnation
     except (OSError, fp.FrameError) as exc:
-        raise StoreUnavailableError(f"cannot get the arena from {path}: {exc}") from exc
+        raise StoreUnavailableError(f"cannot get the {what} from {path}: {exc}") from exc
     finally:
         for fd in fds:
             os.close(fd)

@@ -17,12 +17,14 @@ from kvstore.vocab import Tier
 
 __all__ = ["common_prefix", "common_prefix_tiers", "tiers_many"]
 
+_RAM = int(Tier.RAM)
+
 
 def common_prefix(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
                   namespaces: Sequence[str], keys: Sequence[bytes]) -> tuple[int, bool]:
     """(leading keys every namespace holds, whether all of those are in RAM in every one)."""
     n, tiers = common_prefix_tiers(control, check_incarnation, max_batch_keys, namespaces, keys)
-    return n, all(t == Tier.RAM for t in tiers)
+    return n, tiers.count(_RAM) == len(tiers)  # list.count: one C pass (an IntEnum compare per key costs ~0.1 us)
 
 
 def common_prefix_tiers(control: ControlPlane, check_incarnation: Callable[[int], None], max_batch_keys: int,
@@ -35,7 +37,12 @@ def common_prefix_tiers(control: ControlPlane, check_incarnation: Callable[[int]
         for r in leases:
             check_incarnation(r.incarnation)
         n = min((r.num_prefix for r in leases), default=part.stop - part.start)
-        tiers += [max((int(r.tiers[i]) for r in leases), default=int(Tier.RAM)) for i in range(n)]
+        if not leases:
+            tiers += [int(Tier.RAM)] * n
+        elif len(leases) == 1:
+            tiers += leases[0].tiers[:n]
+        else:  # the farthest tier per key, one C-level pass per namespace (a generator per key costs ~3 us)
+            tiers += map(max, *(r.tiers[:n] for r in leases))
         if n < part.stop - part.start:
             break
     return len(tiers), tiers

@@ -62,9 +62,11 @@ class Health:
     detail: str = ""
     peers: PeerTierStats | None = None
     arena_isolated: bool = field(default=False, metadata=wire("arena.isolated"))  # one arena file per tenant
-    # filled in by the client: "fast" or "grpc" (the path its hot operations take), "arena" or "stream"
+    # filled in by the client: "fast" or "grpc" (the path its hot operations take), "arena" or "stream",
+    # "index" or "daemon" (whether its prefix probes read the shared key index first)
     client_control: str = field(default="", metadata=LOCAL)
     client_data: str = field(default="", metadata=LOCAL)
+    client_probe: str = field(default="", metadata=LOCAL)
 
     @staticmethod
     def from_pb(m: pb.HealthResponse) -> Health:

@@ -16,6 +16,7 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     quotas.py        TenantQuotas: per-tenant RAM floors that decide whose blocks may be evicted
     generations.py   GenerationIndex: where a slot's generation word lives
     catalog.py       Catalog, Namespace, EntryState: entry columns and the entry state machine
+    key_mirror.py    KeyIndexMirror: each tenant's shared key index kept equal to what a Lookup finds in RAM
     ttl.py           TtlTable: ids with a deadline (leases, reservations)
     events.py        EventBus: stored / removed / moved events for routers
     misses.py        MissLedger: keys that left the store, when and why; KeyExplanation (Engine.explain)
@@ -27,6 +28,7 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     config.py        EngineConfig
     sessions.py      SessionBook: each agent session's latest chain of keys (own lock; the servicer holds it)
 
-Every part below engine.py but sessions.py is called under the engine's lock and has no lock of its own; none
+Every part below engine.py is called under the engine's lock and has no lock of its own, but sessions.py and
+key_mirror.py (its tables, also handed out by the same-node socket); none
 imports engine.py (tests/test_import_graph.py holds the graph free of cycles).
 """

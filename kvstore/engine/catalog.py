@@ -30,10 +30,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Catalog", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
+__all__ = ["Catalog", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
 
 
 class EntryState(IntEnum):
@@ -78,6 +79,7 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
     ("state", np.uint8),
     ("flags", np.uint8),
     ("seen", np.uint8),
+    ("serial", np.uint32),  # which use of a reused id this is (the shared key index names entries by id + serial)
 )
 
 _RESERVED, _COMMITTED = int(EntryState.RESERVED), int(EntryState.COMMITTED)  # plain ints: cheaper numpy writes
@@ -87,6 +89,13 @@ ON_DISK = 1
 QUEUED = 2
 WRITING = 4
 DISK_DROPPED = 8
+
+
+class CatalogMirror(Protocol):
+    """What the catalog tells the shared key index (engine/key_mirror.py)."""
+
+    def added(self, eids: Sequence[int]) -> None: ...  # entries just made COMMITTED (visible in RAM)
+    def removed(self, ns: Namespace, key: bytes) -> None: ...  # a COMMITTED entry about to be unindexed
 
 
 class Catalog:
@@ -104,6 +113,7 @@ class Catalog:
     state: np.ndarray
     flags: np.ndarray
     seen: np.ndarray
+    serial: np.ndarray
 
     def __init__(self, initial_capacity: int = 1024) -> None:
         self._capacity = max(16, initial_capacity)
@@ -114,6 +124,10 @@ class Catalog:
         self.namespaces: list[Namespace] = []
         self.by_name: dict[str, Namespace] = {}
         self._epoch = time.monotonic()
+        self._serial = 0
+        # the shared key index's writer (engine/key_mirror.py): told which entries become and stop being
+        # committed in RAM; None when the daemon runs without it
+        self.mirror: CatalogMirror | None = None
 
     # -- namespaces -------------------------------------------------------------------------------------
     def add_namespace(self, name: str, model: str, layout_digest: str, tenant: str, disk_codec: str = "none",
@@ -149,6 +163,8 @@ class Catalog:
         self.state[eid] = _RESERVED
         self.flags[eid] = 0
         self.seen[eid] = 0
+        self._serial = (self._serial + 1) & 0xFFFFFFFF
+        self.serial[eid] = self._serial
         self.created[eid] = self.now()
         ns.index[key] = eid
         return eid
@@ -180,6 +196,8 @@ class Catalog:
             getattr(self, name)[ids] = 0
         self.ns[ids] = ns.id
         self.state[ids] = _RESERVED
+        self.serial[ids] = (np.arange(self._serial + 1, self._serial + 1 + n, dtype=np.uint64) & 0xFFFFFFFF)
+        self._serial = (self._serial + n) & 0xFFFFFFFF
         self.created[ids] = self.now()
         ns.index.update(zip(keys, eids))
         return eids
@@ -195,19 +213,24 @@ class Catalog:
                 if checksums:
                     self.checksum[eid] = checksums[i]
                 total += int(self.size[eid])
-            return total
-        ids = np.array(eids, dtype=np.int64)
-        self.state[ids] = _COMMITTED
-        self.created[ids] = now
-        if checksums:
-            self.checksum[ids] = np.array(checksums, dtype=np.uint64)
-        return sum(self.size[ids].tolist())
+        else:
+            ids = np.array(eids, dtype=np.int64)
+            self.state[ids] = _COMMITTED
+            self.created[ids] = now
+            if checksums:
+                self.checksum[ids] = np.array(checksums, dtype=np.uint64)
+            total = sum(self.size[ids].tolist())
+        if self.mirror is not None:
+            self.mirror.added(eids)
+        return total
 
     def unindex(self, eid: int) -> None:
         """Make the entry invisible to lookups (its slot stays allocated)."""
         key = self.keys[eid]
         ns = self.namespaces[int(self.ns[eid])]
         if key is not None and ns.index.get(key) == eid:
+            if self.mirror is not None and self.state[eid] == _COMMITTED:
+                self.mirror.removed(ns, key)
             del ns.index[key]
 
     def drop(self, eid: int) -> None:

@@ -233,6 +233,8 @@ class DiskLink:
                 ns.blocks += 1
                 ns.bytes += int(cat.size[p.eid])
                 self._ram.insert(ns, [p.eid])
+                if cat.mirror is not None:
+                    cat.mirror.added([p.eid])
                 self._events.publish(MOVED, ns.name, [p.key], Tier.DISK, Tier.RAM)
                 p.ok = True
                 if self.on_promoted is not None:

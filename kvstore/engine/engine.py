@@ -52,6 +52,7 @@ from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
 from kvstore.engine.events import REMOVED, STORED, EventBus
 from kvstore.engine.hints import Hints, parse_hint
+from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.engine.leases import LeaseTable
 from kvstore.engine.lookups import Lookups
 from kvstore.engine.miss_causes import MissCauses
@@ -67,7 +68,7 @@ from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
 from kvstore.tiers.disk import DiskStore
-from kvstore.validation import check_keys, check_sizes
+from kvstore.validation import check_count, check_keys, check_sizes
 from kvstore.vocab import ReserveOutcome, Tier
 
 __all__ = ["Engine", "RemoteHooks"]
@@ -75,6 +76,7 @@ __all__ = ["Engine", "RemoteHooks"]
 _COMMITTED = int(EntryState.COMMITTED)
 _PROMOTING = int(EntryState.PROMOTING)
 _NONE = int(Tier.NONE)
+_RAM = int(Tier.RAM)
 
 
 class RemoteHooks(Protocol):
@@ -253,6 +255,37 @@ class Engine:
             p.done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             return self._counted(ns, keys, prefix, self._lookups.finish(ns, keys, prefix, pending))
+
+    def probe(self, ns_name: str, prior_ids: np.ndarray, prior_serials: np.ndarray,
+              tail: Sequence[bytes]) -> LookupResult:
+        """A prefix probe (no lease, counts only) whose leading keys the caller found in the shared key index
+        (key_mirror.py): their entry ids and serials, then the keys after them. The answer and its effects are
+        a `lookup(those keys + tail, prefix=True, lease=False, summary=True)`'s: the leading entries are
+        checked under the lock (Lookups.prior_hits), the tail is looked up as usual when all of them hold."""
+        if len(prior_ids) != len(prior_serials):
+            raise InvalidRequestError(f"{len(prior_ids)} entry ids with {len(prior_serials)} serials")
+        n = len(prior_ids) + len(tail)
+        check_count("keys", n, self.config.max_batch_keys)
+        if tail:
+            self._check_keys(tail)
+        with self._lock:
+            ns = self._names.get(ns_name)
+            k = self._lookups.prior_hits(ns, prior_ids, prior_serials)
+            if k < len(prior_ids) or not tail:
+                self.counters.lookup_calls += 1
+                self.counters.lookup_keys += len(tail)
+                ns.lookup_keys += len(tail)
+                short = [False] if k < n else []
+                return LookupResult(k, [True] * k + short, [], [], [], [], 0, 0, [_RAM] * k + [_NONE] * len(short))
+        r = self.lookup(ns_name, tail, prefix=True, lease=False, summary=True)
+        return LookupResult(k + r.num_prefix, [True] * k + r.present, [], [], [], [], 0, 0, [_RAM] * k + r.tiers)
+
+    def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool) -> KeyIndexMirror:
+        """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored."""
+        with self._lock:
+            mirror = KeyIndexMirror(self._cat, entries, incarnation, per_tenant)
+            self._cat.mirror = mirror
+            return mirror
 
     def _counted(self, ns: Namespace, keys: Sequence[bytes], prefix: bool, res: LookupResult) -> LookupResult:
         """A prefix Lookup that stopped short counts the cause of its first miss (miss_causes.py)."""

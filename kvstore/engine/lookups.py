@@ -20,6 +20,7 @@ from itertools import repeat
 
 import numpy as np
 
+import kvstore._native._keyindex as _keyindex
 from kvstore.engine.catalog import Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
@@ -82,6 +83,24 @@ class Lookups:
         if at_peers is not None:
             tiers[(tiers == _NONE) & np.array(at_peers, dtype=bool)] = _PEER
         return eids, tiers
+
+    def prior_hits(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray) -> int:
+        """A probe's leading keys as a client found them in the shared key index (entry id + serial each):
+        how many lead that are still what the client saw (this namespace's, committed in RAM, same serial).
+        Those count and touch exactly as `ram_hits` would count and touch them; what the client claimed past
+        them is dropped (evicted in between: the answer is the one a Lookup would give now)."""
+        cat = self._cat
+        k = _keyindex.check(ids, serials, cat.state, cat.ns, cat.serial, len(cat.keys), ns.id, _COMMITTED)
+        hits = ids[:k].astype(np.int64)
+        self._ram.record_hits(hits)
+        self._disk.note_hits(hits)
+        counters = self._counters
+        counters.lookup_keys += len(ids)
+        ns.lookup_keys += len(ids)
+        ns.hit_keys += k
+        counters.hit_keys += k
+        counters.hit_keys_ram += k
+        return k
 
     @staticmethod
     def ram_prefix(tiers: np.ndarray) -> int:

@@ -2,6 +2,7 @@
 
     protocol.py   frames and bodies, encode and decode (sans-IO: no sockets), the one definition both ends use
     sockets.py    the two socket chores both ends share (the protocol itself stays sans-IO)
+    key_index.py  the shared key index: the daemon's writable table per tenant, a client's read-only view
 
 The daemon's side is kvstore/server/fast_server.py, the client's kvstore/client/fast_channel.py; both call the
 operations in kvstore/server/ops.py (daemon) through this format.

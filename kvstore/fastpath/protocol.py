@@ -32,6 +32,11 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     RELEASE  req  u32 m | u64 lease_ids[m]                              rep  u32 released
     EXISTS   req  ns keys                                               rep  u32 n | u8 present[n]
     ECHO     req  any bytes (<= 64 KiB)                                 rep  the same bytes
+    PROBE    req  ns u32 m | u32 entry_ids[m] | u32 serials[m] | keys
+             rep  u32 num_prefix | u32 n | u64 incarnation | u8 tiers[n]   (present: num_prefix Trues, then
+                  n - num_prefix Falses, as a prefix Lookup's)
+                  a prefix probe (no lease, counts only) whose first m keys the client found in the shared
+                  key index (kvstore/fastpath/key_index.py); `keys` are the ones after them, looked up as usual
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -56,17 +61,18 @@ __all__ = [
     "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply", "decode_lookup_reply",
     "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply", "encode_commit",
     "decode_commit", "encode_count", "decode_count", "encode_u64", "decode_u64", "encode_release",
-    "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools",
+    "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools", "PROBE",
+    "HELLO_WANT_INDEX", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
 ]
 
 HEADER = struct.Struct("<IBBHI")
-HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO = range(1, 9)
+HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE = range(1, 10)
 OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commit", ABORT: "Abort",
-            RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo"}
+            RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo", PROBE: "Probe"}
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)
-HELLO_WANT_ARENA = 1
+HELLO_WANT_ARENA, HELLO_WANT_INDEX = 1, 2  # the reply carries the arena file / the key index (one of them)
 MAGIC = b"KVFP"
 VERSION = 1
 MAX_BODY = 4 << 20
@@ -80,6 +86,8 @@ _HELLO_REP = struct.Struct("<QI")
 _LOOKUP_REP = struct.Struct("<IIIQIQ")  # num_prefix, n, hits, lease_id, expires_in_ms, incarnation (+ arrays)
 _RESERVE_REP = struct.Struct("<QIQI")
 _COMMIT = struct.Struct("<QI")
+_PROBE_REP = struct.Struct("<IIQ")  # num_prefix, n, incarnation (+ tiers)
+_U32_LE = np.dtype("<u4")
 
 
 class FrameError(ValueError):
@@ -200,14 +208,16 @@ def _u64s(values: Sequence[int] | np.ndarray) -> bytes:
 
 
 # -- hello and errors ----------------------------------------------------------------------------------------
-def encode_hello(token: str, want_arena: bool) -> bytes:
+def encode_hello(token: str, want_arena: bool, want_index: bool = False) -> bytes:
     raw = token.encode("utf-8")
     if len(raw) > MAX_TOKEN_BYTES:
         raise FrameError(f"token of {len(raw)} bytes is longer than {MAX_TOKEN_BYTES}")
-    return _HELLO.pack(MAGIC, VERSION, HELLO_WANT_ARENA if want_arena else 0, 0, len(raw)) + raw
+    flags = (HELLO_WANT_ARENA if want_arena else 0) | (HELLO_WANT_INDEX if want_index else 0)
+    return _HELLO.pack(MAGIC, VERSION, flags, 0, len(raw)) + raw
 
 
-def decode_hello(body: bytes | memoryview) -> tuple[str, bool]:
+def decode_hello(body: bytes | memoryview) -> tuple[str, int]:
+    """(token, flags: HELLO_WANT_ARENA and/or HELLO_WANT_INDEX)."""
     r = Reader(body)
     magic, version, flags, _, n = _HELLO.unpack(r.take(_HELLO.size))
     if magic != MAGIC:
@@ -218,7 +228,9 @@ def decode_hello(body: bytes | memoryview) -> tuple[str, bool]:
         raise FrameError(f"token of {n} bytes is longer than {MAX_TOKEN_BYTES}")
     token = bytes(r.take(n)).decode("utf-8", "replace")
     r.done()
-    return token, bool(flags & HELLO_WANT_ARENA)
+    if flags & ~(HELLO_WANT_ARENA | HELLO_WANT_INDEX) or flags == HELLO_WANT_ARENA | HELLO_WANT_INDEX:
+        raise FrameError(f"hello flags {flags:#x}: ask for the arena file or the key index, not both")
+    return token, flags
 
 
 def encode_hello_reply(incarnation: int, max_batch_keys: int) -> bytes:
@@ -265,6 +277,40 @@ def encode_lookup_reply(num_prefix: int, present: Sequence[bool], tiers: Sequenc
     return b"".join((
         _LOOKUP_REP.pack(num_prefix, n, hits, lease_id, expires_in_ms, incarnation), bytes(present), bytes(tiers),
         _u64s(offsets), _u64s(sizes), _u64s(generations), _u64s(checksums)))
+
+
+def encode_probe(ns: str, entry_ids: bytes, serials: bytes, keys: Sequence[bytes]) -> bytes:
+    """`entry_ids` and `serials`: u32 little-endian each, as IndexView.probe returns them."""
+    if len(entry_ids) != len(serials) or len(entry_ids) % 4:
+        raise FrameError(f"{len(entry_ids)} bytes of entry ids for {len(serials)} bytes of serials")
+    return _ns(ns) + _U32.pack(len(entry_ids) // 4) + entry_ids + serials + _keys(keys)
+
+
+def decode_probe(body: bytes | memoryview) -> tuple[str, np.ndarray, np.ndarray, list[bytes]]:
+    """(namespace, entry ids, serials (uint32 arrays), the keys after them)."""
+    r = Reader(body)
+    ns = r.namespace()
+    m = r.u32()
+    if m * 8 > len(r.buf) - r.pos:
+        raise FrameError(f"{m} entry ids in a frame with {len(r.buf) - r.pos} bytes left")
+    both = np.frombuffer(r.take(8 * m), dtype=_U32_LE)
+    keys = r.keys()
+    r.done()
+    return ns, both[:m], both[m:], keys
+
+
+def encode_probe_reply(num_prefix: int, tiers: Sequence[int], incarnation: int) -> bytes:
+    return _PROBE_REP.pack(num_prefix, len(tiers), incarnation) + bytes(tiers)
+
+
+def decode_probe_reply(body: bytes | memoryview) -> tuple[int, list[bool], list[int], int]:
+    """(num_prefix, present, tiers, incarnation)."""
+    if len(body) < _PROBE_REP.size:
+        raise FrameError(f"probe reply of {len(body)} bytes")
+    num_prefix, n, inc = _PROBE_REP.unpack_from(body)
+    if len(body) != _PROBE_REP.size + n or num_prefix > n:
+        raise FrameError(f"probe reply of {len(body)} bytes for {n} keys, {num_prefix} of them leading")
+    return num_prefix, [True] * num_prefix + [False] * (n - num_prefix), list(body[_PROBE_REP.size:]), inc
 
 
 @dataclass

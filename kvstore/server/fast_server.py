@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
+from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
@@ -95,8 +96,9 @@ class FastServer:
                  tenant_of: Callable[[str], str | None] | None,
                  observe: Callable[[str, float], None] = lambda method, seconds: None, *,
                  hello_timeout_s: float = 2.0, frame_timeout_s: float = 5.0, max_connections: int = 256,
-                 spin_us: int = DAEMON_SPIN_US) -> None:
+                 spin_us: int = DAEMON_SPIN_US, key_index: KeyIndexMirror | None = None) -> None:
         self.path = path
+        self._key_index = key_index
         self._backing = backing
         self._ops = ops
         self._incarnation = incarnation
@@ -195,7 +197,7 @@ class FastServer:
             head = fp.Header.parse(recv_exact(conn, fp.HEADER.size))
             if head.op != fp.HELLO:
                 raise fp.FrameError("the first frame must be HELLO")
-            token, want_arena = fp.decode_hello(recv_exact(conn, head.length))
+            token, wants = fp.decode_hello(recv_exact(conn, head.length))
         except (fp.FrameError, TimeoutError) as exc:
             self.counters.add("fast_refused")
             if not isinstance(exc, TimeoutError):
@@ -213,7 +215,10 @@ class FastServer:
             domain = tenant
             current_tenant.set(tenant)  # this thread serves only this caller
         reply = fp.frame(fp.HELLO, fp.encode_hello_reply(self._incarnation, self._max_batch_keys), head.request_id)
-        if want_arena:
+        if wants & fp.HELLO_WANT_INDEX:
+            self._hand_index(conn, head.request_id, domain, reply)
+            return None
+        if wants & fp.HELLO_WANT_ARENA:
             try:
                 fd = self._backing.file_of(domain).fd
             except (OSError, ConfigError) as exc:
@@ -224,6 +229,23 @@ class FastServer:
         else:
             conn.sendall(reply)
         return token
+
+    def _hand_index(self, conn: socket.socket, request_id: int, domain: str, reply: bytes) -> None:
+        """The caller's tenant's shared key index, read-only, over SCM_RIGHTS; an error when the daemon runs
+        without one (key_index_entries = 0). A one-shot exchange: the connection closes after it."""
+        if self._key_index is None:
+            _send_error(conn, request_id, fp.HELLO, "unavailable", "the daemon runs without a shared key index "
+                        "(key_index_entries = 0): probes go to the daemon")
+            return
+        try:
+            fd = self._key_index.reader_fd(domain)
+        except OSError as exc:
+            _send_error(conn, request_id, fp.HELLO, "unavailable", f"cannot open the key index: {exc}")
+            return
+        try:
+            socket.send_fds(conn, [reply], [fd])
+        finally:
+            os.close(fd)
 
     def _requests(self, conn: socket.socket, token: str) -> None:
         # idle between frames as long as the client keeps the connection; a frame's rest within frame_timeout
@@ -296,6 +318,10 @@ class FastServer:
         if op == fp.EXISTS:
             ns, keys = fp.decode_exists(body)
             return fp.encode_bools(ops.exists(ns, keys))
+        if op == fp.PROBE:
+            ns, ids, serials, tail = fp.decode_probe(body)
+            r = ops.probe(ns, ids, serials, tail)
+            return fp.encode_probe_reply(r.num_prefix, r.tiers, self._incarnation)
         if op == fp.ECHO:
             if len(body) > fp.MAX_ECHO:
                 raise fp.FrameError(f"echo of {len(body)} bytes (at most {fp.MAX_ECHO})")

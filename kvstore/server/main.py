@@ -168,8 +168,11 @@ class Daemon:
         auth = self.auth
         tenant_of = (lambda token: auth.tokens.tenant_of(token)) if auth is not None else None
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        self.key_index = (self.engine.attach_key_index(self.cfg.key_index_entries, self.info.incarnation,
+                                                       per_tenant=self.tokens is not None)
+                          if self.cfg.key_index_entries else None)
         fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
-                          observe, spin_us=self.cfg.fast_spin_us)
+                          observe, spin_us=self.cfg.fast_spin_us, key_index=self.key_index)
         self.info.fast_status = fast.status
         return fast
 
@@ -246,6 +249,8 @@ class Daemon:
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)
         self.engine.stop()
+        if self.fast is not None and self.key_index is not None:
+            self.key_index.close()
         if self.metrics is not None:
             self.metrics.stop()
         if self.disk is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvstore.engine.engine import Engine
 from kvstore.engine.misses import NEVER_STORED, OTHER_NAMESPACE, KeyExplanation
 from kvstore.engine.results import LookupResult, ReserveResult
@@ -55,6 +57,12 @@ class ControlOps:
         r = self.engine.lookup(namespace, keys, prefix, lease, summary=summary)
         self.windows.leased(r.lease_id, sum(r.sizes))
         return r
+
+    def probe(self, namespace: str, prior_ids: np.ndarray, prior_serials: np.ndarray,
+              tail: Sequence[bytes]) -> LookupResult:
+        """Engine.probe: a prefix probe whose leading keys the caller found in its shared key index."""
+        self.guard.namespace(namespace)
+        return self.engine.probe(namespace, prior_ids, prior_serials, tail)
 
     def release(self, lease_ids: Sequence[int]) -> int:
         check_count("lease ids", len(lease_ids), MAX_RELEASE_IDS)

@@ -17,7 +17,7 @@ from kvstore.testing.fuzz import FuzzStats, Pools, Source
 
 __all__ = ["FastFuzzer"]
 
-_OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO)
+_OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO, fp.PROBE)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -131,6 +131,12 @@ class FastFuzzer:
                 return fp.encode_release([rid(pools.lease_ids) for _ in range(src.int(0, 3))])
             if op == fp.HELLO:
                 return fp.encode_hello(src.text(10), bool(src.int(0, 1)))
+            if op == fp.PROBE:  # entry ids and serials a client could not have found: small, huge, any
+                m = src.int(0, 6)
+                ids = b"".join(src.int(0, 2**32 - 1 if src.int(0, 3) == 0 else 64).to_bytes(4, "little")
+                               for _ in range(m))
+                serials = b"".join(src.int(0, 2**32 - 1).to_bytes(4, "little") for _ in range(m))
+                return fp.encode_probe(ns(), ids, serials, keys())
         except fp.FrameError:
             pass
         return src.bytes(64)

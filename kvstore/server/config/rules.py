@@ -20,6 +20,7 @@ __all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 ARENA_LOCKS = ("auto", "on", "off")
+MAX_KEY_INDEX_ENTRIES = 1 << 26  # a 3 GiB table per tenant: past any arena's block count
 
 
 def require(ok: bool, message: str) -> None:
@@ -44,6 +45,8 @@ def check_listeners(cfg: ServerConfig) -> None:
     require(1 <= cfg.grpc_workers <= 256, f"grpc_workers={cfg.grpc_workers}: use 1..256")
     require(0 <= cfg.fast_spin_us <= MAX_SPIN_US,
             f"fast_spin_us={cfg.fast_spin_us}: use 0 (never poll) to {MAX_SPIN_US} us")
+    require(0 <= cfg.key_index_entries <= MAX_KEY_INDEX_ENTRIES,
+            f"key_index_entries={cfg.key_index_entries}: use 0 (no shared key index) to {MAX_KEY_INDEX_ENTRIES}")
     require(0 <= cfg.max_subscribers < cfg.grpc_workers,
             f"max_subscribers={cfg.max_subscribers} must be below grpc_workers={cfg.grpc_workers}")
     require(cfg.log_level in LOG_LEVELS, f"log_level={cfg.log_level!r}: use debug, info, warning or error")

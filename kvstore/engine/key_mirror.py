@@ -1,0 +1,96 @@
+"""Keeps each tenant's shared key index (kvstore/fastpath/key_index.py) equal to what a Lookup finds in RAM.
+
+The catalog calls `added` when entries become COMMITTED (a commit, a promotion from disk) and `removed` just
+before a COMMITTED entry is unindexed (eviction, deletion), always under the engine's lock, so the table
+never says "in RAM" about a key a Lookup would not find there for longer than that lock is held. Which
+table: the namespace's tenant's when the daemon has tokens (each tenant sees only its own keys), else the one
+shared table. A namespace whose tenant changes (a recovered namespace adopted by a registration) has its keys
+moved to the new tenant's table before the next change is written.
+
+Tables are created on first use, by the engine (a write) or by the same-node socket (a client asking for its
+tenant's table), hence the lock around the dict.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from kvstore.arena.backing import SHARED_DOMAIN
+from kvstore.engine.catalog import Catalog, EntryState, Namespace
+from kvstore.fastpath.key_index import IndexTable, capacity_for
+
+__all__ = ["KeyIndexMirror"]
+
+_COMMITTED = int(EntryState.COMMITTED)
+
+
+class KeyIndexMirror:
+    def __init__(self, cat: Catalog, entries: int, incarnation: int, per_tenant: bool) -> None:
+        """`entries`: how many keys one tenant's table indexes at most (beyond, keys stay unindexed and clients
+        ask the daemon for them)."""
+        self._cat = cat
+        self._capacity = capacity_for(entries)
+        self._incarnation = incarnation
+        self._per_tenant = per_tenant
+        self._tables: dict[str, IndexTable] = {}
+        self._lock = threading.Lock()
+        self._domain_of: dict[int, str] = {}  # namespace id -> the table its keys are in
+        self.unindexed = 0  # keys the tables had no room for (counted, not an error)
+
+    def domain(self, tenant: str) -> str:
+        """The table a caller of `tenant` reads (and a namespace of that tenant is written to)."""
+        return tenant if self._per_tenant else SHARED_DOMAIN
+
+    def table(self, domain: str) -> IndexTable:
+        with self._lock:
+            t = self._tables.get(domain)
+            if t is None:
+                t = self._tables[domain] = IndexTable(domain or "shared", self._capacity, self._incarnation)
+            return t
+
+    def reader_fd(self, tenant: str) -> int:
+        """A read-only descriptor of the table a caller of `tenant` probes (the caller closes it)."""
+        return self.table(self.domain(tenant)).reader_fd()
+
+    def added(self, eids: Sequence[int]) -> None:
+        cat = self._cat
+        first = int(cat.ns[eids[0]]) if len(eids) else 0
+        if len(eids) > 1 and any(int(cat.ns[e]) != first for e in eids):  # never from one commit; be exact anyway
+            for e in eids:
+                self.added([e])
+            return
+        if not len(eids):
+            return
+        ns = cat.namespaces[first]
+        ids = [int(e) for e in eids]
+        keys = [cat.keys[e] for e in ids]
+        written = self._table_of(ns).insert(ns.name, keys, ids, cat.serial[ids].tolist())  # type: ignore[arg-type]  # committed entries have keys
+        self.unindexed += len(ids) - written
+
+    def removed(self, ns: Namespace, key: bytes) -> None:
+        self._table_of(ns).remove(ns.name, [key])
+
+    def _table_of(self, ns: Namespace) -> IndexTable:
+        domain = self.domain(ns.tenant)
+        old = self._domain_of.get(ns.id)
+        if old is not None and old != domain:  # the namespace changed hands: its keys move with it
+            keys = [k for k, e in ns.index.items() if self._cat.state[e] == _COMMITTED]
+            self.table(old).remove(ns.name, keys)
+            self._domain_of[ns.id] = domain
+            eids = [ns.index[k] for k in keys]
+            if eids:
+                self.added(eids)
+        self._domain_of[ns.id] = domain
+        return self.table(domain)
+
+    def counts(self) -> dict[str, int]:
+        """Keys indexed per table (tests, Stats)."""
+        with self._lock:
+            return {d: t.count for d, t in self._tables.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            for t in self._tables.values():
+                t.close()
+            self._tables.clear()

@@ -1,0 +1,112 @@
+"""The shared key index: which keys the daemon holds in RAM, in a table same-node clients read with no syscall.
+
+The table itself (layout, hash, sequence lock) is kvstore/_native/key_index.c. Here are its two owners:
+
+- `IndexTable` (daemon): one per tenant (with tenancy off, one for everyone), in a sealed memfd like the arena
+  files. The engine's `KeyIndexMirror` writes it under the engine's lock as blocks become visible in RAM
+  (commit, promotion) and stop being (eviction, deletion). A client gets a read-only descriptor of its own
+  tenant's table over the same-node socket, after the token check: another tenant's keys are not in it, and
+  the client cannot write it (the descriptor is opened O_RDONLY, the file sealed against resizing).
+- `IndexView` (client): the mapping, and `probe`, which answers how many leading keys are indexed, with
+  their entry ids and serials.
+
+What a probe answer means: these keys were in RAM an instant ago. It is a hint, never trusted: the client
+sends the ids in a PROBE request and the daemon checks each (same namespace, still committed, same serial)
+under its lock, so the reply is exactly what a Lookup would have said then, with the same effects (policy
+touches, counters, disk prefetch of the keys past the prefix). What the index saves is the daemon's per-key
+work and the key bytes on the wire. A key missing from the table (never indexed, the table was 3/4 full, a
+writer in the way) only makes the daemon look it up the usual way.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+
+import kvstore._native._keyindex as _keyindex
+
+__all__ = ["IndexTable", "IndexView", "HEADER", "capacity_for"]
+
+HEADER = struct.Struct("<QQQQQ")  # magic, capacity, seq, count, incarnation (key_index.c: 64 bytes with padding)
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def capacity_for(entries: int) -> int:
+    """Slots for `entries` keys at most half full (a linear-probing table stays fast below ~3/4)."""
+    cap = 2
+    while cap < 2 * max(1, entries):
+        cap *= 2
+    return cap
+
+
+def table_bytes(capacity: int) -> int:
+    return _keyindex.HEADER_BYTES + capacity * _keyindex.SLOT_BYTES
+
+
+class IndexTable:
+    """The daemon's writable table of one tenant. Not thread-safe: the engine calls it under its lock."""
+
+    def __init__(self, label: str, capacity: int, incarnation: int) -> None:
+        if capacity < 2 or capacity & (capacity - 1):
+            raise ValueError(f"key index capacity {capacity} is not a power of two >= 2")
+        self.capacity = capacity
+        self.size = table_bytes(capacity)
+        self._fd = os.memfd_create(f"kvstore-keyindex-{label}"[:240], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self._fd, self.size)
+            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, _SEALS)
+            self._mm = mmap.mmap(self._fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        HEADER.pack_into(self._mm, 0, _keyindex.MAGIC, capacity, 0, 0, incarnation)
+
+    def insert(self, namespace: str, keys: list[bytes], eids: list[int], serials: list[int]) -> int:
+        return int(_keyindex.insert(self._mm, self.capacity, namespace, keys, eids, serials))
+
+    def remove(self, namespace: str, keys: list[bytes]) -> int:
+        return int(_keyindex.remove(self._mm, self.capacity, namespace, keys))
+
+    @property
+    def count(self) -> int:
+        return int(HEADER.unpack_from(self._mm, 0)[3])
+
+    def reader_fd(self) -> int:
+        """A new read-only descriptor of the table, for a client (the caller sends it, then closes it)."""
+        return os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        self._mm.close()
+        os.close(self._fd)
+
+
+class IndexView:
+    """A client's read-only mapping of its tenant's table. The mapping lives as long as this object and any
+    probe running on it (the C probe holds the buffer), so dropping a view under a probing thread is safe."""
+
+    def __init__(self, fd: int) -> None:
+        """Maps `fd` read-only and closes it. ValueError when it is not a key index."""
+        try:
+            size = os.fstat(fd).st_size
+            if size < _keyindex.HEADER_BYTES:
+                raise ValueError(f"the key index file has {size} bytes, less than its header")
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        magic, capacity, _, _, self.incarnation = HEADER.unpack_from(self._mm, 0)
+        if magic != _keyindex.MAGIC or size < table_bytes(capacity):
+            self._mm.close()
+            raise ValueError("the file handed over is not a kvstore key index of the size it announces")
+        self.capacity = int(capacity)
+
+    def probe(self, namespace: str, keys: Sequence[bytes]) -> tuple[int, bytes, bytes] | None:
+        """(leading keys indexed, their entry ids, their serials: u32 little-endian each) or None when the
+        daemon kept writing the table during the probe (ask the daemon)."""
+        return _keyindex.probe(self._mm, namespace, keys if isinstance(keys, list) else list(keys))
+
+    @property
+    def count(self) -> int:
+        return int(HEADER.unpack_from(self._mm, 0)[3])

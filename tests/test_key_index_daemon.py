@@ -1,0 +1,162 @@
+"""The shared key index end to end: a real daemon, real clients, real memfds over the same-node socket.
+
+A client probes through its tenant's index and gets what a client with the index off gets, with the same
+counter moves and one PROBE request a probe; another tenant's table holds none of the first tenant's keys and
+a client cannot write its table; a daemon without an index, and a daemon killed and restarted under a client,
+still give exact answers (the client fetches the new daemon's table).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore.client import Client
+from kvstore.client.fast_channel import request_key_index
+from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError
+from kvstore.fastpath.key_index import IndexView
+from kvstore.server.config import load_config
+from kvstore.testing import DaemonProcess
+from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
+
+COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", "hit_keys_disk", "hit_keys_peer")
+
+
+def keyset(tag: str, n: int) -> list[bytes]:
+    return [hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=16).digest() for i in range(n)]
+
+
+def no_index_client(address: str, monkeypatch: pytest.MonkeyPatch, **kw: object) -> Client:
+    with monkeypatch.context() as m:
+        m.setenv("KVSTORE_KEY_INDEX", "0")
+        return Client(address, control="fast", **kw)  # type: ignore[arg-type]
+
+
+def moved(c: Client, run) -> tuple[object, dict[str, int]]:  # type: ignore[no-untyped-def]
+    before = c.stats()
+    out = run()
+    after = c.stats()
+    delta = {k: after.counters.get(k, 0) - before.counters.get(k, 0) for k in COUNTED}
+    delta["fast_requests"] = after.control.fast_requests - before.control.fast_requests
+    delta["ns_lookup_keys"] = sum(n.lookup_keys for n in after.namespaces) - sum(n.lookup_keys for n in before.namespaces)
+    return out, delta
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with DaemonProcess(arena_bytes="64MiB", disk_bytes="64MiB", disk_segment_bytes="4MiB") as d:
+        yield d
+
+
+def test_probes_through_the_index_answer_and_count_as_probes_without_it(daemon: DaemonProcess,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = keyset("chain", 300)
+    with daemon.client() as writer:
+        writer.register_namespace("ix/a")
+        writer.register_namespace("ix/b")
+        writer.put_many("ix/a", keys[:280], [np.full(4096, 1, np.uint8)] * 280)
+        writer.put_many("ix/b", keys[:100], [np.full(4096, 2, np.uint8)] * 100)
+    with Client(daemon.address, control="fast") as fast, no_index_client(daemon.address, monkeypatch) as plain:
+        assert (fast.probe_path, plain.probe_path) == ("index", "daemon")
+        chains = {"all held": keys[:280], "held, then new": keys, "new first": keys[290:] + keys[:10],
+                  "one key": keys[:1]}
+        for name, chain in chains.items():
+            a, da = moved(fast, lambda: fast.probe_prefix_tiers(["ix/a"], chain))
+            b, db = moved(plain, lambda: plain.probe_prefix_tiers(["ix/a"], chain))
+            assert a == b, name
+            assert da == db, name
+            assert da["fast_requests"] == 1 and da["lookup_calls"] == 1, name
+        got, delta = moved(fast, lambda: fast.probe_prefix_many(["ix/a", "ix/b"], keys))
+        assert got == (100, True) == plain.probe_prefix_many(["ix/a", "ix/b"], keys)
+        assert delta["fast_requests"] == 2 and delta["lookup_keys"] == 600
+        assert fast.delete("ix/a", keys[50:51]) == 1  # gone from RAM and disk: the index says so at once
+        assert fast.probe_prefix("ix/a", keys) == plain.probe_prefix("ix/a", keys) == (50, True)
+
+
+def test_another_tenant_sees_none_of_the_keys_and_no_one_can_write_a_table(tmp_path: Path) -> None:
+    gen = two_tenant_daemon(tmp_path)
+    d, alice_token, bob_token = next(gen)
+    try:
+        keys = keyset("secret", 20)
+        with Client(d.address, token_file=alice_token, control="fast") as alice, \
+                Client(d.address, token_file=bob_token, control="fast") as bob:
+            alice.register_namespace(A_NS)
+            bob.register_namespace(B_NS)
+            alice.put_many(A_NS, keys, [b"a" * 100] * 20)
+            bob.put_many(B_NS, keys[:5], [b"b" * 100] * 5)
+            assert (alice.probe_path, bob.probe_path) == ("index", "index")
+            assert alice.probe_prefix(A_NS, keys) == (20, True) and bob.probe_prefix(B_NS, keys) == (5, True)
+            tables = {}
+            for who, token_file in (("alice", alice_token), ("bob", bob_token)):
+                fd, _ = request_key_index(d.socket_path + ".arena", open(token_file).read().strip())
+                size = os.fstat(fd).st_size
+                with pytest.raises(PermissionError):
+                    mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                tables[who] = IndexView(fd)
+            assert (tables["alice"].count, tables["bob"].count) == (20, 5)
+            assert tables["bob"].probe(A_NS, keys) == (0, b"", b"")  # alice's keys are not in bob's table
+            assert tables["alice"].probe(A_NS, keys)[0] == 20
+            with pytest.raises(KVStoreError) as through_index:
+                bob.probe_prefix(A_NS, keys)                      # and the daemon refuses bob alice's namespace
+            with pytest.raises(type(through_index.value)):
+                bob.lookup(A_NS, keys, prefix=True, lease=False)
+            with pytest.raises(KVStoreError):
+                request_key_index(d.socket_path + ".arena", "not-a-token-but-long-enough")
+    finally:
+        gen.close()
+
+
+def test_without_an_index_probes_go_to_the_daemon_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = keyset("off", 10)
+    with DaemonProcess(arena_bytes="64MiB", key_index_entries=0) as d, Client(d.address, control="fast") as c:
+        c.register_namespace("off/ns")
+        c.put_many("off/ns", keys[:6], [b"x" * 64] * 6)
+        assert c.probe_path == "daemon" and c.probe_prefix("off/ns", keys) == (6, True)
+        with pytest.raises(StoreUnavailableError, match="key_index_entries = 0"):
+            request_key_index(d.socket_path + ".arena", "")
+    with DaemonProcess(arena_bytes="64MiB") as d:
+        monkeypatch.setenv("KVSTORE_KEY_INDEX", "yes")
+        with pytest.raises(ConfigError, match="KVSTORE_KEY_INDEX"):
+            Client(d.address, control="fast")
+
+
+def test_the_daemons_key_index_entries_setting_is_checked() -> None:
+    base = ["--unix-socket", "/tmp/kvstore-index-test.sock", "--disk-bytes", "0"]
+    assert load_config(base, env={}).key_index_entries == 262144
+    assert load_config([*base, "--key-index-entries", "0"], env={}).key_index_entries == 0
+    assert load_config(base, env={"KVSTORE_KEY_INDEX_ENTRIES": "1000"}).key_index_entries == 1000
+    for bad in ("-1", str((1 << 26) + 1)):
+        with pytest.raises(ConfigError, match=rf"key_index_entries={bad}: use 0 \(no shared key index\) to 67108864"):
+            load_config([*base, "--key-index-entries", bad], env={})
+
+
+def test_a_daemon_killed_and_restarted_under_a_probing_client(tmp_path: Path) -> None:
+    keys = keyset("restart", 12)
+    d = DaemonProcess(workdir=str(tmp_path), arena_bytes="64MiB")
+    d.start()
+    try:
+        c = Client(d.address, control="fast")
+        c.register_namespace("r/ns")
+        c.put_many("r/ns", keys[:8], [b"v" * 64] * 8)
+        assert c.probe_path == "index" and c.probe_prefix("r/ns", keys) == (8, True)
+        old = c._control.index.view()  # the table of the daemon about to die
+        d.stop(signal.SIGKILL)
+        assert old.probe("r/ns", keys)[0] == 8  # the dead daemon's table still maps, frozen: never trusted
+        with pytest.raises(StoreUnavailableError):
+            c.probe_prefix("r/ns", keys)
+        d.start()
+        c.register_namespace("r/ns")
+        assert c.probe_prefix("r/ns", keys) == (0, True)  # the new daemon checked the old ids: none hold
+        new = c._control.index.view()
+        assert new is not None and new is not old and new.incarnation != old.incarnation
+        c.put_many("r/ns", keys[:3], [b"w" * 64] * 3)
+        assert c.probe_prefix("r/ns", keys) == (3, True) and new.probe("r/ns", keys)[0] == 3
+        c.close()
+    finally:
+        d.close()
