@@ -192,7 +192,7 @@ class FastControl:
         for ns in namespaces:
             found = view.probe(ns, keys)
             n, ids, serials = found if found is not None else (0, b"", b"")
-            bodies.append(fp.encode_probe(ns, ids, serials, keys[n:]))
+            bodies.append(fp.encode_probe(ns, ids, serials, keys[n:] if n < len(keys) else ()))
         out = []
         replies = ([self.channel.call(fp.PROBE, bodies[0])] if len(bodies) == 1
                    else self.channel.call_many([(fp.PROBE, b, 0) for b in bodies]))

@@ -32,8 +32,9 @@ def common_prefix_tiers(control: ControlPlane, check_incarnation: Callable[[int]
     """(leading keys every namespace holds, the tier each of those comes from: the farthest over the namespaces,
     RAM < DISK < PEER, since a load waits for its slowest shard)."""
     tiers: list[int] = []
+    whole = isinstance(keys, list) and len(keys) <= max_batch_keys  # one batch: no copy of the chain
     for part in chunks(len(keys), max_batch_keys):
-        leases = control.probe_many(namespaces, list(keys[part]))
+        leases = control.probe_many(namespaces, keys if whole else list(keys[part]))
         for r in leases:
             check_incarnation(r.incarnation)
         n = min((r.num_prefix for r in leases), default=part.stop - part.start)

@@ -88,6 +88,7 @@ _RESERVE_REP = struct.Struct("<QIQI")
 _COMMIT = struct.Struct("<QI")
 _PROBE_REP = struct.Struct("<IIQ")  # num_prefix, n, incarnation (+ tiers)
 _U32_LE = np.dtype("<u4")
+_NO_KEYS = b"\0\0\0\0\0"  # an empty key list: u32 0 | u8 0
 
 
 class FrameError(ValueError):
@@ -287,13 +288,27 @@ def encode_probe(ns: str, entry_ids: bytes, serials: bytes, keys: Sequence[bytes
 
 
 def decode_probe(body: bytes | memoryview) -> tuple[str, np.ndarray, np.ndarray, list[bytes]]:
-    """(namespace, entry ids, serials (uint32 arrays), the keys after them)."""
-    r = Reader(body)
-    ns = r.namespace()
-    m = r.u32()
-    if m * 8 > len(r.buf) - r.pos:
-        raise FrameError(f"{m} entry ids in a frame with {len(r.buf) - r.pos} bytes left")
-    both = np.frombuffer(r.take(8 * m), dtype=_U32_LE)
+    """(namespace, entry ids, serials (uint32 arrays), the keys after them). Unpacked straight from the bytes,
+    not through a Reader: it runs inside the scheduler's probe, where a Reader's small calls cost 10 us."""
+    b = bytes(body)
+    size = len(b)
+    n = int.from_bytes(b[:2], "little")
+    pos = 2 + n
+    if size < pos + 4:
+        raise FrameError(f"frame ends {pos + 4 - size} bytes early")
+    try:
+        ns = b[2:pos].decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("namespace is not UTF-8") from None
+    m = _U32.unpack_from(b, pos)[0]
+    pos += 4
+    if m * 8 > size - pos:
+        raise FrameError(f"{m} entry ids in a frame with {size - pos} bytes left")
+    both = np.frombuffer(b, dtype=_U32_LE, count=2 * m, offset=pos)
+    pos += 8 * m
+    if size - pos == 5 and b[pos:pos + 5] == _NO_KEYS:  # the common case: every key was found in the index
+        return ns, both[:m], both[m:], []
+    r = Reader(memoryview(b)[pos:])
     keys = r.keys()
     r.done()
     return ns, both[:m], both[m:], keys
