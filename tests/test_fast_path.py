@@ -151,6 +151,32 @@ def test_pipelined_requests_are_answered_in_order_with_their_ids() -> None:
         r.close()
 
 
+def test_replies_held_for_pipelined_requests_leave_in_order_before_an_error_and_never_wait_for_a_split_frame(
+        ) -> None:
+    """The daemon holds a reply while the next request is already buffered and sends them together: the held
+    replies must still come, in order, before the closing error of a malformed frame behind them, and a request
+    whose successor is only half sent must be answered without waiting for the rest."""
+    with DaemonProcess() as d:
+        r = Raw(d.socket_path + ".arena")
+        assert r.hello()[0].status == fp.OK
+        r.send(b"".join(fp.frame(fp.ECHO, b"e%d" % i, 20 + i) for i in range(5)) + fp.frame(fp.COMMIT, b"\0" * 3, 25))
+        replies = [r.reply() for _ in range(6)]
+        assert [(h.request_id, b) for h, b, _ in replies[:5]] == [(20 + i, b"e%d" % i) for i in range(5)]
+        assert replies[5][0].request_id == 25 and _error(replies[5][0], replies[5][1]) == (
+            "invalid_request", "bad Commit frame: frame ends 9 bytes early", True)
+        assert r.closed()
+        r = Raw(d.socket_path + ".arena")
+        assert r.hello()[0].status == fp.OK
+        second = fp.frame(fp.ECHO, b"second", 31)
+        r.send(fp.frame(fp.ECHO, b"first", 30) + second[:10])  # the next request's header and 2 bytes of it
+        head, body, _ = r.reply()
+        assert (head.request_id, body) == (30, b"first")
+        r.send(second[10:])
+        head, body, _ = r.reply()
+        assert (head.request_id, body) == (31, b"second")
+        r.close()
+
+
 @pytest.mark.parametrize("payload, message", [
     (fp.frame(fp.LOOKUP, b"\x04\x00ab"), "bad Lookup frame: frame ends 2 bytes early"),
     (fp.frame(fp.RESERVE, fp.encode_lookup("n", [b"k"])), "bad Reserve frame: frame ends 8 bytes early"),

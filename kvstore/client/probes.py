@@ -42,7 +42,9 @@ def common_prefix_tiers(control: ControlPlane, check_incarnation: Callable[[int]
             tiers += [int(Tier.RAM)] * n
         elif len(leases) == 1:
             tiers += leases[0].tiers[:n]
-        else:  # the farthest tier per key, one C-level pass per namespace (a generator per key costs ~3 us)
+        elif all(r.tiers[:n].count(_RAM) == n for r in leases):  # the common case, one C pass a namespace
+            tiers += [_RAM] * n
+        else:  # the farthest tier per key (a max over the namespaces per key: ~0.5 us a key at TP 8)
             tiers += map(max, *(r.tiers[:n] for r in leases))
         if n < part.stop - part.start:
             break

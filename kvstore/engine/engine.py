@@ -261,7 +261,9 @@ class Engine:
         """A prefix probe (no lease, counts only) whose leading keys the caller found in the shared key index
         (key_mirror.py): their entry ids and serials, then the keys after them. The answer and its effects are
         a `lookup(those keys + tail, prefix=True, lease=False, summary=True)`'s: the leading entries are
-        checked under the lock (Lookups.prior_hits), the tail is looked up as usual when all of them hold."""
+        checked under the lock (Lookups.prior_hits), the tail is looked up as usual when all of them hold. One
+        difference: when a leading entry no longer holds (evicted since the client read the index), the prefix
+        ends there without a miss cause counted (its key is not in the request)."""
         if len(prior_ids) != len(prior_serials):
             raise InvalidRequestError(f"{len(prior_ids)} entry ids with {len(prior_serials)} serials")
         n = len(prior_ids) + len(tail)

@@ -119,6 +119,18 @@ class FrameReader:
             if timed:
                 self.sock.settimeout(None)
 
+    def frame_buffered(self) -> bool:
+        """Whether the next frame is already whole in the buffer (a pipelined request: the daemon holds its
+        reply to the one before and sends both in one write). False for a header `body_length` refuses."""
+        held = self._end - self._start
+        if held < self._hsize:
+            return False
+        try:
+            n = self._body_length(bytes(self._buf[self._start:self._start + self._hsize]))
+        except ValueError:
+            return False
+        return held >= self._hsize + n
+
     def frame(self) -> tuple[bytes, bytes]:
         """(header bytes, body bytes) of the next frame; `body_length` may raise to refuse a header."""
         self._fill(self._hsize, None)
