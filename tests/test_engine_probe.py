@@ -144,3 +144,20 @@ def test_a_full_index_leaves_keys_to_the_daemon_and_says_how_many() -> None:
     assert n == 12
     r = eng.probe(NS, np.frombuffer(ids, "<u4"), np.frombuffer(serials, "<u4"), keys[n:])
     assert r.num_prefix == 20  # the daemon found the rest the usual way
+
+
+def test_entries_of_several_namespaces_told_at_once_are_each_indexed_under_their_own() -> None:
+    eng = make_rig(data_bytes=4 * MiB, max_block=1 * MiB).engine
+    mirror = eng.attach_key_index(64, incarnation=1, per_tenant=False)
+    eng.register_namespace("other/ns")
+    a, b = keyset("a", 2), keyset("b", 2)
+    put(eng, a, BLOCK)
+    put(eng, b, BLOCK, ns="other/ns")
+    view = IndexView(mirror.reader_fd(""))
+    ids = {ns: np.frombuffer(view.probe(ns, ks)[1], "<u4").tolist() for ns, ks in ((NS, a), ("other/ns", b))}
+    mirror.table("").remove(NS, a)  # take them out behind the mirror's back, then tell it all in one call
+    mirror.table("").remove("other/ns", b)
+    assert view.count == 0
+    mirror.added([ids[NS][0], ids["other/ns"][0], ids[NS][1], ids["other/ns"][1]])
+    assert view.probe(NS, a)[0] == 2 and view.probe("other/ns", b)[0] == 2 and view.count == 4
+    assert view.probe(NS, b)[0] == 0

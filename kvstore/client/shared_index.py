@@ -41,7 +41,7 @@ class SharedIndex:
         self._timeout = timeout_s
         self._view: IndexView | None = None
         self._retry_at = 0.0
-        self.why = "not fetched yet"  # why there is no view (for Stats and logs)
+        self.why = "not fetched yet"  # why there is no view (logged once per reason)
 
     def view(self) -> IndexView | None:
         """The current table, fetching it when due; None when there is none to use now."""
@@ -66,7 +66,3 @@ class SharedIndex:
             self._view = None
             self._retry_at = 0.0
             self.why = "the daemon restarted"
-
-    @property
-    def active(self) -> bool:
-        return self._view is not None

@@ -3,7 +3,7 @@
 Memory is the design constraint: a daemon may hold millions of small blocks and must stay under ~256 bytes of
 RSS per block. So an entry is not a Python object: entries are rows in numpy columns indexed by a dense entry
 id (reused after removal), and each namespace keeps a plain dict key -> entry id. Per block that is a dict
-slot, the key's bytes object, an int, one list slot for the reverse map and ~37 bytes of columns.
+slot, the key's bytes object, an int, one list slot for the reverse map and ~41 bytes of columns.
 
 States of an entry (the engine moves them; the catalog only stores them)::
 

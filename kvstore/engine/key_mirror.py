@@ -54,16 +54,16 @@ class KeyIndexMirror:
         return self.table(self.domain(tenant)).reader_fd()
 
     def added(self, eids: Sequence[int]) -> None:
-        cat = self._cat
-        first = int(cat.ns[eids[0]]) if len(eids) else 0
-        if len(eids) > 1 and any(int(cat.ns[e]) != first for e in eids):  # never from one commit; be exact anyway
-            for e in eids:
-                self.added([e])
-            return
         if not len(eids):
             return
-        ns = cat.namespaces[first]
+        cat = self._cat
         ids = [int(e) for e in eids]
+        spaces = cat.ns[ids]
+        if len(ids) > 1 and not (spaces == spaces[0]).all():  # never from one commit; one namespace at a time
+            for e in ids:
+                self.added([e])
+            return
+        ns = cat.namespaces[int(spaces[0])]
         keys = [cat.keys[e] for e in ids]
         written = self._table_of(ns).insert(ns.name, keys, ids, cat.serial[ids].tolist())  # type: ignore[arg-type]  # committed entries have keys
         self.unindexed += len(ids) - written
@@ -77,7 +77,7 @@ class KeyIndexMirror:
         if old is not None and old != domain:  # the namespace changed hands: its keys move with it
             keys = [k for k, e in ns.index.items() if self._cat.state[e] == _COMMITTED]
             self.table(old).remove(ns.name, keys)
-            self._domain_of[ns.id] = domain
+            self._domain_of[ns.id] = domain  # before `added`, which comes back here
             eids = [ns.index[k] for k in keys]
             if eids:
                 self.added(eids)

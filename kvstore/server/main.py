@@ -27,6 +27,7 @@ from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.backing import ArenaBacking
 from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
+from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.errors import ConfigError
 from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
@@ -161,6 +162,7 @@ class Daemon:
         """The same-node socket: hands local clients their arena file and answers the fast path (none without a
         unix socket: clients then stream over gRPC). With tokens, the token decides which tenant's file and which
         tenant's requests; the reload updates the table in place, and a revoked token is refused at once."""
+        self.key_index: KeyIndexMirror | None = None  # the shared key index serves only same-node clients
         path = fast_socket_path(self.cfg.unix_socket)
         if not path:
             return None
@@ -249,7 +251,7 @@ class Daemon:
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)
         self.engine.stop()
-        if self.fast is not None and self.key_index is not None:
+        if self.key_index is not None:
             self.key_index.close()
         if self.metrics is not None:
             self.metrics.stop()
