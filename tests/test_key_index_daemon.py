@@ -12,6 +12,7 @@ import hashlib
 import mmap
 import os
 import signal
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,20 @@ def test_a_daemon_killed_and_restarted_under_a_probing_client(tmp_path: Path) ->
         c.close()
     finally:
         d.close()
+
+
+def test_the_metrics_say_how_full_the_index_is() -> None:
+    keys = keyset("metrics", 10)
+    with DaemonProcess(arena_bytes="64MiB", key_index_entries=4) as d, d.client() as c:  # 8 slots: 6 keys at most
+        c.register_namespace("m/ns")
+        c.put_many("m/ns", keys, [b"x" * 64] * 10)
+        assert c.probe_prefix("m/ns", keys) == (10, True)  # the 4 it could not index are found by the daemon
+        text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
+        assert "kvstore_key_index_tables 1.0" in text and "kvstore_key_index_keys 6.0" in text
+        assert "kvstore_key_index_unindexed_total 4.0" in text
+        assert c.delete("m/ns", keys[:3]) == 3
+        text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
+        assert "kvstore_key_index_keys 3.0" in text
+    with DaemonProcess(arena_bytes="64MiB", key_index_entries=0) as d:
+        text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
+        assert "kvstore_key_index" not in text and "kvstore_fast_connections" in text

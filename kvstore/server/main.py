@@ -73,6 +73,7 @@ class Daemon:
             vm.set_dumpable(False)
         self.arena = ArenaBacking(layout, isolated=isolated, lock=cfg.arena_lock)
         self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
+        self.key_index: KeyIndexMirror | None = None  # the shared key index (_build_fast): same-node clients only
         try:
             self.engine_config = cfg.engine_config()
             allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes,
@@ -97,7 +98,7 @@ class Daemon:
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
                                           self.transfers, self.info.peer_status, self.tenants,
                                           labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file),
-                                          control=lambda: self.info.fast_status() if self.info.fast_status else {})
+                                          control=self._control_status)
                             if cfg.metrics_listen else None)
             self.server = self._build_server()
             self.fast = self._build_fast()
@@ -162,7 +163,6 @@ class Daemon:
         """The same-node socket: hands local clients their arena file and answers the fast path (none without a
         unix socket: clients then stream over gRPC). With tokens, the token decides which tenant's file and which
         tenant's requests; the reload updates the table in place, and a revoked token is refused at once."""
-        self.key_index: KeyIndexMirror | None = None  # the shared key index serves only same-node clients
         path = fast_socket_path(self.cfg.unix_socket)
         if not path:
             return None
@@ -177,6 +177,11 @@ class Daemon:
                           observe, spin_us=self.cfg.fast_spin_us, key_index=self.key_index)
         self.info.fast_status = fast.status
         return fast
+
+    def _control_status(self) -> dict[str, int]:
+        """The same-node socket's counters and the shared key index's fill, for the metrics."""
+        out = self.info.fast_status() if self.info.fast_status else {}
+        return {**out, **self.key_index.status()} if self.key_index is not None else out
 
     def _healthz(self) -> tuple[int, str]:
         """200 while serving (a degraded disk tier still serves from RAM), 503 while stopping."""

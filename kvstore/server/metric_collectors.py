@@ -68,7 +68,8 @@ def _buckets(bounds: tuple[float, ...], cumulative: tuple[int, ...]) -> list[tup
 
 
 class ControlCollector(Collector):
-    """The same-node socket: fast-path connections and requests, arena files handed out (fast_server.py)."""
+    """The same-node socket: fast-path connections and requests, arena files handed out (fast_server.py), and
+    the shared key index's fill when it runs."""
 
     def __init__(self, status: Callable[[], dict[str, int]]) -> None:
         self._status = status
@@ -82,6 +83,14 @@ class ControlCollector(Collector):
                           ("fast_frame_errors", "Same-node connections closed for a malformed frame"),
                           ("arena_files_handed", "Arena memory files handed to local clients")):
             yield CounterMetricFamily(f"kvstore_{key}", text, value=st.get(key, 0))
+        if "key_index_keys" in st:  # the shared key index (engine/key_mirror.py), when the daemon runs one
+            yield GaugeMetricFamily("kvstore_key_index_tables", "Shared key index tables (one per tenant seen)",
+                                    value=st["key_index_tables"])
+            yield GaugeMetricFamily("kvstore_key_index_keys", "RAM blocks in the shared key indexes, all tenants",
+                                    value=st["key_index_keys"])
+            yield CounterMetricFamily("kvstore_key_index_unindexed", "Blocks committed while their tenant's key index "
+                                      "was 3/4 full (probed the usual way; raise key_index_entries)",
+                                      value=st["key_index_unindexed"])
 
 
 class StaticCollector(Collector):
