@@ -6,7 +6,9 @@ bytes between two Python processes over a unix socket (bench/uds_limit.py). The 
 
   uds rtt / uds echo     the raw socket with the Lookup's real encoded frame sizes / with empty frames
   fast / grpc echo       client.echo(b""): ECHO on the fast path (the daemon does nothing), Health on gRPC
-  lookup                 client.lookup(280 stored keys, prefix=True, lease=False)
+  lookup                 client.lookup(280 stored keys, prefix=True, lease=False); every key is in the shared key
+                         index, so only their entry ids go (LOOKUP_IDS) and the daemon looks none up; lookup
+                         daemon: the same with the index off in that client (the keys go, the daemon finds them)
   probe / probe daemon   client.probe_prefix(the same 280 keys): the scheduler's call (counts only); through the
                          shared key index (the client finds the entries, the daemon checks their ids) / with the
                          index turned off in that client ($KVSTORE_KEY_INDEX=0: the daemon looks up every key)
@@ -70,6 +72,7 @@ EFFECTS: dict[str, dict[str, int]] = {
     "fast lookup lease+release": {"lookup_calls": 1, "fast_requests": 2},
     "fast reserve+commit": {"reserve_calls": 1, "committed_blocks": 1, "fast_requests": 2},
     "uds rtt": {}, "uds echo": {},
+    "fast lookup daemon": {"lookup_calls": 1, "fast_requests": 1},
     "fast probe": {"lookup_calls": 1, "fast_requests": 1}, "fast probe daemon": {"lookup_calls": 1, "fast_requests": 1},
     "fast probe x8": {"lookup_calls": 8, "fast_requests": 8},
     "fast probe x8 seq": {"lookup_calls": 8, "fast_requests": 8},
@@ -145,6 +148,7 @@ class Cases:
                 def lease_release(_: object, c: Client = c, look: Callable[[Any], Any] = look) -> None:
                     c.release([look(None)], wait=True)
                 made["fast lookup lease+release"] = Case(lease_release)
+                made["fast lookup daemon"] = Case(self._lookup(self.no_index, False))
                 made["fast probe"] = Case(self._probe(c))
                 made["fast probe daemon"] = Case(self._probe(self.no_index))
                 made["fast probe x8"] = Case(self._probe8(c, pipelined=True))
@@ -247,12 +251,14 @@ FIELD = {"uds rtt": "uds_rtt", "uds echo": "uds_echo", "fast echo": "fast_echo",
          "fast lookup": "fast_lookup280", "grpc lookup": "grpc_lookup280", "fast lookup lease": "fast_lookup280_lease",
          "fast lookup lease+release": "fast_lookup280_lease_release", "fast reserve+commit": "fast_reserve_commit",
          "grpc reserve+commit": "grpc_reserve_commit", "fast probe": "fast_probe280",
+         "fast lookup daemon": "fast_lookup280_daemon",
          "fast probe daemon": "fast_probe280_daemon", "fast probe x8": "fast_probe280x8",
          "fast probe x8 seq": "fast_probe280x8_seq"}
 LABELS = {
     "uds rtt": "limit: raw unix socket, Lookup-sized frames", "uds echo": "limit: raw unix socket, empty frames",
     "fast echo": "fast echo (ECHO: the daemon does nothing)", "grpc echo": "gRPC echo (Health)",
     "fast lookup": "fast Lookup 280 (prefix, no lease)", "grpc lookup": "gRPC Lookup 280 (prefix, no lease)",
+    "fast lookup daemon": "fast Lookup 280 (index off)",
     "fast lookup lease": "fast Lookup 280 (prefix, lease; Release untimed)",
     "fast lookup lease+release": "fast Lookup 280 (lease) + Release(wait)",
     "fast reserve+commit": "fast Reserve + Commit (1 x 4 KiB, no copy)",
@@ -282,6 +288,7 @@ def fields(hot: dict[str, Samples], cold: dict[str, Samples]) -> dict[str, Any]:
         out[f"grpc_lookup280_vs_fast{suffix}"] = round(res["grpc lookup"].p50 / res["fast lookup"].p50, 3)
     out["lookup_ratio"] = round(hot["fast lookup"].p50 / hot["fast echo"].p50, 3)
     out["probe_index_vs_daemon"] = round(hot["fast probe"].p50 / hot["fast probe daemon"].p50, 3)
+    out["lookup_index_vs_daemon"] = round(hot["fast lookup"].p50 / hot["fast lookup daemon"].p50, 3)
     out["tp8_probe_vs_seq"] = round(hot["fast probe x8"].p50 / hot["fast probe x8 seq"].p50, 3)
     out["tp8_probe_vs_lookup"] = round(hot["fast probe x8"].p50 / hot["fast lookup"].p50, 3)
     req, rep = lookup_sizes()

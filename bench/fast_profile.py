@@ -18,7 +18,7 @@ is shown beside an uninstrumented daemon's p50 measured in the same run, and the
 Lookup's byte counts (bench/uds_limit.py) beside both.
 
 Scenarios (each alone, its calls back to back: hot): lookup = client.lookup(280 stored 16-byte keys, prefix, no
-lease: the hit columns come back); probe_prefix = client.probe_prefix(the same keys), what vLLM's scheduler calls,
+lease: the hit columns come back; every key in the shared key index, so only their entry ids go); probe_prefix = client.probe_prefix(the same keys), what vLLM's scheduler calls,
 through the shared key index (the client finds the entries, the daemon checks their ids); put = client.put of one
 fresh 256 KiB block into a full arena (Reserve, copy, Commit, and the eviction a full cache pays); get =
 client.get_into of one stored 256 KiB block (Lookup with lease, copy, the async Release on the client's
@@ -96,7 +96,7 @@ def instrument_daemon() -> None:
         _wrap(fp, name, "encode reply")
     _wrap(fp, "frame", "frame")
     _wrap(MetricsServer, "observe", "observe")
-    for op in ("lookup", "reserve", "commit", "release", "abort", "probe"):
+    for op in ("lookup", "reserve", "commit", "release", "abort", "probe", "lookup_entries"):
         _wrap(ControlOps, op, "ops")
         _wrap(Engine, op, "engine")
     for name in ("namespace", "reservation", "own_leases"):
@@ -105,7 +105,8 @@ def instrument_daemon() -> None:
         _wrap(ArenaWindows, name, "arena windows")
     _wrap(Engine, "_check_keys", "engine: check_keys")
     for owner, name in ((Lookups, "locate"), (Lookups, "ram_hits"), (Lookups, "_promote"), (Lookups, "_answer"),
-                        (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold"), (Lookups, "prior_hits")):
+                        (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold"), (Lookups, "prior_hits"),
+                        (Lookups, "holding")):
         _wrap(owner, name, f"engine: {name.lstrip('_')}")
     _wrap(ReadBuffer, "record", "engine: touches")
 

@@ -43,7 +43,7 @@ def test_every_field_of_issue_14_is_reported(out: dict[str, object]) -> None:
               "arena_get_ratio_grpc", "uds_rtt_us_p50_cold", "fast_lookup280_us_p50_cold", "fast_lookup280_vs_uds_cold",
               "grpc_put_gbs", "grpc_get_gbs", "bytes_per_block", "limit_gbs", "targets", "checks_exact",
               "fast_probe280_us_p50", "fast_probe280_daemon_us_p50", "fast_probe280_vs_uds", "probe_index_vs_daemon",
-              "fast_probe280_us_p50_cold"):
+              "fast_probe280_us_p50_cold", "fast_lookup280_daemon_us_p50", "lookup_index_vs_daemon"):
         assert k in out, k
     for k in ("uds_rtt_us_p50", "fast_echo_us_p50", "fast_lookup280_us_p50", "put_256k_gbs", "arena_get_ratio_grpc"):
         assert isinstance(out[k], float) and out[k] > 0, k
@@ -80,13 +80,13 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
     assert set(calls) == set(control_plane.EFFECTS)
     for name, n in calls.items():
         assert n == HOT_CALLS + (COLD_CALLS if name in cold else 0), name
-    # what the daemon counted over the control section: 6 Lookup cases (4 Lookups, 2 probes; 3 of them cold too)
-    # and 2 TP 8 probes of 8 each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1, lookup lease 2 (its
-    # Release), lease+release 2, reserve+commit 2, probe 1 (through the key index: a PROBE), probe with the
-    # index off 1 (a LOOKUP), each TP 8 probe 8
-    assert checks["lookup_calls"] == (6 + 16) * HOT_CALLS + 3 * COLD_CALLS
+    # what the daemon counted over the control section: 7 Lookup cases (5 Lookups, 2 probes; 3 of them cold too)
+    # and 2 TP 8 probes of 8 each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1 (by entry ids),
+    # lookup with the index off 1, lookup lease 2 (its Release), lease+release 2, reserve+commit 2, probe 1
+    # (through the key index: a PROBE), probe with the index off 1 (a LOOKUP), each TP 8 probe 8
+    assert checks["lookup_calls"] == (7 + 16) * HOT_CALLS + 3 * COLD_CALLS
     assert checks["reserve_calls"] == checks["committed_blocks"] == 2 * HOT_CALLS
-    assert checks["fast_requests"] == (10 + 16) * HOT_CALLS + 3 * COLD_CALLS
+    assert checks["fast_requests"] == (11 + 16) * HOT_CALLS + 3 * COLD_CALLS
     assert out["fast_probe280x8_us_p50"] > 0 and out["fast_probe280x8_seq_us_p50"] > 0
     # the ratio is of the unrounded p50s, the fields are rounded to 0.1 us
     assert out["tp8_probe_vs_seq"] == pytest.approx(out["fast_probe280x8_us_p50"] / out["fast_probe280x8_seq_us_p50"],

@@ -161,3 +161,37 @@ def test_entries_of_several_namespaces_told_at_once_are_each_indexed_under_their
     mirror.added([ids[NS][0], ids["other/ns"][0], ids[NS][1], ids["other/ns"][1]])
     assert view.probe(NS, a)[0] == 2 and view.probe("other/ns", b)[0] == 2 and view.count == 4
     assert view.probe(NS, b)[0] == 0
+
+
+def test_a_lookup_by_entry_ids_is_the_lookup_of_their_keys_or_nothing_at_all() -> None:
+    eng, view = rig()
+    keys = keyset("byid", 6)
+    put(eng, keys, BLOCK)
+    got = view.probe(NS, keys)
+    assert got is not None and got[0] == 6
+    ids, serials = np.frombuffer(got[1], "<u4"), np.frombuffer(got[2], "<u4")
+    for prefix in (False, True):
+        for lease in (False, True):
+            before = counters(eng)
+            a = eng.lookup_entries(NS, ids, serials, prefix=prefix, lease=lease)
+            mid = counters(eng)
+            b = eng.lookup(NS, keys, prefix=prefix, lease=lease)
+            after = counters(eng)
+            assert a is not None
+            assert (a.num_prefix, a.present, a.offsets, a.sizes, a.generations, a.checksums, a.tiers) == (
+                b.num_prefix, b.present, b.offsets, b.sizes, b.generations, b.checksums, b.tiers), (prefix, lease)
+            assert {k: mid[k] - before[k] for k in mid} == {k: after[k] - mid[k] for k in mid}, (prefix, lease)
+            assert (a.lease_id > 0, b.lease_id > 0) == (lease, lease) and (not lease or a.lease_id != b.lease_id)
+            if lease:
+                assert eng.release([a.lease_id, b.lease_id]) == 2
+    assert eng.stats().leases_active == 0
+    stale = serials.copy()
+    stale[3] += 1
+    before = counters(eng)
+    assert eng.lookup_entries(NS, ids, stale, lease=True) is None          # one entry is not what the client saw:
+    assert eng.delete(NS, keys[5:]) == 1
+    assert eng.lookup_entries(NS, ids, serials, lease=True) is None        # or is gone; nothing done, nothing counted
+    assert eng.lookup_entries(NS, ids[:0], serials[:0]) is None
+    assert counters(eng) == before and eng.stats().leases_active == 0
+    with pytest.raises(InvalidRequestError, match="entry ids"):
+        eng.lookup_entries(NS, ids, serials[:2])

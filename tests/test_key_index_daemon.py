@@ -23,7 +23,7 @@ from kvstore.client.fast_channel import request_key_index
 from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError
 from kvstore.fastpath.key_index import IndexView
 from kvstore.server.config import load_config
-from kvstore.testing import DaemonProcess
+from kvstore.testing import DaemonProcess, wait_until
 from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
 
 COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", "hit_keys_disk", "hit_keys_peer")
@@ -178,3 +178,33 @@ def test_the_metrics_say_how_full_the_index_is() -> None:
     with DaemonProcess(arena_bytes="64MiB", key_index_entries=0) as d:
         text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
         assert "kvstore_key_index" not in text and "kvstore_fast_connections" in text
+
+
+def test_lookups_and_gets_go_by_entry_ids_and_fall_back_to_keys_when_an_entry_moved(
+        daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = keyset("byid", 12)
+    values = [np.full(4096, i, np.uint8) for i in range(12)]
+    with Client(daemon.address, control="fast") as fast, no_index_client(daemon.address, monkeypatch) as plain:
+        fast.register_namespace("ix/ids")
+        fast.put_many("ix/ids", keys[:10], values[:10])
+        for k in (keys[:10], keys[:4], keys):  # all indexed (by ids), a prefix of them, and some never stored
+            for prefix in (False, True):
+                a, da = moved(fast, lambda: fast.lookup("ix/ids", k, prefix=prefix, lease=False))
+                b, db = moved(plain, lambda: plain.lookup("ix/ids", k, prefix=prefix, lease=False))
+                assert (a.num_prefix, a.present, a.offsets, a.sizes, a.checksums, a.tiers) == (
+                    b.num_prefix, b.present, b.offsets, b.sizes, b.checksums, b.tiers)
+                assert da == db and da["fast_requests"] == 1
+        buf = np.zeros(4096, np.uint8)
+        assert fast.get_into("ix/ids", keys[7], buf) == 4096 and (buf == 7).all()
+        wait_until(lambda: fast.stats().leases_active == 0, timeout_s=10, what="the get's background Release")
+        view = fast._control.index.view()
+        real = view.probe
+
+        def stale(ns: str, ks: list[bytes]):  # what a client sees when an entry went between its read and the call
+            n, ids, serials = real(ns, ks)
+            return n, ids, bytes(b ^ 1 for b in serials[:1]) + serials[1:]
+        monkeypatch.setattr(view, "probe", stale)
+        got, delta = moved(fast, lambda: fast.lookup("ix/ids", keys[:10], lease=True))
+        assert got.present == [True] * 10 and got.id  # the keys followed: the right answer, a real lease
+        assert delta["fast_requests"] == 2 and delta["lookup_calls"] == 1 and delta["lookup_keys"] == 10
+        fast.release([got], wait=True)

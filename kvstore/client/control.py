@@ -146,13 +146,28 @@ class FastControl:
 
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease:
-        """`summary` (without lease): counts only; the Lease comes back without hit columns."""
+        """`summary` (without lease): counts only; the Lease comes back without hit columns. When the shared key
+        index holds every key, only their entry ids go (LOOKUP_IDS); should one have gone since, the keys follow."""
+        flags = ((fp.LOOKUP_PREFIX if prefix else 0) | (fp.LOOKUP_LEASE if lease else 0)
+                 | (fp.LOOKUP_SUMMARY if summary and not lease else 0))
+        index = self.index
+        view = index.view() if index is not None and keys else None
+        if index is not None and view is not None:
+            try:
+                found = view.probe(namespace, keys if isinstance(keys, list) else list(keys))
+            except _ENCODE_ERRORS:
+                found = None
+            if found is not None and found[0] == len(keys):
+                reply = self.channel.call(fp.LOOKUP_IDS, fp.encode_probe(namespace, found[1], found[2], ()), flags)
+                if reply:
+                    r = _decoded(fp.decode_lookup_reply, reply)
+                    index.seen(view, r.incarnation)
+                    return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums,
+                                 r.lease_id, r.incarnation, r.tiers)
         try:
             body = fp.encode_lookup(namespace, keys)
         except _ENCODE_ERRORS:
             return self._grpc.lookup(namespace, keys, prefix, lease)
-        flags = ((fp.LOOKUP_PREFIX if prefix else 0) | (fp.LOOKUP_LEASE if lease else 0)
-                 | (fp.LOOKUP_SUMMARY if summary and not lease else 0))
         r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)

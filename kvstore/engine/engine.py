@@ -282,6 +282,23 @@ class Engine:
         r = self.lookup(ns_name, tail, prefix=True, lease=False, summary=True)
         return LookupResult(k + r.num_prefix, [True] * k + r.present, [], [], [], [], 0, 0, [_RAM] * k + r.tiers)
 
+    def lookup_entries(self, ns_name: str, ids: np.ndarray, serials: np.ndarray, prefix: bool = False,
+                       lease: bool = True, summary: bool = False) -> LookupResult | None:
+        """A Lookup whose every key the caller found in the shared key index (entry ids and serials): the
+        answer, effects and lease of `lookup(those keys, ...)` when every entry still holds; None, with nothing
+        done or counted, when one does not (evicted since): the caller then sends the Lookup with its keys."""
+        if len(ids) != len(serials):
+            raise InvalidRequestError(f"{len(ids)} entry ids with {len(serials)} serials")
+        check_count("keys", len(ids), self.config.max_batch_keys)
+        with self._lock:
+            ns = self._names.get(ns_name)
+            n = len(ids)
+            if not n or self._lookups.holding(ns, ids, serials) < n:
+                return None
+            tiers = np.full(n, _RAM, dtype=np.int8)
+            return self._lookups.ram_hits(ns, [b""] * n, prefix, lease, ids.astype(np.int64), tiers, n,
+                                          summary and not lease)
+
     def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool) -> KeyIndexMirror:
         """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored."""
         with self._lock:

@@ -84,13 +84,18 @@ class Lookups:
             tiers[(tiers == _NONE) & np.array(at_peers, dtype=bool)] = _PEER
         return eids, tiers
 
+    def holding(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray) -> int:
+        """How many leading (entry id, serial) pairs a client found in the shared key index still name this
+        namespace's committed RAM entries, with the same serial (an id reused since is another block)."""
+        cat = self._cat
+        return int(_keyindex.check(ids, serials, cat.state, cat.ns, cat.serial, len(cat.keys), ns.id, _COMMITTED))
+
     def prior_hits(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray) -> int:
         """A probe's leading keys as a client found them in the shared key index (entry id + serial each):
         how many lead that are still what the client saw (this namespace's, committed in RAM, same serial).
         Those count and touch exactly as `ram_hits` would count and touch them; what the client claimed past
         them is dropped (evicted in between: the answer is the one a Lookup would give now)."""
-        cat = self._cat
-        k = _keyindex.check(ids, serials, cat.state, cat.ns, cat.serial, len(cat.keys), ns.id, _COMMITTED)
+        k = self.holding(ns, ids, serials)
         hits = ids[:k].astype(np.int64)
         self._ram.record_hits(hits)
         self._disk.note_hits(hits)

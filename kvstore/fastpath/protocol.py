@@ -37,6 +37,9 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
                   n - num_prefix Falses, as a prefix Lookup's)
                   a prefix probe (no lease, counts only) whose first m keys the client found in the shared
                   key index (kvstore/fastpath/key_index.py); `keys` are the ones after them, looked up as usual
+    LOOKUP_IDS  req  flags as LOOKUP; the PROBE body with no keys: every key of a Lookup found in the index
+             rep  as LOOKUP when every entry still holds; an empty body when one does not (nothing was done:
+                  the client sends the LOOKUP with its keys)
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -62,13 +65,14 @@ __all__ = [
     "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply", "encode_commit",
     "decode_commit", "encode_count", "decode_count", "encode_u64", "decode_u64", "encode_release",
     "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools", "PROBE",
-    "HELLO_WANT_INDEX", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
+    "HELLO_WANT_INDEX", "LOOKUP_IDS", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
 ]
 
 HEADER = struct.Struct("<IBBHI")
-HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE = range(1, 10)
+HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS = range(1, 11)
 OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commit", ABORT: "Abort",
-            RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo", PROBE: "Probe"}
+            RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo", PROBE: "Probe",
+            LOOKUP_IDS: "Lookup"}  # a Lookup by entry ids: the same call to the metrics
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)

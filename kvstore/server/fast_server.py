@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from kvstore.arena.backing import SHARED_DOMAIN, ArenaBacking
 from kvstore.engine.key_mirror import KeyIndexMirror
+from kvstore.engine.results import LookupResult
 from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
@@ -303,12 +304,7 @@ class FastServer:
             ns, keys = fp.decode_lookup(body)
             r = ops.lookup(ns, keys, bool(head.flags & fp.LOOKUP_PREFIX), bool(head.flags & fp.LOOKUP_LEASE),
                            summary=bool(head.flags & fp.LOOKUP_SUMMARY))
-            c = r.columns  # the engine's numpy columns: bytes without packing its lists again
-            if c is not None:
-                return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
-                                              self._incarnation, c.offsets, c.sizes, c.generations, c.checksums)
-            return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
-                                          self._incarnation, r.offsets, r.sizes, r.generations, r.checksums)
+            return self._lookup_reply(r)
         if op == fp.RESERVE:
             ns, keys, sizes = fp.decode_reserve(body)
             res = ops.reserve(ns, keys, sizes)
@@ -324,6 +320,13 @@ class FastServer:
         if op == fp.EXISTS:
             ns, keys = fp.decode_exists(body)
             return fp.encode_bools(ops.exists(ns, keys))
+        if op == fp.LOOKUP_IDS:
+            ns, ids, serials, keys = fp.decode_probe(body)
+            if keys:
+                raise fp.FrameError(f"a Lookup by entry ids carries {len(keys)} keys")
+            found = ops.lookup_entries(ns, ids, serials, bool(head.flags & fp.LOOKUP_PREFIX),
+                                       bool(head.flags & fp.LOOKUP_LEASE), bool(head.flags & fp.LOOKUP_SUMMARY))
+            return self._lookup_reply(found) if found is not None else b""
         if op == fp.PROBE:
             ns, ids, serials, tail = fp.decode_probe(body)
             r = ops.probe(ns, ids, serials, tail)
@@ -333,6 +336,15 @@ class FastServer:
                 raise fp.FrameError(f"echo of {len(body)} bytes (at most {fp.MAX_ECHO})")
             return body
         raise fp.FrameError("HELLO again on an open connection")
+
+
+    def _lookup_reply(self, r: LookupResult) -> bytes:
+        c = r.columns  # the engine's numpy columns: bytes without packing its lists again
+        if c is not None:
+            return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
+                                          self._incarnation, c.offsets, c.sizes, c.generations, c.checksums)
+        return fp.encode_lookup_reply(r.num_prefix, r.present, r.tiers, r.lease_id, r.expires_in_ms,
+                                      self._incarnation, r.offsets, r.sizes, r.generations, r.checksums)
 
 
 def _error_frame(request_id: int, op: int, reason: str, message: str, closing: bool = False) -> bytes:

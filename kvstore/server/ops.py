@@ -64,6 +64,15 @@ class ControlOps:
         self.guard.namespace(namespace)
         return self.engine.probe(namespace, prior_ids, prior_serials, tail)
 
+    def lookup_entries(self, namespace: str, ids: np.ndarray, serials: np.ndarray, prefix: bool, lease: bool,
+                       summary: bool = False) -> LookupResult | None:
+        """Engine.lookup_entries: a Lookup of keys the caller found in its shared key index (None: ask again)."""
+        self.guard.namespace(namespace)
+        r = self.engine.lookup_entries(namespace, ids, serials, prefix, lease, summary)
+        if r is not None:
+            self.windows.leased(r.lease_id, sum(r.sizes))
+        return r
+
     def release(self, lease_ids: Sequence[int]) -> int:
         check_count("lease ids", len(lease_ids), MAX_RELEASE_IDS)
         own = self.guard.own_leases(list(lease_ids))

@@ -17,7 +17,8 @@ from kvstore.testing.fuzz import FuzzStats, Pools, Source
 
 __all__ = ["FastFuzzer"]
 
-_OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO, fp.PROBE)
+_OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO, fp.PROBE,
+        fp.LOOKUP_IDS)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -65,7 +66,7 @@ class FastFuzzer:
         op = src.choice(_OPS)
         body = self._body(op, src, pools)
         mutation = src.int(0, 9)
-        flags = src.int(0, 3) if op == fp.LOOKUP else src.int(0, 1) * src.int(0, 255)
+        flags = src.int(0, 7) if op in (fp.LOOKUP, fp.LOOKUP_IDS) else src.int(0, 1) * src.int(0, 255)
         if mutation == 0 and body:
             body = body[: src.int(0, len(body) - 1)]          # truncated body
         elif mutation == 1:
@@ -131,12 +132,12 @@ class FastFuzzer:
                 return fp.encode_release([rid(pools.lease_ids) for _ in range(src.int(0, 3))])
             if op == fp.HELLO:
                 return fp.encode_hello(src.text(10), bool(src.int(0, 1)))
-            if op == fp.PROBE:  # entry ids and serials a client could not have found: small, huge, any
+            if op in (fp.PROBE, fp.LOOKUP_IDS):  # entry ids and serials a client could not have found
                 m = src.int(0, 6)
                 ids = b"".join(src.int(0, 2**32 - 1 if src.int(0, 3) == 0 else 64).to_bytes(4, "little")
                                for _ in range(m))
                 serials = b"".join(src.int(0, 2**32 - 1).to_bytes(4, "little") for _ in range(m))
-                return fp.encode_probe(ns(), ids, serials, keys())
+                return fp.encode_probe(ns(), ids, serials, keys() if op == fp.PROBE else ())
         except fp.FrameError:
             pass
         return src.bytes(64)
