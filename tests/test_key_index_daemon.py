@@ -21,6 +21,7 @@ import pytest
 from kvstore.client import Client
 from kvstore.client.fast_channel import request_key_index
 from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError
+from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.key_index import IndexView
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, wait_until
@@ -109,6 +110,14 @@ def test_another_tenant_sees_none_of_the_keys_and_no_one_can_write_a_table(tmp_p
                 bob.lookup(A_NS, keys, prefix=True, lease=False)
             with pytest.raises(KVStoreError):
                 request_key_index(d.socket_path + ".arena", "not-a-token-but-long-enough")
+            # alice's entry ids and serials (guessable: small numbers) lease nothing to bob: not in his namespace,
+            # and her namespace is refused him
+            _, ids, serials = tables["alice"].probe(A_NS, keys)
+            stolen = fp.encode_probe(B_NS, ids, serials, ())
+            assert bob._control.channel.call(fp.LOOKUP_IDS, stolen, fp.LOOKUP_LEASE) == b""
+            with pytest.raises(type(through_index.value)):
+                bob._control.channel.call(fp.LOOKUP_IDS, fp.encode_probe(A_NS, ids, serials, ()), fp.LOOKUP_LEASE)
+            assert alice.stats().leases_active == 0
     finally:
         gen.close()
 
