@@ -76,7 +76,6 @@ __all__ = ["Engine", "RemoteHooks"]
 _COMMITTED = int(EntryState.COMMITTED)
 _PROMOTING = int(EntryState.PROMOTING)
 _NONE = int(Tier.NONE)
-_RAM = int(Tier.RAM)
 
 
 class RemoteHooks(Protocol):
@@ -264,40 +263,28 @@ class Engine:
         checked under the lock (Lookups.prior_hits), the tail is looked up as usual when all of them hold. One
         difference: when a leading entry no longer holds (evicted since the client read the index), the prefix
         ends there without a miss cause counted (its key is not in the request)."""
-        if len(prior_ids) != len(prior_serials):
-            raise InvalidRequestError(f"{len(prior_ids)} entry ids with {len(prior_serials)} serials")
-        n = len(prior_ids) + len(tail)
-        check_count("keys", n, self.config.max_batch_keys)
+        self._check_entry_ids(prior_ids, prior_serials, len(tail))
         if tail:
             self._check_keys(tail)
         with self._lock:
-            ns = self._names.get(ns_name)
-            k = self._lookups.prior_hits(ns, prior_ids, prior_serials)
-            if k < len(prior_ids) or not tail:
-                self.counters.lookup_calls += 1
-                self.counters.lookup_keys += len(tail)
-                ns.lookup_keys += len(tail)
-                short = [False] if k < n else []
-                return LookupResult(k, [True] * k + short, [], [], [], [], 0, 0, [_RAM] * k + [_NONE] * len(short))
-        r = self.lookup(ns_name, tail, prefix=True, lease=False, summary=True)
-        return LookupResult(k + r.num_prefix, [True] * k + r.present, [], [], [], [], 0, 0, [_RAM] * k + r.tiers)
+            k, done = self._lookups.probe_head(self._names.get(ns_name), prior_ids, prior_serials, len(tail))
+        if done is not None:
+            return done
+        return Lookups.after_head(k, self.lookup(ns_name, tail, prefix=True, lease=False, summary=True))
 
     def lookup_entries(self, ns_name: str, ids: np.ndarray, serials: np.ndarray, prefix: bool = False,
                        lease: bool = True, summary: bool = False) -> LookupResult | None:
         """A Lookup whose every key the caller found in the shared key index (entry ids and serials): the
         answer, effects and lease of `lookup(those keys, ...)` when every entry still holds; None, with nothing
         done or counted, when one does not (evicted since): the caller then sends the Lookup with its keys."""
+        self._check_entry_ids(ids, serials, 0)
+        with self._lock:
+            return self._lookups.entries(self._names.get(ns_name), ids, serials, prefix, lease, summary and not lease)
+
+    def _check_entry_ids(self, ids: np.ndarray, serials: np.ndarray, more_keys: int) -> None:
         if len(ids) != len(serials):
             raise InvalidRequestError(f"{len(ids)} entry ids with {len(serials)} serials")
-        check_count("keys", len(ids), self.config.max_batch_keys)
-        with self._lock:
-            ns = self._names.get(ns_name)
-            n = len(ids)
-            if not n or self._lookups.holding(ns, ids, serials) < n:
-                return None
-            tiers = np.full(n, _RAM, dtype=np.int8)
-            return self._lookups.ram_hits(ns, [b""] * n, prefix, lease, ids.astype(np.int64), tiers, n,
-                                          summary and not lease)
+        check_count("keys", len(ids) + more_keys, self.config.max_batch_keys)
 
     def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool) -> KeyIndexMirror:
         """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored."""

@@ -107,6 +107,34 @@ class Lookups:
         counters.hit_keys_ram += k
         return k
 
+    def probe_head(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray,
+                   n_tail: int) -> tuple[int, LookupResult | None]:
+        """Engine.probe's part under the lock: (how many leading entries hold, the answer when that is all of it:
+        one of them no longer holds, or no keys follow them). Else the caller looks the tail up (`after_head`)."""
+        k = self.prior_hits(ns, ids, serials)
+        if k < len(ids) or not n_tail:
+            self._counters.lookup_calls += 1
+            self._counters.lookup_keys += n_tail
+            ns.lookup_keys += n_tail
+            short = [False] if k < len(ids) + n_tail else []
+            return k, LookupResult(k, [True] * k + short, [], [], [], [], 0, 0, [_RAM] * k + [_NONE] * len(short))
+        return k, None
+
+    @staticmethod
+    def after_head(k: int, tail: LookupResult) -> LookupResult:
+        """A probe's answer: `k` leading entries in RAM, then the tail's prefix Lookup."""
+        return LookupResult(k + tail.num_prefix, [True] * k + tail.present, [], [], [], [], 0, 0,
+                            [_RAM] * k + tail.tiers)
+
+    def entries(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray, prefix: bool, lease: bool,
+                summary: bool) -> LookupResult | None:
+        """Engine.lookup_entries under the lock: the RAM-hit answer when every entry holds, else None (nothing done)."""
+        n = len(ids)
+        if not n or self.holding(ns, ids, serials) < n:
+            return None
+        return self.ram_hits(ns, [b""] * n, prefix, lease, ids.astype(np.int64), np.full(n, _RAM, dtype=np.int8), n,
+                             summary)
+
     @staticmethod
     def ram_prefix(tiers: np.ndarray) -> int:
         """How many keys lead in RAM (`ram_hits` answers when that is all the hits there can be)."""
