@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -257,6 +260,32 @@ def test_client_refusals_name_what_to_fix(etcd: SecureEtcd, pki: EtcdPki, passwo
     with pytest.raises(EtcdUnavailable, match="closes plain http connections: use https://") as info:
         EtcdClient([etcd.endpoint.replace("https://", "http://")], timeout_s=5.0).range_prefix(key)
     assert not isinstance(info.value, EtcdRefused)
+
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+def test_a_tls_endpoint_that_cuts_plain_http_is_named_either_way(reset: bool) -> None:
+    """A TLS etcd answers plain http by closing the connection; the client sees an orderly close or a reset,
+    depending on timing (CI saw both). Each must carry the hint to use https://, and neither is a refusal."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def cut_once() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)  # the whole request, as etcd's TLS listener reads a first record before giving up
+        if reset:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        conn.close()
+
+    thread = threading.Thread(target=cut_once, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(EtcdUnavailable, match="closes plain http connections: use https://") as info:
+            EtcdClient([f"http://127.0.0.1:{port}"], timeout_s=5.0).range_prefix(b"/kvstore/")
+        assert not isinstance(info.value, EtcdRefused)
+    finally:
+        thread.join(timeout=5.0)
+        server.close()
 
 
 # -- config: refused before anything starts -------------------------------------------------------------------------

@@ -140,7 +140,7 @@ class EtcdClient:
                                "--client-cert-auth; set etcd_cert and etcd_key to a certificate signed by the CA "
                                f"etcd trusts (--trusted-ca-file) [{reason}]")
         hint = ""
-        if endpoint.startswith("http://") and isinstance(exc, http.client.RemoteDisconnected):
+        if endpoint.startswith("http://") and isinstance(reason, ConnectionResetError):  # a close or a reset
             hint = " (an etcd that serves TLS closes plain http connections: use https:// and etcd_ca)"
         elif isinstance(reason, ssl.SSLError) and "WRONG_VERSION_NUMBER" in str(reason):
             hint = " (this endpoint does not speak TLS: use http://, or turn TLS on in etcd)"
