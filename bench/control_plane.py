@@ -7,11 +7,12 @@ bytes between two Python processes over a unix socket (bench/uds_limit.py). The 
   uds rtt / uds echo     the raw socket with the Lookup's real encoded frame sizes / with empty frames
   fast / grpc echo       client.echo(b""): ECHO on the fast path (the daemon does nothing), Health on gRPC
   lookup                 client.lookup(280 stored keys, prefix=True, lease=False); every key is in the shared key
-                         index, so only their entry ids go (LOOKUP_IDS) and the daemon looks none up; lookup
-                         daemon: the same with the index off in that client (the keys go, the daemon finds them)
-  probe / probe daemon   client.probe_prefix(the same 280 keys): the scheduler's call (counts only); through the
-                         shared key index (the client finds the entries, the daemon checks their ids) / with the
-                         index turned off in that client ($KVSTORE_KEY_INDEX=0: the daemon looks up every key)
+                         index, so the client answers from it (hit columns too) and sends the effects one way
+                         (HITS: no reply awaited; back to back, the daemon's pace applying them bounds it);
+                         lookup daemon: the same with the index off in that client (the daemon finds the keys)
+  probe / probe daemon   client.probe_prefix(the same 280 keys): the scheduler's call (counts only); answered
+                         from the shared key index as lookup is / with the index turned off in that client
+                         ($KVSTORE_KEY_INDEX=0: the daemon looks up every key)
   lookup lease           lease=True, the lease released untimed (wait=True) after each call
   lookup lease+release   lease=True and its Release(wait=True), both timed: the get path's two round trips
   reserve+commit         Reserve of 1 fresh key of 4 KiB and its Commit (no copy: the control plane alone)
@@ -67,7 +68,7 @@ _BLOCK = 16 << 10        # the stored chain's block size (a Lookup's cost does n
 EFFECTS: dict[str, dict[str, int]] = {
     "grpc echo": {}, "grpc lookup": {"lookup_calls": 1},
     "grpc reserve+commit": {"reserve_calls": 1, "committed_blocks": 1},
-    "fast echo": {"fast_requests": 1}, "fast lookup": {"lookup_calls": 1, "fast_requests": 1},
+    "fast echo": {"fast_requests": 1}, "fast lookup": {"lookup_calls": 1, "fast_requests": 1},  # a HITS
     "fast lookup lease": {"lookup_calls": 1, "fast_requests": 2},          # + its untimed Release
     "fast lookup lease+release": {"lookup_calls": 1, "fast_requests": 2},
     "fast reserve+commit": {"reserve_calls": 1, "committed_blocks": 1, "fast_requests": 2},

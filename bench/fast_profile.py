@@ -18,8 +18,10 @@ is shown beside an uninstrumented daemon's p50 measured in the same run, and the
 Lookup's byte counts (bench/uds_limit.py) beside both.
 
 Scenarios (each alone, its calls back to back: hot): lookup = client.lookup(280 stored 16-byte keys, prefix, no
-lease: the hit columns come back; every key in the shared key index, so only their entry ids go); probe_prefix = client.probe_prefix(the same keys), what vLLM's scheduler calls,
-through the shared key index (the client finds the entries, the daemon checks their ids); put = client.put of one
+lease: the hit columns come back); probe_prefix = client.probe_prefix(the same keys), what vLLM's scheduler calls.
+Every key is in the shared key index, so the client answers both itself and sends their effects one way (HITS):
+they make no request to follow, and back to back their pace is the daemon's HITS work (the socket's buffer
+fills; the "fast-path requests" row stays 0); put = client.put of one
 fresh 256 KiB block into a full arena (Reserve, copy, Commit, and the eviction a full cache pays); get =
 client.get_into of one stored 256 KiB block (Lookup with lease, copy, the async Release on the client's
 background thread).

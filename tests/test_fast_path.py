@@ -215,17 +215,22 @@ def test_the_engines_own_checks_and_messages_are_the_same_on_both_paths(daemon) 
         assert f.control_path == "fast" and f.echo(b"still") == b"still"   # errors keep the connection
 
 
-def test_a_revoked_token_is_refused_on_an_open_connection(tmp_path: Path) -> None:
+def test_a_revoked_token_closes_its_open_connections(tmp_path: Path) -> None:
+    """The reload closes bob's idle connection at once, so nothing more is answered to him: not a call, and not
+    a probe his client would answer from its key index (it learns of the close when it sends the one-way HITS)."""
     tokens = secret(str(tmp_path / "tokens"), f"alice {ALICE_TOKEN}\nbob {BOB_TOKEN}\n")
     with DaemonProcess(tokens_file=tokens) as d:
         bob = Client(d.address, token_file=secret(str(tmp_path / "bob"), BOB_TOKEN))
         bob.register_namespace(B_NS)
+        assert bob.put(B_NS, b"held", b"v" * 64)
         assert bob.control_path == "fast" and bob.exists(B_NS, [b"k"]) == [False]
+        assert bob.probe_path == "index" and bob.probe_prefix(B_NS, [b"held"]) == (1, True)  # answered from it
         secret(tokens, f"alice {ALICE_TOKEN}\n")   # bob is removed; the daemon reloads on change
-        wait_until(lambda: "tokens_file reloaded" in d.log(), timeout_s=15, what="token reload")
-        with pytest.raises(UnauthenticatedError, match="the bearer token of this connection was revoked"):
-            bob.exists(B_NS, [b"k"])
-        with pytest.raises(UnauthenticatedError):       # and a new connection is refused at HELLO
+        wait_until(lambda: "closed 1 fast-path connection(s) whose token was revoked" in d.log(), timeout_s=15,
+                   what="token reload")
+        with pytest.raises(UnauthenticatedError, match="invalid bearer token"):
+            bob.probe_prefix(B_NS, [b"held"])         # the index still says so: the closed connection refuses it
+        with pytest.raises(UnauthenticatedError):       # and every new connection is refused at HELLO
             bob.exists(B_NS, [b"k"])
         with pytest.raises(UnauthenticatedError):
             request_arena(d.socket_path + ".arena", BOB_TOKEN)

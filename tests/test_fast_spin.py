@@ -193,7 +193,7 @@ def test_a_daemon_that_never_polls_answers_the_same(monkeypatch: pytest.MonkeyPa
     with DaemonProcess(arena_bytes=64 << 20, fast_spin_us=0) as d, Client(d.address, control="fast") as c:
         c.register_namespace("n")
         c.put_many("n", keys, [np.full(1024, i, dtype=np.uint8) for i in range(4)])
-        for _ in range(20):  # close together: a polling daemon would poll here
-            assert c.lookup("n", keys, prefix=True, lease=False).num_prefix == 4
-        # the readiness probe's and this client's HELLO echoes, Reserve + Commit, 20 Lookups
+        for _ in range(20):  # close together: a polling daemon would poll here (Exists: always a round trip)
+            assert c.exists("n", keys) == [True] * 4
+        # the readiness probe's and this client's HELLO echoes, Reserve + Commit, 20 Exists
         assert c.stats().control.fast_requests == 2 + 2 + 20

@@ -143,6 +143,7 @@ def test_fuzz_fast_path_frames(target) -> None:
     assert {"fast:Lookup", "fast:Reserve", "fast:Commit", "fast:Abort", "fast:Release", "fast:Exists",
             "fast:Echo", "fast:Hello", "fast:Probe", "fast:unknown"} <= ops
     assert STATS.codes["fast:ok"] > 0 and STATS.codes["fast:invalid_request"] > 0
+    assert STATS.codes["fast:one_way_ok"] > 0 and STATS.codes["fast:one_way_answered"] == 0  # HITS: never a reply
     control = stub.Stats(pb.StatsRequest(), timeout=5).control
     assert control.fast_frame_errors > 0
     print(f"\nfuzzed {sum(v for k, v in STATS.calls.items() if k.startswith('fast:'))} fast-path frames; "

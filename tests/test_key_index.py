@@ -23,6 +23,9 @@ import kvstore._native._keyindex as native
 from kvstore.fastpath.key_index import HEADER, IndexTable, IndexView, capacity_for
 
 
+ZEROS = ([0, 0, 0], [0, 0, 0], [0, 0, 0])  # sizes, offsets, checksums of three keys
+
+
 def keyset(tag: str, n: int, size: int = 16) -> list[bytes]:
     return [hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=size).digest() for i in range(n)]
 
@@ -45,17 +48,28 @@ def lookup_one(view: IndexView, ns: str, key: bytes) -> tuple[int, int] | None:
     return (u32s(ids)[0], u32s(serials)[0]) if n else None
 
 
+def entry_of(view: IndexView, ns: str, key: bytes) -> tuple[int, ...] | None:
+    """Every column the table holds for `key`: (id, serial, size, offset, checksum)."""
+    got = view.entries(ns, [key])
+    assert got is not None and view.unchanged(got.seq)
+    if not got.n:
+        return None
+    return (u32s(got.ids)[0], u32s(got.serials)[0], int(got.sizes[0]), int(got.offsets[0]), int(got.checksums[0]))
+
+
 def test_random_inserts_and_removals_match_a_dict(table: IndexTable) -> None:
+    """Every column of every entry survives the backward shifts of removals around it."""
     view = IndexView(table.reader_fd())
     assert (view.capacity, view.incarnation, view.count) == (64, 42, 0)
     rnd = random.Random(7)
     universe = keyset("u", 120)
-    model: dict[bytes, tuple[int, int]] = {}
+    model: dict[bytes, tuple[int, ...]] = {}
     for step in range(3000):
         key = rnd.choice(universe)
         if rnd.random() < 0.55 and key not in model and len(model) < 48:
-            entry = (rnd.randrange(1 << 32), rnd.randrange(1 << 32))
-            assert table.insert("ns", [key], [entry[0]], [entry[1]]) == 1
+            entry = (rnd.randrange(1 << 32), rnd.randrange(1 << 32), rnd.randrange(1 << 40), rnd.randrange(1 << 64),
+                     rnd.randrange(1 << 64))
+            assert table.insert("ns", [key], *([v] for v in entry)) == 1
             model[key] = entry
         elif key in model:
             assert table.remove("ns", [key]) == 1
@@ -64,7 +78,8 @@ def test_random_inserts_and_removals_match_a_dict(table: IndexTable) -> None:
             assert table.remove("ns", [key]) == 0  # not indexed: nothing to remove
         if step % 50 == 0 or len(model) >= 47:
             for k in universe:  # every key, present or not, answers exactly
-                assert lookup_one(view, "ns", k) == model.get(k), (step, k.hex())
+                assert entry_of(view, "ns", k) == model.get(k), (step, k.hex())
+                assert lookup_one(view, "ns", k) == (model[k][:2] if k in model else None)
             assert table.count == view.count == len(model)
 
 
@@ -80,6 +95,23 @@ def test_a_table_fills_to_three_quarters_then_skips(table: IndexTable) -> None:
     assert lookup_one(view, "ns", keys[0]) == (999, 5)
     assert table.remove("ns", keys[:10]) == 10 and table.count == 38
     assert table.insert("ns", keys[48:58], list(range(48, 58)), [1] * 10) == 10
+
+
+def test_entries_answer_the_leading_keys_columns_and_the_sequence_says_when_they_may_have_changed(
+        table: IndexTable) -> None:
+    keys = keyset("cols", 6)
+    table.insert("ns", keys[:5], [1, 2, 3, 4, 5], [9] * 5, [4096 * i for i in range(1, 6)],
+                 [1 << 20 + i for i in range(5)], [0xABC0 + i for i in range(5)])
+    view = IndexView(table.reader_fd())
+    got = view.entries("ns", keys[:2] + keys[5:] + keys[2:5])  # a prefix: stops at the key never indexed
+    assert got is not None and got.n == 2 and u32s(got.ids) == [1, 2] and u32s(got.serials) == [9, 9]
+    assert (got.sizes.tolist(), got.offsets.tolist(), got.checksums.tolist()) == (
+        [4096, 8192], [1 << 20, 1 << 21], [0xABC0, 0xABC1])
+    assert view.entries("ns", []).n == 0 and view.unchanged(got.seq)
+    table.remove("ns", keys[4:5])  # any write moves the sequence, even of keys the batch did not read
+    assert not view.unchanged(got.seq)
+    again = view.entries("ns", keys[:5])
+    assert again.n == 4 and again.seq == got.seq + 2 and view.unchanged(again.seq)
 
 
 def test_namespaces_and_key_boundaries_are_kept_apart(table: IndexTable) -> None:
@@ -110,23 +142,27 @@ def test_bad_arguments_are_refused_and_change_nothing(table: IndexTable) -> None
     mm = table._mm
     keys = keyset("bad", 3)
     with pytest.raises(ValueError, match="not a power of two"):
-        native.insert(mm, 48, "ns", keys, [1, 2, 3], [1, 2, 3])
+        native.insert(mm, 48, "ns", keys, [1, 2, 3], [1, 2, 3], *ZEROS)
     with pytest.raises(ValueError, match="needs"):
-        native.insert(mm, 128, "ns", keys, [1, 2, 3], [1, 2, 3])
+        native.insert(mm, 128, "ns", keys, [1, 2, 3], [1, 2, 3], *ZEROS)
     with pytest.raises(TypeError, match="keys\\[1\\] is not bytes"):
-        native.insert(mm, 64, "ns", [keys[0], "text", keys[2]], [1, 2, 3], [1, 2, 3])
+        native.insert(mm, 64, "ns", [keys[0], "text", keys[2]], [1, 2, 3], [1, 2, 3], *ZEROS)
     with pytest.raises(ValueError, match="as long as keys"):
-        native.insert(mm, 64, "ns", keys, [1, 2], [1, 2, 3])
+        native.insert(mm, 64, "ns", keys, [1, 2], [1, 2, 3], *ZEROS)
     with pytest.raises(ValueError, match="32 bits"):
-        native.insert(mm, 64, "ns", keys, [1, 2, 1 << 32], [1, 2, 3])
+        native.insert(mm, 64, "ns", keys, [1, 2, 1 << 32], [1, 2, 3], *ZEROS)
     with pytest.raises(OverflowError):
-        native.insert(mm, 64, "ns", keys, [1, -2, 3], [1, 2, 3])
+        native.insert(mm, 64, "ns", keys, [1, -2, 3], [1, 2, 3], *ZEROS)
+    with pytest.raises(ValueError, match="sizes must be a list as long as keys"):
+        native.insert(mm, 64, "ns", keys, [1, 2, 3], [1, 2, 3], [0], [0, 0, 0], [0, 0, 0])
+    with pytest.raises(OverflowError):
+        native.insert(mm, 64, "ns", keys, [1, 2, 3], [1, 2, 3], [0, 0, 0], [0, 1 << 64, 0], [0, 0, 0])
     with pytest.raises(TypeError, match="list of bytes"):
         native.remove(mm, 64, "ns", tuple(keys))
     assert table.count == 0 and HEADER.unpack_from(mm, 0)[2] == 0  # nothing written: not even the sequence moved
     view = IndexView(table.reader_fd())
     with pytest.raises(TypeError, match="read-write"):  # a client's mapping cannot be written, even by this module
-        native.insert(view._mm, 64, "ns", keys, [1, 2, 3], [1, 2, 3])
+        native.insert(view._mm, 64, "ns", keys, [1, 2, 3], [1, 2, 3], *ZEROS)
     with pytest.raises(TypeError):
         view.probe("ns", [b"ok", 7])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="bad magic"):
@@ -182,9 +218,11 @@ def test_a_reader_racing_a_writer_never_sees_a_wrong_entry() -> None:
     moving); a churning key, when found, has exactly its own id; a key never inserted is never found."""
     t = IndexTable("race", 256, 1)
     stable, churn, never = keyset("stable", 60), keyset("churn", 100), keyset("never", 40)
-    t.insert("ns", stable, list(range(60)), list(range(100, 160)))
+    t.insert("ns", stable, list(range(60)), list(range(100, 160)), [4096] * 60, [8192 * i for i in range(60)],
+             [7 * i for i in range(60)])
     view = IndexView(t.reader_fd())
     want = (60, struct.pack("<60I", *range(60)), struct.pack("<60I", *range(100, 160)))
+    columns = ([4096] * 60, [8192 * i for i in range(60)], [7 * i for i in range(60)])
     proc = multiprocessing.get_context("fork").Process(target=_churn, args=(t, churn, 2.0))
     proc.start()
     answers = retries = churn_found = 0
@@ -197,6 +235,10 @@ def test_a_reader_racing_a_writer_never_sees_a_wrong_entry() -> None:
             else:
                 assert got == want
                 answers += 1
+            cols = view.entries("ns", stable)  # every column of a batch is read under one sequence number
+            if cols is not None:
+                assert (cols.n, cols.ids, cols.serials) == want
+                assert (cols.sizes.tolist(), cols.offsets.tolist(), cols.checksums.tolist()) == columns
             for i, k in enumerate(churn[:20]):
                 one = view.probe("ns", [k])
                 if one is not None and one[0]:

@@ -5,13 +5,16 @@
  * of this prompt are stored?"). Answered by the daemon, a 280-key probe costs a round trip plus ~100 us of
  * per-key work in the daemon's Python (dict lookups, tier checks). The daemon mirrors which keys are in its
  * RAM tier into this table; a client hashes its keys and finds their entry ids here in a few microseconds,
- * with no syscall, then sends only those ids for the daemon to check (kvstore/fastpath/key_index.py).
+ * with no syscall, then sends only those ids for the daemon to check (kvstore/fastpath/key_index.py), or,
+ * when every key is there, answers a counting Lookup itself (the slot also holds the block's arena offset,
+ * size and checksum: a Lookup without lease needs nothing else but the slot generations in the arena).
  *
  * Layout (little-endian, in a memfd the daemon hands out read-only):
  *
  *     header (64 B): u64 magic | u64 capacity (slots, a power of two) | u64 seq | u64 count | u64 incarnation |
  *                    24 B reserved
- *     slots[capacity] (24 B each): u64 h1 | u32 h2 | u32 entry id | u32 serial | u32 0     (h1 == 0: empty)
+ *     slots[capacity] (48 B each): u64 h1 | u32 h2 | u32 entry id | u32 serial | u32 0 | u64 size |
+ *                                  u64 arena offset | u64 checksum                          (h1 == 0: empty)
  *
  * h1/h2 are a 96-bit hash of (namespace, key); the serial tells a reused entry id from the one the client saw.
  * Open addressing with linear probing; deletion shifts the following run back (no tombstones, so a table that
@@ -26,17 +29,19 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 
-#define MAGIC 0x3130584449535648ULL /* "HVSIDX01" */
+#define MAGIC 0x3230584449535648ULL /* "HVSIDX02" */
 #define HEADER_BYTES 64
-#define SLOT_BYTES 24
+#define SLOT_BYTES 48
 #define MAX_TRIES 8
 #define P1 0x9E3779B185EBCA87ULL
 #define P2 0xC2B2AE3D27D4EB4FULL
 
 typedef struct { uint64_t magic, capacity, seq, count, incarnation, reserved[3]; } header_t;
-typedef struct { uint64_t h1; uint32_t h2, eid, serial, pad; } slot_t;
+typedef struct { uint64_t h1; uint32_t h2, eid, serial, pad; uint64_t size, offset, checksum; } slot_t;
+typedef struct { uint32_t eid, serial; uint64_t size, offset, checksum; } entry_t; /* what a slot says of a key */
 typedef struct { uint64_t a, b; } state_t;
 
 static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
@@ -123,11 +128,40 @@ static inline void seq_end(header_t *h) {
     __atomic_store_n(&h->seq, (s | 1) + 1, __ATOMIC_RELEASE);
 }
 
-static inline void slot_write(slot_t *d, uint64_t h1, uint32_t h2, uint32_t eid, uint32_t serial) {
+static inline void slot_write(slot_t *d, uint64_t h1, uint32_t h2, const entry_t *e) {
     __atomic_store_n(&d->h2, h2, __ATOMIC_RELAXED);
-    __atomic_store_n(&d->eid, eid, __ATOMIC_RELAXED);
-    __atomic_store_n(&d->serial, serial, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->eid, e->eid, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->serial, e->serial, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->size, e->size, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->offset, e->offset, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->checksum, e->checksum, __ATOMIC_RELAXED);
     __atomic_store_n(&d->h1, h1, __ATOMIC_RELAXED);
+}
+
+static inline entry_t slot_entry(const slot_t *s) {
+    entry_t e = {__atomic_load_n(&s->eid, __ATOMIC_RELAXED), __atomic_load_n(&s->serial, __ATOMIC_RELAXED),
+                 __atomic_load_n(&s->size, __ATOMIC_RELAXED), __atomic_load_n(&s->offset, __ATOMIC_RELAXED),
+                 __atomic_load_n(&s->checksum, __ATOMIC_RELAXED)};
+    return e;
+}
+
+/* The n values of list `obj` as unsigned integers of at most `bits` bits, into out[i * stride]; -1 + error. */
+static int get_column(PyObject *obj, Py_ssize_t n, const char *name, int bits, uint64_t *out, size_t stride) {
+    if (!PyList_Check(obj) || PyList_GET_SIZE(obj) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a list as long as keys", name);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(obj, i));
+        if (PyErr_Occurred())
+            return -1;
+        if (bits < 64 && v >> bits) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] does not fit in %d bits", name, i, bits);
+            return -1;
+        }
+        out[(size_t)i * stride] = v;
+    }
+    return 0;
 }
 
 static PyObject *index_insert(PyObject *self, PyObject *args) {
@@ -136,30 +170,23 @@ static PyObject *index_insert(PyObject *self, PyObject *args) {
     unsigned long long capacity;
     const char *ns;
     Py_ssize_t ns_len;
-    PyObject *keys, *eids, *serials;
-    if (!PyArg_ParseTuple(args, "w*Ks#OOO:insert", &view, &capacity, &ns, &ns_len, &keys, &eids, &serials))
+    PyObject *keys, *cols[5];
+    static const char *const names[5] = {"eids", "serials", "sizes", "offsets", "checksums"};
+    static const int bits[5] = {32, 32, 64, 64, 64};
+    if (!PyArg_ParseTuple(args, "w*Ks#OOOOOO:insert", &view, &capacity, &ns, &ns_len, &keys, &cols[0], &cols[1],
+                          &cols[2], &cols[3], &cols[4]))
         return NULL;
     PyObject *result = NULL;
     if (get_table(&view, capacity) < 0 || check_keys(keys) < 0)
         goto done;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (!PyList_Check(eids) || !PyList_Check(serials) || PyList_GET_SIZE(eids) != n || PyList_GET_SIZE(serials) != n) {
-        PyErr_SetString(PyExc_ValueError, "eids and serials must be lists as long as keys");
-        goto done;
-    }
-    uint32_t *ids = PyMem_Malloc(sizeof(uint32_t) * 2 * (size_t)(n ? n : 1));
-    if (!ids) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t i = 0; i < n; i++) { /* every value checked before the table changes */
-        unsigned long long e = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(eids, i));
-        unsigned long long s = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(serials, i));
-        if (PyErr_Occurred() || e > 0xFFFFFFFFULL || s > 0xFFFFFFFFULL) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "eids[%zd] / serials[%zd] do not fit in 32 bits", i, i);
-            PyMem_Free(ids);
+    uint64_t *vals = PyMem_Malloc(sizeof(uint64_t) * 5 * (size_t)(n ? n : 1));
+    if (!vals) { PyErr_NoMemory(); goto done; }
+    for (int c = 0; c < 5; c++) { /* every value checked before the table changes */
+        if (get_column(cols[c], n, names[c], bits[c], vals + c, 5) < 0) {
+            PyMem_Free(vals);
             goto done;
         }
-        ids[2 * i] = (uint32_t)e;
-        ids[2 * i + 1] = (uint32_t)s;
     }
     header_t *h = (header_t *)view.buf;
     slot_t *slots = (slot_t *)((char *)view.buf + HEADER_BYTES);
@@ -168,19 +195,21 @@ static PyObject *index_insert(PyObject *self, PyObject *args) {
     seq_begin(h);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(keys, i);
+        const uint64_t *v = vals + 5 * i;
+        entry_t e = {(uint32_t)v[0], (uint32_t)v[1], v[2], v[3], v[4]};
         uint64_t h1;
         uint32_t h2;
         key_hash(st, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), &h1, &h2);
         uint64_t j = h1 & mask;
         for (uint64_t step = 0; step < capacity; step++, j = (j + 1) & mask) {
             if (slots[j].h1 == h1 && slots[j].h2 == h2) { /* already indexed: the newer entry wins */
-                slot_write(&slots[j], h1, h2, ids[2 * i], ids[2 * i + 1]);
+                slot_write(&slots[j], h1, h2, &e);
                 added++;
                 break;
             }
             if (slots[j].h1 == 0) {
                 if (count < limit) {
-                    slot_write(&slots[j], h1, h2, ids[2 * i], ids[2 * i + 1]);
+                    slot_write(&slots[j], h1, h2, &e);
                     count++;
                     added++;
                 }
@@ -190,7 +219,7 @@ static PyObject *index_insert(PyObject *self, PyObject *args) {
     }
     __atomic_store_n(&h->count, count, __ATOMIC_RELAXED);
     seq_end(h);
-    PyMem_Free(ids);
+    PyMem_Free(vals);
     result = PyLong_FromUnsignedLongLong(added);
 done:
     PyBuffer_Release(&view);
@@ -234,11 +263,13 @@ static PyObject *index_remove(PyObject *self, PyObject *args) {
             uint64_t home = slots[k2].h1 & mask;
             int movable = hole <= k2 ? (home <= hole || home > k2) : (home <= hole && home > k2);
             if (movable) {
-                slot_write(&slots[hole], slots[k2].h1, slots[k2].h2, slots[k2].eid, slots[k2].serial);
+                entry_t moved = slot_entry(&slots[k2]);
+                slot_write(&slots[hole], slots[k2].h1, slots[k2].h2, &moved);
                 hole = k2;
             }
         }
-        slot_write(&slots[hole], 0, 0, 0, 0);
+        static const entry_t none = {0, 0, 0, 0, 0};
+        slot_write(&slots[hole], 0, 0, &none);
         count--;
         removed++;
     }
@@ -252,36 +283,31 @@ done:
 
 /* ---- the reader (a client) ---------------------------------------------------------------------------- */
 
-static PyObject *index_probe(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer view;
-    const char *ns;
-    Py_ssize_t ns_len;
-    PyObject *keys;
-    if (!PyArg_ParseTuple(args, "y*s#O:probe", &view, &ns, &ns_len, &keys))
+/* The table under `view` after checking its header against the mapping (its capacity, read once, in *capacity);
+ * NULL + error when it is not one. */
+static const header_t *reader_table(Py_buffer *view, uint64_t *capacity) {
+    if (view->len < HEADER_BYTES) {
+        PyErr_Format(PyExc_ValueError, "a table is at least %d bytes, the buffer has %zd", HEADER_BYTES, view->len);
         return NULL;
-    PyObject *result = NULL;
-    uint32_t *out = NULL;
-    if (view.len < HEADER_BYTES) {
-        PyErr_Format(PyExc_ValueError, "a table is at least %d bytes, the buffer has %zd", HEADER_BYTES, view.len);
-        goto done;
     }
-    header_t *h = (header_t *)view.buf;
-    uint64_t capacity = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
+    const header_t *h = (const header_t *)view->buf;
     if (h->magic != MAGIC) {
         PyErr_SetString(PyExc_ValueError, "not a kvstore key index (bad magic)");
-        goto done;
+        return NULL;
     }
-    if (get_table(&view, capacity) < 0 || check_keys(keys) < 0)
-        goto done;
+    *capacity = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
+    return get_table(view, *capacity) < 0 ? NULL : h;
+}
+
+/* What the table says of the leading keys, under the sequence lock: how many lead (their entries in out[]),
+ * with the even seq the whole batch was read under in *seq; -1 when the writer kept changing the table. */
+static Py_ssize_t read_entries(const header_t *h, uint64_t capacity, const char *ns, Py_ssize_t ns_len,
+                               PyObject *keys, entry_t *out, uint64_t *seq) {
+    uint64_t mask = capacity - 1; /* checked by reader_table against the mapping */
+    const slot_t *slots = (const slot_t *)((const char *)h + HEADER_BYTES);
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    out = PyMem_Malloc(sizeof(uint32_t) * 2 * (size_t)(n ? n : 1));
-    if (!out) { PyErr_NoMemory(); goto done; }
-    const slot_t *slots = (const slot_t *)((const char *)view.buf + HEADER_BYTES);
-    uint64_t mask = capacity - 1;
     state_t st = ns_state(ns, ns_len);
-    Py_ssize_t found = -1;
-    for (int attempt = 0; attempt < MAX_TRIES && found < 0; attempt++) {
+    for (int attempt = 0; attempt < MAX_TRIES; attempt++) {
         uint64_t s0 = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
         if (s0 & 1)
             continue;
@@ -298,8 +324,7 @@ static PyObject *index_probe(PyObject *self, PyObject *args) {
                 if (s1 == 0)
                     break;
                 if (s1 == h1 && __atomic_load_n(&slots[j].h2, __ATOMIC_RELAXED) == h2) {
-                    out[2 * i] = __atomic_load_n(&slots[j].eid, __ATOMIC_RELAXED);
-                    out[2 * i + 1] = __atomic_load_n(&slots[j].serial, __ATOMIC_RELAXED);
+                    out[i] = slot_entry(&slots[j]);
                     hit = 1;
                     break;
                 }
@@ -308,28 +333,91 @@ static PyObject *index_probe(PyObject *self, PyObject *args) {
                 break;
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&h->seq, __ATOMIC_RELAXED) == s0)
-            found = i;
+        if (__atomic_load_n(&h->seq, __ATOMIC_RELAXED) == s0) {
+            *seq = s0;
+            return i;
+        }
     }
+    return -1;
+}
+
+/* A new bytes object of n fields, each `width` bytes at `field` of out[i]. */
+static PyObject *column(const entry_t *out, Py_ssize_t n, size_t field, size_t width) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)width);
+    if (b) {
+        char *d = PyBytes_AS_STRING(b);
+        for (Py_ssize_t i = 0; i < n; i++)
+            memcpy(d + (size_t)i * width, (const char *)&out[i] + field, width);
+    }
+    return b;
+}
+
+/* probe (ids and serials) and entries (every column, and the seq): one reader, two answers. */
+static PyObject *read_keys(PyObject *args, const char *fmt, int all_columns) {
+    Py_buffer view;
+    const char *ns;
+    Py_ssize_t ns_len;
+    PyObject *keys;
+    if (!PyArg_ParseTuple(args, fmt, &view, &ns, &ns_len, &keys))
+        return NULL;
+    PyObject *result = NULL;
+    entry_t *out = NULL;
+    uint64_t capacity = 0;
+    const header_t *h = reader_table(&view, &capacity);
+    if (!h || check_keys(keys) < 0)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    out = PyMem_Malloc(sizeof(entry_t) * (size_t)(n ? n : 1));
+    if (!out) { PyErr_NoMemory(); goto done; }
+    uint64_t seq = 0;
+    Py_ssize_t found = read_entries(h, capacity, ns, ns_len, keys, out, &seq);
     if (found < 0) { /* the daemon kept writing: the caller asks it instead */
         result = Py_None;
         Py_INCREF(result);
         goto done;
     }
-    PyObject *eids = PyBytes_FromStringAndSize(NULL, found * 4);
-    PyObject *serials = eids ? PyBytes_FromStringAndSize(NULL, found * 4) : NULL;
-    if (serials) {
-        uint32_t *e = (uint32_t *)PyBytes_AS_STRING(eids), *s = (uint32_t *)PyBytes_AS_STRING(serials);
-        for (Py_ssize_t i = 0; i < found; i++) {
-            e[i] = out[2 * i];
-            s[i] = out[2 * i + 1];
-        }
-        result = Py_BuildValue("(nNN)", found, eids, serials);
-    } else {
-        Py_XDECREF(eids);
+    PyObject *c[5] = {column(out, found, offsetof(entry_t, eid), 4), column(out, found, offsetof(entry_t, serial), 4),
+                      NULL, NULL, NULL};
+    if (all_columns) {
+        c[2] = column(out, found, offsetof(entry_t, size), 8);
+        c[3] = column(out, found, offsetof(entry_t, offset), 8);
+        c[4] = column(out, found, offsetof(entry_t, checksum), 8);
     }
+    int ok = c[0] && c[1] && (!all_columns || (c[2] && c[3] && c[4]));
+    if (ok && all_columns)
+        result = Py_BuildValue("(nNNNNNK)", found, c[0], c[1], c[2], c[3], c[4], (unsigned long long)seq);
+    else if (ok)
+        result = Py_BuildValue("(nNN)", found, c[0], c[1]);
+    else
+        for (int k = 0; k < 5; k++) Py_XDECREF(c[k]);
 done:
     PyMem_Free(out);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *index_probe(PyObject *self, PyObject *args) {
+    (void)self;
+    return read_keys(args, "y*s#O:probe", 0);
+}
+
+static PyObject *index_entries(PyObject *self, PyObject *args) {
+    (void)self;
+    return read_keys(args, "y*s#O:entries", 1);
+}
+
+static PyObject *index_seq(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    uint64_t capacity = 0;
+    const header_t *h = reader_table(&view, &capacity);
+    if (h) {
+        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* after every load the caller made since its read */
+        result = PyLong_FromUnsignedLongLong(__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE));
+    }
     PyBuffer_Release(&view);
     return result;
 }
@@ -376,14 +464,20 @@ done:
 
 static PyMethodDef methods[] = {
     {"insert", index_insert, METH_VARARGS,
-     "insert(table, capacity, namespace: bytes, keys: list[bytes], eids: list[int], serials: list[int]) -> int: index "
-     "each key (an indexed key is updated); keys that find the table 3/4 full are skipped. Returns the keys written."},
+     "insert(table, capacity, namespace, keys: list[bytes], eids, serials, sizes, offsets, checksums: list[int]) -> "
+     "int: index each key (an indexed key is updated); keys that find the table 3/4 full are skipped. Returns the "
+     "keys written."},
     {"remove", index_remove, METH_VARARGS,
      "remove(table, capacity, namespace: bytes, keys: list[bytes]) -> int: unindex each key that is indexed."},
     {"probe", index_probe, METH_VARARGS,
      "probe(table, namespace: bytes, keys: list[bytes]) -> (n, eids: bytes, serials: bytes) | None: how many leading "
      "keys are indexed, with their entry ids and serials (u32 little-endian each); None when the writer kept "
      "changing the table (ask the daemon)."},
+    {"entries", index_entries, METH_VARARGS,
+     "entries(table, namespace, keys) -> (n, eids, serials: u32 bytes, sizes, offsets, checksums: u64 bytes, seq) | "
+     "None: probe with every column, and the table's sequence number the batch was read under (seq() equal to it "
+     "later: no entry changed in between)."},
+    {"seq", index_seq, METH_O, "seq(table) -> int: the table's sequence number now (odd: a write is under way)."},
     {"check", index_check, METH_VARARGS,
      "check(ids, serials, state, ns, serial, n_entries, ns_id, committed) -> int: how many leading (id, serial) "
      "pairs (u32 buffers) name an entry below n_entries whose state is `committed`, namespace `ns_id` and serial "

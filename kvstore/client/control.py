@@ -9,8 +9,10 @@ KVStoreError classes, so Client never cares which one it holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.fast_channel import FastChannel
@@ -19,13 +21,15 @@ from kvstore.client.shared_index import SharedIndex
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.key_index import IndexView
+from kvstore.fastpath.key_index import Entries, IndexView
+from kvstore.vocab import Tier
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
 
 _ENCODE_ERRORS = (fp.FrameError, TypeError, AttributeError, ValueError, OverflowError)
 
 ReserveRequest = tuple[str, Sequence[bytes], Sequence[int]]  # (namespace, keys, sizes)
+_RAM = int(Tier.RAM)
 
 
 class ControlPlane(Protocol):
@@ -40,6 +44,7 @@ class ControlPlane(Protocol):
     def release(self, lease_ids: list[int]) -> int: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
+    def settle(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -86,6 +91,9 @@ class GrpcControl:
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         return list(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys)).present)
 
+    def settle(self) -> None:
+        """Every call is answered: nothing to wait for."""
+
     def close(self) -> None:
         return None
 
@@ -105,6 +113,9 @@ class FastControl:
         self.channel = channel
         self._grpc = fallback
         self.index = index
+        # (incarnation, arena offsets) -> the slots' generations in that daemon's arena, or None when it is not
+        # mapped (the Client sets it): a Lookup without lease answered here needs them
+        self.generations: Callable[[int, np.ndarray], np.ndarray | None] | None = None
 
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
         try:
@@ -153,10 +164,24 @@ class FastControl:
         index = self.index
         view = index.view() if index is not None and keys else None
         if index is not None and view is not None:
+            found: Any = None
             try:
-                found = view.probe(namespace, keys if isinstance(keys, list) else list(keys))
+                ks = keys if isinstance(keys, list) else list(keys)
+                if lease or summary:
+                    found = view.probe(namespace, ks)
+                else:  # the hit columns too: answered here when every key is in the table
+                    entries = view.entries(namespace, ks)
+                    if entries is not None and entries.n == len(keys):
+                        mine = self._lookup_here(view, namespace, entries, flags)
+                        if mine is not None:
+                            return mine
+                        found = (entries.n, entries.ids, entries.serials)
             except _ENCODE_ERRORS:
                 found = None
+            if found is not None and found[0] == len(keys) and summary and not lease:
+                here = self._count_here(view, [namespace], [found], flags)
+                if here is not None:
+                    return here[0]
             if found is not None and found[0] == len(keys):
                 reply = self.channel.call(fp.LOOKUP_IDS, fp.encode_probe(namespace, found[1], found[2], ()), flags)
                 if reply:
@@ -203,9 +228,13 @@ class FastControl:
         entries and looks up the rest (Engine.probe), all namespaces in one round trip."""
         assert self.index is not None
         keys = keys if isinstance(keys, list) else list(keys)
+        founds = [view.probe(ns, keys) for ns in namespaces]
+        if keys and all(f is not None and f[0] == len(keys) for f in founds):
+            here = self._count_here(view, namespaces, founds, fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY)
+            if here is not None:
+                return here
         bodies = []
-        for ns in namespaces:
-            found = view.probe(ns, keys)
+        for ns, found in zip(namespaces, founds):
             n, ids, serials = found if found is not None else (0, b"", b"")
             bodies.append(fp.encode_probe(ns, ids, serials, keys[n:] if n < len(keys) else ()))
         out = []
@@ -218,6 +247,48 @@ class FastControl:
             self.index.seen(view, incarnation)
             out.append(Lease(ns, num_prefix, present, [], [], [], [], 0, incarnation, tiers))
         return out
+
+    def _count_here(self, view: IndexView, namespaces: Sequence[str], founds: Sequence[Any],
+                    flags: int) -> list[Lease] | None:
+        """Counting Lookups (no lease, no hit columns: the scheduler's probe) whose every key the shared key index
+        holds in RAM, answered from the index alone: no round trip. None: ask the daemon (see _sent_hits)."""
+        incarnation = self._sent_hits(view, [(ns, f[1], f[2]) for ns, f in zip(namespaces, founds)], flags)
+        if incarnation is None:
+            return None
+        n = founds[0][0]
+        return [Lease(ns, n, [True] * n, [], [], [], [], 0, incarnation, [_RAM] * n) for ns in namespaces]
+
+    def _lookup_here(self, view: IndexView, namespace: str, e: Entries, flags: int) -> Lease | None:
+        """A Lookup without lease whose every key the index holds, with its hit columns, answered here: sizes,
+        offsets and checksums from the index, each slot's generation from the arena, read while the table's
+        sequence number held still (so each is the indexed block's, not a later one's in a reused slot).
+        None: ask the daemon (no arena mapped for the table's daemon, the table changed, see _sent_hits)."""
+        generations = self.generations
+        gens = generations(view.incarnation, e.offsets.astype(np.int64)) if generations is not None else None
+        if gens is None or not view.unchanged(e.seq):
+            return None
+        incarnation = self._sent_hits(view, [(namespace, e.ids, e.serials)], flags)
+        if incarnation is None:
+            return None
+        n = e.n
+        return Lease(namespace, n, [True] * n, e.offsets.tolist(), e.sizes.tolist(), gens.tolist(),
+                     e.checksums.tolist(), 0, incarnation, [_RAM] * n)
+
+    def _sent_hits(self, view: IndexView, found: Sequence[tuple[str, bytes, bytes]], flags: int) -> int | None:
+        """Send the effects of Lookups answered here (policy touches, counters) one way, as HITS naming the
+        entries (ns, ids, serials) found: the daemon checks them and applies what holds, as for a PROBE. The
+        send is also the check of the answer's source: the daemon's incarnation when it is the table's, else
+        None (the table belongs to a daemon that is gone, or the connection was closed: ask the daemon)."""
+        assert self.index is not None
+        incarnation = self.channel.send_one_way(
+            [(fp.HITS, fp.encode_probe(ns, ids, serials, ()), flags) for ns, ids, serials in found], view.incarnation)
+        if incarnation is not None and incarnation != view.incarnation:
+            self.index.seen(view, incarnation)
+        return incarnation if incarnation == view.incarnation else None
+
+    def settle(self) -> None:
+        """Wait until the daemon has applied this thread's HITS (answered here), before a Stats that counts them."""
+        self.channel.settle()
 
     def release(self, lease_ids: list[int]) -> int:
         try:

@@ -96,13 +96,15 @@ def _request_file(path: str, token: str, timeout_s: float, want_arena: bool) -> 
 
 
 class _Conn:
-    __slots__ = ("sock", "ids", "reader")
+    __slots__ = ("sock", "ids", "reader", "incarnation", "unsettled")
 
-    def __init__(self, sock: socket.socket, timeout_s: float, spin_us: int) -> None:
+    def __init__(self, sock: socket.socket, timeout_s: float, spin_us: int, incarnation: int) -> None:
         set_kernel_timeouts(sock, timeout_s)
         self.sock = sock
         self.ids = itertools.count(1)
         self.reader = FrameReader(sock, fp.HEADER.size, lambda h: fp.Header.parse(h).length, spin_s=spin_us * 1e-6)
+        self.incarnation = incarnation  # of the daemon that said HELLO on it
+        self.unsettled = False  # one-way requests sent since the last reply (the daemon may not have run them yet)
 
 
 def spin_us_from_env() -> int:
@@ -152,7 +154,7 @@ class FastChannel:
             sock.close()
             _raise_error(body)
         self.incarnation, _ = fp.decode_hello_reply(body)
-        c = _Conn(sock, self._timeout, self.spin_us)
+        c = _Conn(sock, self._timeout, self.spin_us, self.incarnation)
         self._local.conn = c
         with self._lock:
             self._open.add(sock)
@@ -188,6 +190,32 @@ class FastChannel:
         c = self._send(c, b"".join(frames))
         return [self._reply(c, rid) for rid in rids]
 
+    def send_one_way(self, requests: Sequence[tuple[int, bytes, int]], incarnation: int) -> int | None:
+        """Send one-way requests (fp.ONE_WAY: the daemon answers none) in one write on this thread's connection,
+        if the daemon at its other end is `incarnation` (the one whose key index the caller read). Returns that
+        daemon's incarnation (the requests were sent only when it is `incarnation`); None when the connection was
+        found dead (the daemon restarted or closed it): nothing was sent. Never resent on a fresh connection,
+        unlike a call: the caller's answer came from a daemon that is gone."""
+        c = self._conn()
+        if c.incarnation != incarnation:
+            return c.incarnation
+        frames = [fp.HEADER.pack(len(body), op, flags, fp.OK, next(c.ids) & 0xFFFFFFFF) + body
+                  for op, body, flags in requests]
+        try:
+            c.sock.sendall(b"".join(frames))
+        except OSError:
+            self._drop(c)
+            return None
+        c.unsettled = True
+        return c.incarnation
+
+    def settle(self) -> None:
+        """Wait until the daemon has run this thread's one-way requests (an Echo behind them: it answers a
+        connection's frames in order), so that what the caller asks next (Stats) counts them."""
+        c: _Conn | None = getattr(self._local, "conn", None)
+        if c is not None and c.unsettled:
+            self.call(fp.ECHO, b"")
+
     def _send(self, c: _Conn, request: bytes) -> _Conn:
         try:
             c.sock.sendall(request)
@@ -216,6 +244,7 @@ class FastChannel:
             self._drop(c)  # the daemon closes it after this reply (or it is out of step)
             if head.status == fp.OK:
                 raise StoreUnavailableError(f"fast path reply {head.request_id} to request {rid}: connection reset")
+        c.unsettled = False  # the daemon ran everything sent before this request
         if head.status != fp.OK:
             reason, message = fp.decode_error(reply)
             return error_for_reason(reason)(message)

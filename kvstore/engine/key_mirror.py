@@ -65,7 +65,9 @@ class KeyIndexMirror:
             return
         ns = cat.namespaces[int(spaces[0])]
         keys = [cat.keys[e] for e in ids]
-        written = self._table_of(ns).insert(ns.name, keys, ids, cat.serial[ids].tolist())  # type: ignore[arg-type]  # committed entries have keys
+        written = self._table_of(ns).insert(ns.name, keys, ids, cat.serial[ids].tolist(),  # type: ignore[arg-type]  # committed entries have keys
+                                            cat.size[ids].tolist(), cat.offset[ids].tolist(),
+                                            cat.checksum[ids].tolist())
         self.unindexed += len(ids) - written
 
     def removed(self, ns: Namespace, key: bytes) -> None:

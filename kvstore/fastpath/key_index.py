@@ -8,14 +8,16 @@ The table itself (layout, hash, sequence lock) is kvstore/_native/key_index.c. H
   tenant's table over the same-node socket, after the token check: another tenant's keys are not in it, and
   the client cannot write it (the descriptor is opened O_RDONLY, the file sealed against resizing).
 - `IndexView` (client): the mapping, and `probe`, which answers how many leading keys are indexed, with
-  their entry ids and serials.
+  their entry ids and serials (`entries`: also their blocks' sizes, arena offsets and checksums).
 
 What a probe answer means: these keys were in RAM an instant ago. It is a hint, never trusted: the client
 sends the ids in a PROBE request and the daemon checks each (same namespace, still committed, same serial)
 under its lock, so the reply is exactly what a Lookup would have said then, with the same effects (policy
 touches, counters, disk prefetch of the keys past the prefix). What the index saves is the daemon's per-key
 work and the key bytes on the wire. A key missing from the table (never indexed, the table was 3/4 full, a
-writer in the way) only makes the daemon look it up the usual way.
+writer in the way) only makes the daemon look it up the usual way. A counting Lookup whose every key is in the
+table is answered by the client alone (client/control.py: no round trip); the daemon still checks the ids it
+is then sent one way, and counts and touches only the entries that hold.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import mmap
 import os
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 import kvstore._native._keyindex as _keyindex
 
-__all__ = ["IndexTable", "IndexView", "HEADER", "capacity_for"]
+__all__ = ["IndexTable", "IndexView", "Entries", "HEADER", "capacity_for"]
 
 HEADER = struct.Struct("<QQQQQ")  # magic, capacity, seq, count, incarnation (key_index.c: 64 bytes with padding)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -64,8 +69,15 @@ class IndexTable:
             raise
         HEADER.pack_into(self._mm, 0, _keyindex.MAGIC, capacity, 0, 0, incarnation)
 
-    def insert(self, namespace: str, keys: list[bytes], eids: list[int], serials: list[int]) -> int:
-        return int(_keyindex.insert(self._mm, self.capacity, namespace, keys, eids, serials))
+    def insert(self, namespace: str, keys: list[bytes], eids: list[int], serials: list[int],
+               sizes: list[int] | None = None, offsets: list[int] | None = None,
+               checksums: list[int] | None = None) -> int:
+        """Index `keys` (the entries' ids and serials; their block sizes, arena offsets and checksums, which a
+        client's counting Lookup answers with; zeros when not given)."""
+        zeros = [0] * len(keys)
+        return int(_keyindex.insert(self._mm, self.capacity, namespace, keys, eids, serials,
+                                    zeros if sizes is None else sizes, zeros if offsets is None else offsets,
+                                    zeros if checksums is None else checksums))
 
     def remove(self, namespace: str, keys: list[bytes]) -> int:
         return int(_keyindex.remove(self._mm, self.capacity, namespace, keys))
@@ -81,6 +93,20 @@ class IndexTable:
     def close(self) -> None:
         self._mm.close()
         os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class Entries:
+    """What the table says of a batch's leading `n` keys (IndexView.entries): ids and serials as the daemon
+    checks them (u32 little-endian bytes), the blocks' sizes, arena offsets and checksums, and `seq`."""
+
+    n: int
+    ids: bytes
+    serials: bytes
+    sizes: np.ndarray
+    offsets: np.ndarray
+    checksums: np.ndarray
+    seq: int
 
 
 class IndexView:
@@ -106,6 +132,20 @@ class IndexView:
         """(leading keys indexed, their entry ids, their serials: u32 little-endian each) or None when the
         daemon kept writing the table during the probe (ask the daemon)."""
         return _keyindex.probe(self._mm, namespace, keys if isinstance(keys, list) else list(keys))
+
+    def entries(self, namespace: str, keys: list[bytes]) -> Entries | None:
+        """`probe` with every column of the leading keys' entries, and the sequence number they were read under
+        (`unchanged(seq)` afterwards: no entry of the table changed since). None: ask the daemon."""
+        got = _keyindex.entries(self._mm, namespace, keys)
+        if got is None:
+            return None
+        n, ids, serials, sizes, offsets, checksums, seq = got
+        return Entries(n, ids, serials, np.frombuffer(sizes, "<u8"), np.frombuffer(offsets, "<u8"),
+                       np.frombuffer(checksums, "<u8"), seq)
+
+    def unchanged(self, seq: int) -> bool:
+        """Whether the daemon has written nothing to the table since a read made under `seq`."""
+        return int(_keyindex.seq(self._mm)) == seq
 
     @property
     def count(self) -> int:

@@ -40,6 +40,9 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     LOOKUP_IDS  req  flags as LOOKUP; the PROBE body with no keys: every key of a Lookup found in the index
              rep  as LOOKUP when every entry still holds; an empty body when one does not (nothing was done:
                   the client sends the LOOKUP with its keys)
+    HITS     req  flags as LOOKUP; the PROBE body with no keys      no reply (one-way)
+                  a Lookup without lease that the client answered itself from the index (every key in RAM):
+                  the daemon applies its effects (touches, counters) as for LOOKUP_IDS; an error is logged
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -65,14 +68,15 @@ __all__ = [
     "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply", "encode_commit",
     "decode_commit", "encode_count", "decode_count", "encode_u64", "decode_u64", "encode_release",
     "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools", "PROBE",
-    "HELLO_WANT_INDEX", "LOOKUP_IDS", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
+    "HELLO_WANT_INDEX", "LOOKUP_IDS", "HITS", "ONE_WAY", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
 ]
 
 HEADER = struct.Struct("<IBBHI")
-HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS = range(1, 11)
+HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS, HITS = range(1, 12)
 OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commit", ABORT: "Abort",
             RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo", PROBE: "Probe",
-            LOOKUP_IDS: "Lookup"}  # a Lookup by entry ids: the same call to the metrics
+            LOOKUP_IDS: "Lookup", HITS: "Lookup"}  # Lookups by entry ids: the same call to the metrics
+ONE_WAY = frozenset({HITS})  # requests the daemon never answers
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)

@@ -12,7 +12,8 @@ Bounds and failures:
   within `frame_timeout_s`. An idle connection (between frames) waits as long as the client keeps it.
 - At most `max_connections` at once (one thread each); beyond, a new connection gets an UNAVAILABLE error
   frame and is closed (the client then uses gRPC).
-- The token is checked again on every request, so a revoked one is refused at once (UNAUTHENTICATED, closed).
+- A tokens_file reload closes every connection of a revoked token (drop_revoked), idle or not; the token is
+  also checked again on every request (a request that slips in before the close: UNAUTHENTICATED, closed).
 - Between frames the thread sleeps in recv, except while its client's frames come close together: then it
   polls for the next one for up to `spin_us` (ServerConfig.fast_spin_us; Spinner; at most one polling thread
   per 8 CPUs).
@@ -116,7 +117,25 @@ class FastServer:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._tokens: dict[socket.socket, str] = {}  # open connections past HELLO -> their token
         self.counters = FastCounters()  # bumped from the connection threads: add() takes the set's lock
+
+    def drop_revoked(self) -> None:
+        """After a tokens_file reload: close every connection whose token no longer names a tenant, idle or not.
+        Its thread's recv ends; the client's next send fails, it dials again and its HELLO is refused. Without
+        this an idle connection would learn of the revocation only at its next request, and a client answering
+        probes from its key index (one-way HITS) sends requests it never reads a reply to."""
+        if self._tenant_of is None:
+            return
+        with self._lock:
+            revoked = [c for c, token in self._tokens.items() if not self._tenant_of(token)]
+        for c in revoked:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if revoked:
+            log.info("closed %d fast-path connection(s) whose token was revoked", len(revoked))
 
     @property
     def connections(self) -> int:
@@ -183,12 +202,15 @@ class FastServer:
         try:
             token = self._hello(conn)
             if token is not None:
+                with self._lock:
+                    self._tokens[conn] = token
                 self._requests(conn, token)
         except OSError:  # ConnectionError too: the client went away
             pass
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                self._tokens.pop(conn, None)
             conn.close()
 
     def _hello(self, conn: socket.socket) -> str | None:
@@ -275,25 +297,32 @@ class FastServer:
     def _answer(self, conn: socket.socket, head: fp.Header, body: bytes, held: list[bytes], more: bool) -> bool:
         """Run one request and send its reply; False when the connection must close (a malformed body). With
         `more` (the next request is already here) the reply waits in `held`, to leave with the next ones in one
-        write: K pipelined requests (a TP 8 probe: one per rank) cost one send, and the client one wake-up."""
+        write: K pipelined requests (a TP 8 probe: one per rank) cost one send, and the client one wake-up.
+        A one-way request (fp.ONE_WAY) gets no reply; its refusal is logged (the client does not wait for it)."""
         name = fp.OP_NAMES[head.op]
+        one_way = head.op in fp.ONE_WAY
         t0 = time.perf_counter()
         keep = True
         try:
-            out = fp.frame(head.op, self._dispatch(head, body), head.request_id)
+            reply = self._dispatch(head, body)
+            out = b"" if one_way else fp.frame(head.op, reply, head.request_id)
         except KVStoreError as exc:
-            out = _error_frame(head.request_id, head.op, exc.reason, exc.message)
-        except fp.FrameError as exc:
+            out = b"" if one_way else _error_frame(head.request_id, head.op, exc.reason, exc.message)
+            if one_way:
+                log.warning("refused a one-way fast-path %s: %s", name, exc.message)
+        except fp.FrameError as exc:  # the stream may be out of step: an error frame and close, one-way or not
             self.counters.add("fast_frame_errors")
             out, keep = _error_frame(head.request_id, head.op, "invalid_request", f"bad {name} frame: {exc}",
                                      closing=True), False
         except Exception:  # a bug must not take the connection thread down silently
             log.exception("internal error in fast-path %s", name)
-            out = _error_frame(head.request_id, head.op, "internal", f"internal error in {name}; see the daemon log")
+            out = b"" if one_way else _error_frame(head.request_id, head.op, "internal",
+                                                   f"internal error in {name}; see the daemon log")
         self.counters.add("fast_requests")
-        held.append(out)
-        if not more or not keep:
-            conn.sendall(b"".join(held) if len(held) > 1 else out)
+        if out:
+            held.append(out)
+        if held and (not more or not keep):
+            conn.sendall(b"".join(held) if len(held) > 1 else held[0])
             held.clear()
         self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
         return keep
@@ -331,6 +360,12 @@ class FastServer:
             ns, ids, serials, tail = fp.decode_probe(body)
             r = ops.probe(ns, ids, serials, tail)
             return fp.encode_probe_reply(r.num_prefix, r.tiers, self._incarnation)
+        if op == fp.HITS:  # a Lookup the client answered from the index: its effects, no reply
+            ns, ids, serials, keys = fp.decode_probe(body)
+            if keys or not len(ids):
+                raise fp.FrameError(f"a hits note names {len(ids)} entries and carries {len(keys)} keys")
+            ops.probe(ns, ids, serials, ())
+            return b""
         if op == fp.ECHO:
             if len(body) > fp.MAX_ECHO:
                 raise fp.FrameError(f"echo of {len(body)} bytes (at most {fp.MAX_ECHO})")

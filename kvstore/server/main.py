@@ -176,6 +176,8 @@ class Daemon:
         fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
                           observe, spin_us=self.cfg.fast_spin_us, key_index=self.key_index)
         self.info.fast_status = fast.status
+        if self.token_watcher is not None:
+            self.token_watcher.on_reload.append(fast.drop_revoked)
         return fast
 
     def _control_status(self) -> dict[str, int]:

@@ -6,7 +6,9 @@ old one in the interceptor in one assignment, so each call is checked against on
 longer passes the startup checks (mode, format, no tokens) is NOT applied: the daemon logs why and keeps
 serving with the tokens it had, so a typo cannot lock every client out or open the daemon up.
 
-Revocation applies to new calls: a Subscribe stream opened with a removed token runs until it ends.
+Revocation applies to new calls: a Subscribe stream opened with a removed token runs until it ends. The
+same-node socket's connections opened with a removed token are closed at once (FastServer.drop_revoked),
+idle or not, so a client that answers probes from its key index learns of it before its next answer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from kvstore.errors import ConfigError
 from kvstore.security.tokens import TokenTable
@@ -39,6 +42,7 @@ class TokenWatcher:
     def __init__(self, path: str, interceptor: AuthInterceptor) -> None:
         self._path = path
         self._interceptor = interceptor
+        self.on_reload: list[Callable[[], None]] = []  # told after each table applied (the fast socket's drop)
         self._seen = _signature(path)
         self._next_check = 0.0
         self._requested = threading.Event()
@@ -76,4 +80,6 @@ class TokenWatcher:
         log.info("tokens_file reloaded: %d tenant(s)%s%s", len(after),
                  f", added {sorted(after - before)}" if after - before else "",
                  f", removed {sorted(before - after)}" if before - after else "")
+        for hook in self.on_reload:
+            hook()
         return True

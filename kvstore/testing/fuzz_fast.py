@@ -18,7 +18,7 @@ from kvstore.testing.fuzz import FuzzStats, Pools, Source
 __all__ = ["FastFuzzer"]
 
 _OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO, fp.PROBE,
-        fp.LOOKUP_IDS)
+        fp.LOOKUP_IDS, fp.HITS)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -66,7 +66,7 @@ class FastFuzzer:
         op = src.choice(_OPS)
         body = self._body(op, src, pools)
         mutation = src.int(0, 9)
-        flags = src.int(0, 7) if op in (fp.LOOKUP, fp.LOOKUP_IDS) else src.int(0, 1) * src.int(0, 255)
+        flags = src.int(0, 7) if op in (fp.LOOKUP, fp.LOOKUP_IDS, fp.HITS) else src.int(0, 1) * src.int(0, 255)
         if mutation == 0 and body:
             body = body[: src.int(0, len(body) - 1)]          # truncated body
         elif mutation == 1:
@@ -83,7 +83,9 @@ class FastFuzzer:
             self._drop()
             stats.codes["fast:client_gone"] += 1
             return
-        sock.sendall(fp.HEADER.pack(len(body), op, flags, 0, rid) + body)
+        # a one-way request gets no reply: an ECHO behind it says it was read (or its error comes first)
+        sync = fp.frame(fp.ECHO, b"", rid ^ 1) if op in fp.ONE_WAY else b""
+        sock.sendall(fp.HEADER.pack(len(body), op, flags, 0, rid) + body + sync)
         try:
             head = fp.Header.parse(_recv_exact(sock, fp.HEADER.size))
             reply = _recv_exact(sock, head.length)
@@ -91,7 +93,12 @@ class FastFuzzer:
             self.unexpected_closes.append(f"op {op} mutation {mutation}: {exc}")
             self._drop()
             return
-        if head.status == fp.OK:
+        if head.status == fp.OK and sync:
+            stats.codes["fast:one_way_ok" if head.request_id == rid ^ 1 else "fast:one_way_answered"] += 1
+            if head.request_id != rid ^ 1:  # a reply to a one-way request: the stream is out of step
+                stats.internal.append(f"fast op {op} mutation {mutation}: a one-way request was answered")
+                self._drop()
+        elif head.status == fp.OK:
             stats.codes["fast:ok"] += 1
             self._remember(op, reply, pools)
         else:
@@ -132,7 +139,7 @@ class FastFuzzer:
                 return fp.encode_release([rid(pools.lease_ids) for _ in range(src.int(0, 3))])
             if op == fp.HELLO:
                 return fp.encode_hello(src.text(10), bool(src.int(0, 1)))
-            if op in (fp.PROBE, fp.LOOKUP_IDS):  # entry ids and serials a client could not have found
+            if op in (fp.PROBE, fp.LOOKUP_IDS, fp.HITS):  # entry ids and serials a client could not have found
                 m = src.int(0, 6)
                 ids = b"".join(src.int(0, 2**32 - 1 if src.int(0, 3) == 0 else 64).to_bytes(4, "little")
                                for _ in range(m))
