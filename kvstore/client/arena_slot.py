@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 from kvstore.client.arena_map import ArenaMap
 
 __all__ = ["ArenaSlot"]
@@ -35,6 +37,15 @@ class ArenaSlot:
             if m is None or (incarnation is not None and m.incarnation != incarnation) or not m.acquire():
                 return None
             return m
+
+    def generations(self, incarnation: int, offsets: np.ndarray) -> np.ndarray | None:
+        """The generations of the slots at `offsets` in daemon `incarnation`'s arena; None when that is not the
+        mapped one (FastControl answers a Lookup without lease from the shared key index with them)."""
+        m = self.acquire(incarnation)
+        if m is None:
+            return None
+        with m:
+            return m.generations_at(offsets)
 
     def retry_due(self) -> bool:
         return self.map is None and self.retry_at is not None and time.monotonic() >= self.retry_at

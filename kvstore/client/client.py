@@ -19,8 +19,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import arena_path, connect, hinting, listing, probes, stream_path
 from kvstore.client.arena_map import ArenaMap
@@ -128,7 +126,7 @@ class Client(SessionCalls):
 
     def _set_control(self, fast: FastControl | None) -> None:
         if fast is not None:
-            fast.generations = self._generations
+            fast.generations = self._slot.generations
         old, self._control = self._control, (fast if fast is not None else self._grpc)
         if old is not self._grpc and old is not self._control:
             old.close()
@@ -144,15 +142,6 @@ class Client(SessionCalls):
         $KVSTORE_KEY_INDEX is not 0), else "daemon" (see kvstore/client/shared_index.py)."""
         index = getattr(self._control, "index", None)
         return "index" if index is not None and index.view() is not None else "daemon"
-
-    def _generations(self, incarnation: int, offsets: np.ndarray) -> np.ndarray | None:
-        """The generations of the slots at `offsets` in daemon `incarnation`'s arena; None when it is not the one
-        mapped (FastControl answers a Lookup without lease from the key index with them)."""
-        m = self._slot.acquire(incarnation)
-        if m is None:
-            return None
-        with m:
-            return m.generations_at(offsets)
 
     def _check_incarnation(self, incarnation: int) -> None:
         """The daemon restarted since we mapped its arena: map the new one before using any offset."""

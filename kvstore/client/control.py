@@ -5,6 +5,10 @@
 fast format cannot carry (a key over 255 bytes, a namespace that is not a string: the daemon's gRPC answer is
 then the one a caller gets, error message included). Both return the same typed results and raise the same
 KVStoreError classes, so Client never cares which one it holds.
+
+FastControl reads the tenant's shared key index first (shared_index.py): a Lookup without lease whose every key
+the index holds in RAM is answered here, with no round trip, and its effects sent one way (HITS); others send
+entry ids instead of keys where the index has them (PROBE, LOOKUP_IDS). `settle` waits for the one-way sends.
 """
 
 from __future__ import annotations

@@ -40,9 +40,8 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     LOOKUP_IDS  req  flags as LOOKUP; the PROBE body with no keys: every key of a Lookup found in the index
              rep  as LOOKUP when every entry still holds; an empty body when one does not (nothing was done:
                   the client sends the LOOKUP with its keys)
-    HITS     req  flags as LOOKUP; the PROBE body with no keys      no reply (one-way)
-                  a Lookup without lease that the client answered itself from the index (every key in RAM):
-                  the daemon applies its effects (touches, counters) as for LOOKUP_IDS; an error is logged
+    HITS     req  as LOOKUP_IDS; no reply: the effects (touches, counters) of a Lookup without lease the client
+                  answered from the index itself (every key in it); the daemon checks the ids, logs a refusal
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -61,15 +60,14 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "ECHO", "OP_NAMES",
-    "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "FrameError", "Header", "Reader", "LookupReply",
-    "frame", "encode_hello", "decode_hello", "encode_hello_reply", "decode_hello_reply", "encode_error",
-    "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply", "decode_lookup_reply",
-    "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply", "encode_commit",
-    "decode_commit", "encode_count", "decode_count", "encode_u64", "decode_u64", "encode_release",
-    "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools", "PROBE",
-    "HELLO_WANT_INDEX", "LOOKUP_IDS", "HITS", "ONE_WAY", "encode_probe", "decode_probe", "encode_probe_reply", "decode_probe_reply",
-]
+    "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "ECHO", "PROBE", "LOOKUP_IDS",
+    "HITS", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
+    "Header", "Reader", "LookupReply", "frame", "encode_hello", "decode_hello", "encode_hello_reply",
+    "decode_hello_reply", "encode_error", "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply",
+    "decode_lookup_reply", "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply",
+    "encode_commit", "decode_commit", "encode_count", "decode_count", "encode_u64", "decode_u64", "encode_release",
+    "decode_release", "encode_exists", "decode_exists", "encode_bools", "decode_bools", "encode_probe",
+    "decode_probe", "encode_probe_reply", "decode_probe_reply"]
 
 HEADER = struct.Struct("<IBBHI")
 HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS, HITS = range(1, 12)
@@ -146,10 +144,6 @@ class Reader:
 
     def u64(self) -> int:
         return int(_U64.unpack(self.take(8))[0])
-
-    def array(self, dtype: type, n: int) -> np.ndarray:
-        size = np.dtype(dtype).itemsize
-        return np.frombuffer(self.take(n * size), dtype=dtype)
 
     def u64s(self, n: int) -> list[int]:
         return self.take(n * 8).cast("Q").tolist()
