@@ -300,30 +300,32 @@ static const header_t *reader_table(Py_buffer *view, uint64_t *capacity) {
 }
 
 /* What the table says of the leading keys, under the sequence lock: how many lead (their entries in out[]),
- * with the even seq the whole batch was read under in *seq; -1 when the writer kept changing the table. */
-static Py_ssize_t read_entries(const header_t *h, uint64_t capacity, const char *ns, Py_ssize_t ns_len,
-                               PyObject *keys, entry_t *out, uint64_t *seq) {
+ * with the even seq the whole batch was read under in *seq; -1 when the writer kept changing the table.
+ * h1[]/h2[] are the keys' hashes. The slot of key i + AHEAD is prefetched while key i is probed: a chain's
+ * keys land in random slots of a table of MiBs, and a cold probe (a scheduler step after an idle spell) would
+ * otherwise wait for each cache and TLB miss in turn. */
+#define AHEAD 16
+static Py_ssize_t read_entries(const header_t *h, uint64_t capacity, const uint64_t *h1, const uint32_t *h2,
+                               Py_ssize_t n, entry_t *out, uint64_t *seq) {
     uint64_t mask = capacity - 1; /* checked by reader_table against the mapping */
     const slot_t *slots = (const slot_t *)((const char *)h + HEADER_BYTES);
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    state_t st = ns_state(ns, ns_len);
     for (int attempt = 0; attempt < MAX_TRIES; attempt++) {
         uint64_t s0 = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
         if (s0 & 1)
             continue;
+        for (Py_ssize_t i = 0; i < n && i < AHEAD; i++)
+            __builtin_prefetch(&slots[h1[i] & mask]);
         Py_ssize_t i = 0;
         for (; i < n; i++) { /* a prefix: stop at the first key not indexed */
-            PyObject *k = PyList_GET_ITEM(keys, i);
-            uint64_t h1;
-            uint32_t h2;
-            key_hash(st, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), &h1, &h2);
-            uint64_t j = h1 & mask, step = 0;
+            if (i + AHEAD < n)
+                __builtin_prefetch(&slots[h1[i + AHEAD] & mask]);
+            uint64_t j = h1[i] & mask, step = 0;
             int hit = 0;
             for (; step < capacity; step++, j = (j + 1) & mask) {
                 uint64_t s1 = __atomic_load_n(&slots[j].h1, __ATOMIC_RELAXED);
                 if (s1 == 0)
                     break;
-                if (s1 == h1 && __atomic_load_n(&slots[j].h2, __ATOMIC_RELAXED) == h2) {
+                if (s1 == h1[i] && __atomic_load_n(&slots[j].h2, __ATOMIC_RELAXED) == h2[i]) {
                     out[i] = slot_entry(&slots[j]);
                     hit = 1;
                     break;
@@ -367,10 +369,18 @@ static PyObject *read_keys(PyObject *args, const char *fmt, int all_columns) {
     if (!h || check_keys(keys) < 0)
         goto done;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    out = PyMem_Malloc(sizeof(entry_t) * (size_t)(n ? n : 1));
+    size_t m = (size_t)(n ? n : 1);
+    out = PyMem_Malloc((sizeof(entry_t) + sizeof(uint64_t) + sizeof(uint32_t)) * m); /* entries, h1s, h2s */
     if (!out) { PyErr_NoMemory(); goto done; }
+    uint64_t *h1 = (uint64_t *)(out + m);
+    uint32_t *h2 = (uint32_t *)(h1 + m);
+    state_t st = ns_state(ns, ns_len);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        key_hash(st, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), &h1[i], &h2[i]);
+    }
     uint64_t seq = 0;
-    Py_ssize_t found = read_entries(h, capacity, ns, ns_len, keys, out, &seq);
+    Py_ssize_t found = read_entries(h, capacity, h1, h2, n, out, &seq);
     if (found < 0) { /* the daemon kept writing: the caller asks it instead */
         result = Py_None;
         Py_INCREF(result);
