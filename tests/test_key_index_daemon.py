@@ -1,9 +1,11 @@
 """The shared key index end to end: a real daemon, real clients, real memfds over the same-node socket.
 
-A client probes through its tenant's index and gets what a client with the index off gets, with the same
-counter moves and one PROBE request a probe; another tenant's table holds none of the first tenant's keys and
-a client cannot write its table; a daemon without an index, and a daemon killed and restarted under a client,
-still give exact answers (the client fetches the new daemon's table).
+A client probes and looks up through its tenant's index and gets what a client with the index off gets, with
+the same counter moves: answered by the client itself when every key is in the table (a one-way HITS, even
+with the daemon stopped), else one PROBE or LOOKUP_IDS request; lease-less answers racing slot reuse never pair
+a key with another block's bytes; another tenant's table holds none of the first tenant's keys and a client
+cannot write its table; a daemon without an index, and a daemon killed and restarted under a client, still
+give exact answers (never from the dead daemon's table; the client fetches the new one).
 """
 
 from __future__ import annotations
@@ -256,7 +258,6 @@ def test_a_probe_answered_from_the_index_waits_for_nothing_and_is_counted_after(
         assert after.counters["lookup_calls"] - before.counters["lookup_calls"] == 3
         assert after.counters["lookup_keys"] - before.counters["lookup_keys"] == 38
         assert after.counters["hit_keys_ram"] - before.counters["hit_keys_ram"] == 38
-
 
 
 def test_columns_answered_from_the_index_never_pair_a_key_with_another_blocks_slot(daemon: DaemonProcess) -> None:
