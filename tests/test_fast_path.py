@@ -315,6 +315,7 @@ def test_a_client_dying_mid_request_and_a_daemon_restart_are_errors_then_reconne
 def test_stats_health_and_metrics_say_what_went_over_the_fast_path() -> None:
     with DaemonProcess() as d, d.client() as c:
         c.register_namespace("s/ns")
+        assert c.probe_path == "index"  # fetches the key index now: its one-shot connection closes below too
         # the start-up probe's connection closes in the background: wait until only ours is open
         wait_until(lambda: c.stats().control.fast_connections == 1, timeout_s=10, what="probe connection closed")
         base = c.stats().control

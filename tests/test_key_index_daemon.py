@@ -25,7 +25,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.fast_channel import request_key_index
-from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError
+from kvstore.errors import BatchTooLargeError, ConfigError, KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.key_index import IndexView
 from kvstore.server.config import load_config
@@ -311,3 +311,22 @@ def test_columns_answered_from_the_index_never_pair_a_key_with_another_blocks_sl
             writer.join(10)
         assert checked > 100 and sum(here) > 100, (checked, stale, sum(here), len(here))
         print(f"\n{checked} answers checked, {stale} stale by then, {sum(here)} of {len(here)} answered here")
+
+
+def test_a_batch_the_daemon_refuses_is_refused_even_when_the_index_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answering from the index must not accept what the daemon refuses: a Lookup of more keys than
+    max_batch_keys gets the daemon's own error, even though every key is in the table; a probe, which the client
+    splits into batches, answers."""
+    keys = keyset("batch", 12)
+    with DaemonProcess(arena_bytes="64MiB", max_batch_keys=8) as d, Client(d.address, control="fast") as c, \
+            no_index_client(d.address, monkeypatch) as plain:
+        c.register_namespace("b/ns")
+        c.put_many("b/ns", keys, [b"k" * 64] * 12)  # two Reserves of 8 and 4
+        assert c._control.index.view().probe("b/ns", keys)[0] == 12
+        messages = []
+        for lookup in (c.lookup, plain.lookup):
+            with pytest.raises(BatchTooLargeError) as refused:
+                lookup("b/ns", keys, prefix=True, lease=False)
+            messages.append(str(refused.value))
+        assert messages[0] == messages[1] and "8" in messages[0]
+        assert c.probe_prefix("b/ns", keys) == plain.probe_prefix("b/ns", keys) == (12, True)

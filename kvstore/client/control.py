@@ -166,7 +166,8 @@ class FastControl:
         flags = ((fp.LOOKUP_PREFIX if prefix else 0) | (fp.LOOKUP_LEASE if lease else 0)
                  | (fp.LOOKUP_SUMMARY if summary and not lease else 0))
         index = self.index
-        view = index.view() if index is not None and keys else None
+        # a batch the daemon would refuse (empty, too many keys) goes to it, to be refused with its message
+        view = index.view() if index is not None and 0 < len(keys) <= self.channel.max_batch_keys else None
         if index is not None and view is not None:
             found: Any = None
             try:
@@ -207,7 +208,7 @@ class FastControl:
         (summary); one without `prefix` answers every key's tier (a sliding-window group's window). The first
         refused one raises."""
         view = self.index.view() if self.index is not None and prefix else None
-        if view is not None:
+        if view is not None and len(keys) <= self.channel.max_batch_keys:
             try:
                 return self._probe_indexed(view, namespaces, keys)
             except _ENCODE_ERRORS:

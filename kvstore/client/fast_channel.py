@@ -136,6 +136,7 @@ class FastChannel:
         self._open: set[socket.socket] = set()
         self._closed = False
         self.incarnation = 0  # the daemon's, as the last HELLO said
+        self.max_batch_keys = 0  # the most keys one request may carry, as the last HELLO said
 
     def _conn(self) -> _Conn:
         c: _Conn | None = getattr(self._local, "conn", None)
@@ -153,7 +154,7 @@ class FastChannel:
         if head.status != fp.OK:
             sock.close()
             _raise_error(body)
-        self.incarnation, _ = fp.decode_hello_reply(body)
+        self.incarnation, self.max_batch_keys = fp.decode_hello_reply(body)
         c = _Conn(sock, self._timeout, self.spin_us, self.incarnation)
         self._local.conn = c
         with self._lock:
