@@ -330,15 +330,8 @@ class Client(SessionCalls):
         out: list[bytes | None] = []
         for part in chunks(len(keys), self.max_batch_keys):
             ks = list(keys[part])
-            if self._current_arena() is None:
-                out.extend(stream_path.get(self._rpc, namespace, ks))
-                continue
-            lease = self.lookup(namespace, ks)
-            try:
-                blocks = self._read(lease, None)
-            finally:
-                self.release([lease])
-            out.extend(scatter(lease.present, blocks, len(ks)))
+            out.extend(stream_path.get(self._rpc, namespace, ks) if self._current_arena() is None
+                       else self._get_arena(namespace, ks, None))
         return out
 
     def get_into(self, namespace: str, key: bytes, buffer: object) -> int | None:
@@ -351,17 +344,34 @@ class Client(SessionCalls):
         out: list[int | None] = []
         for part in chunks(len(keys), self.max_batch_keys):
             ks, bs = list(keys[part]), list(buffers[part])
-            if self._current_arena() is None:
-                out.extend(stream_path.get_into(self._rpc, namespace, ks, bs))
-                continue
-            lease = self.lookup(namespace, ks)
-            hit_buffers = [b for b, p in zip(bs, lease.present) if p]
-            try:
-                sizes = self._read(lease, hit_buffers)
-            finally:
-                self.release([lease])
-            out.extend(scatter(lease.present, sizes, len(ks)))
+            out.extend(stream_path.get_into(self._rpc, namespace, ks, bs) if self._current_arena() is None
+                       else self._get_arena(namespace, ks, bs))
         return out
+
+    def _get_arena(self, namespace: str, keys: list[bytes], buffers: list[object] | None) -> list[Any]:
+        """One batch of a get from the arena (into `buffers`, or as bytes). When the shared key index holds every
+        key the copy needs no round trip and no lease (FastControl.lookup_here): each slot's generation is checked
+        after the copy, and a key whose slot was reclaimed meanwhile is read again under a lease."""
+        here = self._control.lookup_here(namespace, keys)
+        if here is None:
+            return self._get_leased(namespace, keys, buffers)
+        self._check_incarnation(here.incarnation)
+        got = self._read(here, buffers)
+        again = [i for i, v in enumerate(got) if v is None]
+        if again:
+            redo = self._get_leased(namespace, [keys[i] for i in again],
+                                    None if buffers is None else [buffers[i] for i in again])
+            for i, v in zip(again, redo):
+                got[i] = v
+        return got
+
+    def _get_leased(self, namespace: str, keys: list[bytes], buffers: list[object] | None) -> list[Any]:
+        lease = self.lookup(namespace, keys)
+        try:
+            got = self._read(lease, None if buffers is None else [b for b, p in zip(buffers, lease.present) if p])
+        finally:
+            self.release([lease])
+        return scatter(lease.present, got, len(keys))
 
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
         """How many leading keys of a chain are stored (no lease taken)."""

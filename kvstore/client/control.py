@@ -46,6 +46,7 @@ class ControlPlane(Protocol):
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
+    def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
     def settle(self) -> None: ...
@@ -86,6 +87,10 @@ class GrpcControl:
 
     def release(self, lease_ids: list[int]) -> int:
         return self._rpc.call("Release", pb.ReleaseRequest(lease_ids=lease_ids)).released
+
+    def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None:
+        """No key index over gRPC: every get asks the daemon."""
+        return None
 
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
         """A Lookup without lease of `keys` in each namespace, one call after another: a prefix one counts only,
@@ -201,6 +206,24 @@ class FastControl:
         r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)
+
+    def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None:
+        """A get's Lookup answered from the shared key index alone: without lease, with the hit columns, and only
+        when every key is in the table (so in this daemon's RAM); its effects go one way (HITS). None: the get
+        must ask the daemon for a lease (a key elsewhere or absent, no index, a batch the daemon would refuse).
+        The HITS says the bytes were read (HITS_READ: they count as a leased Lookup's). Without a lease the slot may be reclaimed during the copy: the caller checks the generations after it
+        (arena_path.validated) and asks again, under a lease, for what moved."""
+        index = self.index
+        view = index.view() if index is not None and 0 < len(keys) <= self.channel.max_batch_keys else None
+        if view is None:
+            return None
+        try:
+            entries = view.entries(namespace, keys if isinstance(keys, list) else list(keys))
+        except _ENCODE_ERRORS:
+            return None  # a key the fast format cannot carry: the plain path decides what to say
+        if entries is None or entries.n != len(keys):
+            return None
+        return self._lookup_here(view, namespace, entries, fp.HITS_READ)
 
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
         """A Lookup without lease of `keys` in each namespace, pipelined: one round trip for all (the scheduler's

@@ -256,18 +256,20 @@ class Engine:
             return self._counted(ns, keys, prefix, self._lookups.finish(ns, keys, prefix, pending))
 
     def probe(self, ns_name: str, prior_ids: np.ndarray, prior_serials: np.ndarray,
-              tail: Sequence[bytes]) -> LookupResult:
+              tail: Sequence[bytes], read: bool = False) -> LookupResult:
         """A prefix probe (no lease, counts only) whose leading keys the caller found in the shared key index
         (key_mirror.py): their entry ids and serials, then the keys after them. The answer and its effects are
         a `lookup(those keys + tail, prefix=True, lease=False, summary=True)`'s: the leading entries are
         checked under the lock (Lookups.prior_hits), the tail is looked up as usual when all of them hold. One
         difference: when a leading entry no longer holds (evicted since the client read the index), the prefix
-        ends there without a miss cause counted (its key is not in the request)."""
+        ends there without a miss cause counted (its key is not in the request). `read` (no tail): the caller
+        copied the blocks out itself (a get answered from the index), so their bytes count as read."""
         self._check_entry_ids(prior_ids, prior_serials, len(tail))
         if tail:
             self._check_keys(tail)
         with self._lock:
-            k, done = self._lookups.probe_head(self._names.get(ns_name), prior_ids, prior_serials, len(tail))
+            k, done = self._lookups.probe_head(self._names.get(ns_name), prior_ids, prior_serials, len(tail),
+                                               read and not tail)
         if done is not None:
             return done
         return Lookups.after_head(k, self.lookup(ns_name, tail, prefix=True, lease=False, summary=True))

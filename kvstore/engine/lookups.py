@@ -90,13 +90,17 @@ class Lookups:
         cat = self._cat
         return int(_keyindex.check(ids, serials, cat.state, cat.ns, cat.serial, len(cat.keys), ns.id, _COMMITTED))
 
-    def prior_hits(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray) -> int:
+    def prior_hits(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray, read: bool = False) -> tuple[int, int]:
         """A probe's leading keys as a client found them in the shared key index (entry id + serial each):
         how many lead that are still what the client saw (this namespace's, committed in RAM, same serial).
         Those count and touch exactly as `ram_hits` would count and touch them; what the client claimed past
-        them is dropped (evicted in between: the answer is the one a Lookup would give now)."""
+        them is dropped (evicted in between: the answer is the one a Lookup would give now). `read`: the client
+        copied those blocks out (a get), so their bytes count as handed to a reader, as a leased Lookup's do.
+        Returns (k, the bytes read: 0 without `read`)."""
         k = self.holding(ns, ids, serials)
         hits = ids[:k].astype(np.int64)
+        nbytes = int(self._cat.size[hits].sum()) if read else 0
+        self._counters.hit_bytes_ram += nbytes
         self._ram.record_hits(hits)
         self._disk.note_hits(hits)
         counters = self._counters
@@ -105,19 +109,20 @@ class Lookups:
         ns.hit_keys += k
         counters.hit_keys += k
         counters.hit_keys_ram += k
-        return k
+        return k, nbytes
 
     def probe_head(self, ns: Namespace, ids: np.ndarray, serials: np.ndarray,
-                   n_tail: int) -> tuple[int, LookupResult | None]:
+                   n_tail: int, read: bool = False) -> tuple[int, LookupResult | None]:
         """Engine.probe's part under the lock: (how many leading entries hold, the answer when that is all of it:
         one of them no longer holds, or no keys follow them). Else the caller looks the tail up (`after_head`)."""
-        k = self.prior_hits(ns, ids, serials)
+        k, nbytes = self.prior_hits(ns, ids, serials, read)
         if k < len(ids) or not n_tail:
             self._counters.lookup_calls += 1
             self._counters.lookup_keys += n_tail
             ns.lookup_keys += n_tail
             short = [False] if k < len(ids) + n_tail else []
-            return k, LookupResult(k, [True] * k + short, [], [], [], [], 0, 0, [_RAM] * k + [_NONE] * len(short))
+            return k, LookupResult(k, [True] * k + short, [], [], [], [], 0, 0, [_RAM] * k + [_NONE] * len(short),
+                                   read_bytes=nbytes)
         return k, None
 
     @staticmethod

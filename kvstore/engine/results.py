@@ -60,6 +60,8 @@ class LookupResult:
     tiers: list[int] = field(default_factory=list)
     # the four hit lists above as arrays (None when there are no hits); not compared: the lists say the same
     columns: HitColumns | None = field(default=None, compare=False, repr=False)
+    # bytes a reader copied out without a lease (a probe with `read`: a get answered from the key index)
+    read_bytes: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
              rep  as LOOKUP when every entry still holds; an empty body when one does not (nothing was done:
                   the client sends the LOOKUP with its keys)
     HITS     req  as LOOKUP_IDS; no reply: the effects (touches, counters) of a Lookup without lease the client
-                  answered from the index itself (every key in it); the daemon checks the ids, logs a refusal
+                  answered from the index itself (every key in it); the daemon checks the ids, logs a refusal.
+                  Flag HITS_READ: the client also copied the blocks out (a get): their bytes count as read
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -61,7 +62,7 @@ import numpy as np
 
 __all__ = [
     "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "ECHO", "PROBE", "LOOKUP_IDS",
-    "HITS", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
+    "HITS", "HITS_READ", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
     "Header", "Reader", "LookupReply", "frame", "encode_hello", "decode_hello", "encode_hello_reply",
     "decode_hello_reply", "encode_error", "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply",
     "decode_lookup_reply", "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply",
@@ -77,6 +78,7 @@ OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commi
 ONE_WAY = frozenset({HITS})  # requests the daemon never answers
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
+HITS_READ = 8  # a HITS of a get: the client read the blocks (hit bytes count, as for a leased Lookup)
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)
 HELLO_WANT_ARENA, HELLO_WANT_INDEX = 1, 2  # the reply carries the arena file / the key index (one of them)
 MAGIC = b"KVFP"

@@ -5,6 +5,7 @@ What the daemon sees is the window around the copy, and that is what is timed:
 
     put   Reserve (slots handed out)  -> Commit   bytes = the reserved blocks' sizes; an Abort observes nothing
     get   Lookup with a lease         -> Release  bytes = the leased blocks' sizes, counted when leased
+    get   answered from the key index (the client's one-way HITS, flag HITS_READ): bytes only, no window
 
 So a window includes the client's RPC round trips and, for gets, the client's asynchronous release (a few
 hundred microseconds), and a lease held on purpose (the vLLM scheduler leases before the worker copies)
@@ -52,6 +53,12 @@ class ArenaWindows:
         if lease_id and nbytes:
             self._meter.add_bytes("arena", "ram", "out", nbytes)
             self._open(self._gets, lease_id, nbytes)
+
+    def read_here(self, nbytes: int) -> None:
+        """Bytes a client copied out of the arena with no lease (a get answered from its key index): counted,
+        never timed (the daemon saw no window around the copy)."""
+        if nbytes:
+            self._meter.add_bytes("arena", "ram", "out", nbytes)
 
     def released(self, lease_ids: Sequence[int]) -> None:
         now = time.perf_counter()

@@ -364,7 +364,7 @@ class FastServer:
             ns, ids, serials, keys = fp.decode_probe(body)
             if keys or not len(ids):
                 raise fp.FrameError(f"a hits note names {len(ids)} entries and carries {len(keys)} keys")
-            ops.probe(ns, ids, serials, ())
+            ops.probe(ns, ids, serials, (), read=bool(head.flags & fp.HITS_READ))
             return b""
         if op == fp.ECHO:
             if len(body) > fp.MAX_ECHO:

@@ -59,10 +59,12 @@ class ControlOps:
         return r
 
     def probe(self, namespace: str, prior_ids: np.ndarray, prior_serials: np.ndarray,
-              tail: Sequence[bytes]) -> LookupResult:
+              tail: Sequence[bytes], read: bool = False) -> LookupResult:
         """Engine.probe: a prefix probe whose leading keys the caller found in its shared key index."""
         self.guard.namespace(namespace)
-        return self.engine.probe(namespace, prior_ids, prior_serials, tail)
+        r = self.engine.probe(namespace, prior_ids, prior_serials, tail, read)
+        self.windows.read_here(r.read_bytes)
+        return r
 
     def lookup_entries(self, namespace: str, ids: np.ndarray, serials: np.ndarray, prefix: bool, lease: bool,
                        summary: bool = False) -> LookupResult | None:
