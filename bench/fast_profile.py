@@ -22,9 +22,10 @@ lease: the hit columns come back); probe_prefix = client.probe_prefix(the same k
 Every key is in the shared key index, so the client answers both itself and sends their effects one way (HITS):
 they make no request to follow, and back to back their pace is the daemon's HITS work (the socket's buffer
 fills; the "fast-path requests" row stays 0); put = client.put of one
-fresh 256 KiB block into a full arena (Reserve, copy, Commit, and the eviction a full cache pays); get =
-client.get_into of one stored 256 KiB block (Lookup with lease, copy, the async Release on the client's
-background thread).
+fresh 256 KiB block into a full arena (a copy into the connection's spare slot, then Store: the commit, a new
+spare slot in its reply, and the watermark eviction a full cache pays after that reply; the first put asks for
+spare slots); get = client.get_into of one stored 256 KiB block (every key in the key index: copy, generation
+check, a one-way HITS; no lease, so no Lookup or Release to follow).
 
     python -m bench.fast_profile [--iters 1000] [--keys 280]
 
@@ -81,7 +82,10 @@ def instrument_daemon() -> None:
     from kvstore.engine.lookups import Lookups
     from kvstore.engine.ram_space import RamSpace
     from kvstore.engine.read_buffer import ReadBuffer
+    from kvstore.engine.spares import SpareSlots
+    from kvstore.engine.writes import Writes
     from kvstore.fastpath import protocol as fp
+    from kvstore.fastpath import spare_bodies as sb
     from kvstore.fastpath.sockets import FrameReader
     from kvstore.server import fast_server
     from kvstore.server.arena_windows import ArenaWindows
@@ -96,19 +100,24 @@ def instrument_daemon() -> None:
         _wrap(fp, name, "decode request")
     for name in ("encode_lookup_reply", "encode_reserve_reply", "encode_count", "encode_probe_reply"):
         _wrap(fp, name, "encode reply")
+    for name in ("decode_spare", "decode_store"):
+        _wrap(sb, name, "decode request")
+    for name in ("encode_spare_reply", "encode_store_reply"):
+        _wrap(sb, name, "encode reply")
     _wrap(fp, "frame", "frame")
     _wrap(MetricsServer, "observe", "observe")
-    for op in ("lookup", "reserve", "commit", "release", "abort", "probe", "lookup_entries"):
+    for op in ("lookup", "reserve", "commit", "release", "abort", "probe", "lookup_entries", "spare", "store"):
         _wrap(ControlOps, op, "ops")
         _wrap(Engine, op, "engine")
+    _wrap(Engine, "settle_writes", "watermarks after the reply")
     for name in ("namespace", "reservation", "own_leases"):
         _wrap(TenantGuard, name, "tenant check")
-    for name in ("leased", "reserved", "committed", "released", "aborted"):
+    for name in ("leased", "reserved", "committed", "released", "aborted", "unwindowed"):
         _wrap(ArenaWindows, name, "arena windows")
     _wrap(Engine, "_check_keys", "engine: check_keys")
     for owner, name in ((Lookups, "locate"), (Lookups, "ram_hits"), (Lookups, "_promote"), (Lookups, "_answer"),
                         (RamSpace, "allocate"), (RamSpace, "evict"), (LeaseTable, "unhold"), (Lookups, "prior_hits"),
-                        (Lookups, "holding")):
+                        (Lookups, "holding"), (Writes, "_committed"), (SpareSlots, "grant"), (SpareSlots, "check")):
         _wrap(owner, name, f"engine: {name.lstrip('_')}")
     _wrap(ReadBuffer, "record", "engine: touches")
 
@@ -117,19 +126,25 @@ def instrument_client() -> None:
     from kvstore.client import client, control, fast_channel
     from kvstore.fastpath.key_index import IndexView
     from kvstore.fastpath import protocol as fp
+    from kvstore.fastpath import spare_bodies as sb
     from kvstore.fastpath.sockets import FrameReader
     _common()
     _wrap(FrameReader, "frame", "recv")  # the reply's header and body: its end is the client's wake-up
     _wrap(fast_channel.FastChannel, "call", lambda a: "call " + fp.OP_NAMES.get(a[1], "?"))
+    _wrap(fast_channel.FastChannel, "call_on", lambda a: "call " + fp.OP_NAMES.get(a[2], "?"))
     for name in ("encode_lookup", "encode_reserve", "encode_commit", "encode_release", "encode_probe"):
         _wrap(fp, name, "encode request")
     for name in ("decode_lookup_reply", "decode_reserve_reply", "decode_count", "decode_probe_reply"):
         _wrap(fp, name, "decode reply")
+    _wrap(sb, "encode_store", "encode request")
+    for name in ("decode_store_reply", "decode_spare_reply"):
+        _wrap(sb, name, "decode reply")
     _wrap(IndexView, "probe", "index probe")
     _wrap(control, "Lease", "build result")
     _wrap(control, "Reservation", "build result")
     _wrap(client.Client, "_check_incarnation", "check incarnation")
     _wrap(client.Client, "_write", "copy")
+    _wrap(client.Client, "_write_spares", "copy")
     _wrap(client.Client, "_read", "copy")
     for api in ("lookup", "put", "get_into", "probe_prefix"):
         _wrap(client.Client, api, f"api {api}")
@@ -344,7 +359,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
 def report(out: dict[str, Any]) -> None:
     from bench._common import print_table
     req = out["request_stages_us_p50"]
-    ops = [op for op in ("Lookup", "Probe", "Reserve", "Commit", "Release") if op in req]
+    ops = [op for op in ("Lookup", "Probe", "Reserve", "Commit", "Release", "Spare", "Store") if op in req]
     names = list(CRITICAL) + ["request total"] + sorted({k for op in ops for k in req[op]} - set(CRITICAL)
                                                         - {"request total"})
     print_table("each fast-path request (µs p50; the first five rows are its critical path; 'daemon: engine: *' "

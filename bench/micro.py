@@ -56,10 +56,12 @@ EPILOG = f"""measurements (untimed warm-up, then medians; the cases of one secti
             fresh arena slots), S in {{256 KiB, 2 MiB}}, B in {{1, 32}}, at threads=1 and threads=2; the faster
             median is the limit of that configuration (limit_threads says which).
   arena     Client(unix socket), mode asserted 'arena', three clients: control='fast' with copy_threads=1 and 2,
-            control='grpc' with copy_threads={DEFAULT_THREADS} (the default). put = B *fresh* keys (Reserve, copy into the
-            shared arena, Commit; B=1 is client.put) into a 1 GiB arena filled first, so every put also pays
-            steady-state LRU eviction. get = B stored keys into pre-faulted numpy buffers (Lookup, copy, async
-            Release; B=1 is client.get_into). Headline: copy_threads={DEFAULT_THREADS}; put_256k_gbs, put_2m_gbs, get_* are
+            control='grpc' with copy_threads={DEFAULT_THREADS} (the default). put = B *fresh* keys (B=1 is client.put)
+            into a 1 GiB arena filled first, so every put also pays steady-state LRU eviction: on the fast path a
+            copy into the connection's spare slots and one Store (kvstore/client/spare_puts.py; when the slots
+            are not granted, Reserve, copy, Commit), over gRPC Reserve, copy, Commit. get = B stored keys into
+            pre-faulted numpy buffers (on the fast path with every key in the key index: copy and generation
+            check, no round trip; else Lookup, copy, async Release; B=1 is client.get_into). Headline: copy_threads={DEFAULT_THREADS}; put_256k_gbs, put_2m_gbs, get_* are
             B=1 on the fast path, arena_*_ratio B=32 of 2 MiB over the limit; the _grpc fields the gRPC client.
             B=1 runs in blocks of {SINGLE_BLOCK_TEXT} per case and round: a call after a pause
             pays for waking the idle daemon (bench/control_plane.py), which is no part of a put.

@@ -66,9 +66,11 @@ def limit_cases(size: int, batch: int) -> dict[str, Case]:
 
 def fill_arena(c: Client, ns: str, size: int, arena_bytes: int) -> None:
     """Put 1.25 arena's worth of fresh blocks so the timed puts run in steady-state eviction (a serving cache is
-    full: every real put pays for the victims it displaces)."""
+    full: every real put pays for the victims it displaces). Batches of at most a quarter of the arena: the
+    measured clients' connections hold spare slots (kvstore/engine/spares.py), so one batch the size of the
+    whole arena would not fit."""
     keys, value = keygen(f"fill{size}"), faulted(size, 7)
-    per = max(1, min(256, (64 * MIB) // size))
+    per = max(1, min(256, (64 * MIB) // size, arena_bytes // 4 // size))
     for _ in range(math.ceil(1.25 * arena_bytes / size / per)):
         c.put_many(ns, take(keys, per), [value] * per)
 

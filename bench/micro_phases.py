@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvstore.client import Client
+from kvstore.fastpath import protocol as fp
 
 __all__ = ["PhaseClock", "phases", "cpu_ns", "rss_anon"]
 
@@ -39,8 +40,13 @@ class PhaseClock:
             def label(a: tuple[Any, ...], op: str = op) -> str:
                 return op.capitalize()  # the row says which path
             self._wrap(control, op, label)
+        self._wrap(control, "lookup_here", lambda a: "index read")     # a get answered from the key index
+        channel = getattr(control, "channel", None)
+        if channel is not None:  # the fast path's requests on a named connection: Spare, Store (spare_puts.py)
+            self._wrap(channel, "call_on", lambda a: fp.OP_NAMES.get(a[1], "?"))
         self._wrap(c._releaser, "submit", lambda a: "Release async")  # only the queueing, as the caller sees it
         self._wrap(c, "_write", lambda a: "copy")                     # mapping acquired + copy_addrs
+        self._wrap(c, "_write_spares", lambda a: "copy")              # the same, into spare slots
         self._wrap(c, "_read", lambda a: "copy+gen check")
 
     def _wrap(self, obj: Any, name: str, label: Callable[[tuple[Any, ...]], str]) -> None:

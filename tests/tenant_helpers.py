@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from kvstore.client import Client
 from kvstore.testing import DaemonProcess
 
 ALICE_TOKEN = "alice-0123456789abcdef"
@@ -30,3 +33,19 @@ def two_tenant_daemon(folder: Path) -> Iterator[tuple[DaemonProcess, str, str]]:
     bob = secret(str(folder / "bob.token"), BOB_TOKEN + "\n")
     with DaemonProcess(tokens_file=tokens) as daemon:
         yield daemon, alice, bob
+
+
+@contextlib.contextmanager
+def tenant_clients(folder: Path, **kw: Any) -> Iterator[tuple[DaemonProcess, Client, Client]]:
+    """A two-tenant daemon and alice's and bob's clients (`kw`: Client options), each tenant's namespace
+    registered (A_NS, B_NS)."""
+    gen = two_tenant_daemon(folder)
+    d, alice_token, bob_token = next(gen)
+    try:
+        with Client(d.address, token_file=alice_token, **kw) as alice, \
+                Client(d.address, token_file=bob_token, **kw) as bob:
+            alice.register_namespace(A_NS)
+            bob.register_namespace(B_NS)
+            yield d, alice, bob
+    finally:
+        gen.close()

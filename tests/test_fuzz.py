@@ -141,7 +141,7 @@ def test_fuzz_fast_path_frames(target) -> None:
     assert not STATS.internal, STATS.internal[:5]
     ops = {k for k in STATS.calls if k.startswith("fast:")}
     assert {"fast:Lookup", "fast:Reserve", "fast:Commit", "fast:Abort", "fast:Release", "fast:Exists",
-            "fast:Echo", "fast:Hello", "fast:Probe", "fast:unknown"} <= ops
+            "fast:Echo", "fast:Hello", "fast:Probe", "fast:Spare", "fast:Store", "fast:unknown"} <= ops
     assert STATS.codes["fast:ok"] > 0 and STATS.codes["fast:invalid_request"] > 0
     assert STATS.codes["fast:one_way_ok"] > 0 and STATS.codes["fast:one_way_answered"] == 0  # HITS: never a reply
     control = stub.Stats(pb.StatsRequest(), timeout=5).control

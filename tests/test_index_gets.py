@@ -12,10 +12,8 @@ nothing of the first tenant's.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -25,27 +23,15 @@ import pytest
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
 from kvstore.testing import DaemonProcess
-from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
+from tests.fast_helpers import churning, counting, keyset, moved
+from tests.tenant_helpers import A_NS, B_NS, tenant_clients
 
 COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", "hit_bytes_ram")
 SIZE = 4096
 
 
-def keyset(tag: str, n: int) -> list[bytes]:
-    return [hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=16).digest() for i in range(n)]
-
-
 def value(i: int) -> bytes:
     return bytes([i % 251 + 1]) * SIZE
-
-
-def moved(c: Client, run) -> tuple[object, dict[str, int]]:  # type: ignore[no-untyped-def]
-    before = c.stats()
-    out = run()
-    after = c.stats()
-    delta = {k: after.counters.get(k, 0) - before.counters.get(k, 0) for k in COUNTED}
-    delta["fast_requests"] = after.control.fast_requests - before.control.fast_requests
-    return out, delta
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +47,8 @@ def test_a_get_of_indexed_keys_answers_and_counts_as_a_leased_get(daemon: Daemon
         assert fast.put_many("g/ns", keys[:10], [value(i) for i in range(10)]).stored == 10
         assert fast.probe_path == "index"
         for chain in (keys[:10], keys[3:4], keys):  # all indexed, one key, and two never stored
-            a, da = moved(fast, lambda: fast.get_many("g/ns", chain))
-            b, db = moved(leased, lambda: leased.get_many("g/ns", chain))
+            a, da = moved(fast, lambda: fast.get_many("g/ns", chain), COUNTED)
+            b, db = moved(leased, lambda: leased.get_many("g/ns", chain), COUNTED)
             assert a == b == [value(i) if i < 10 else None for i in range(len(keys)) if keys[i] in chain]
             assert {**da, "fast_requests": 0} == {**db, "fast_requests": 0}
             assert da["hit_bytes_ram"] == SIZE * min(len(chain), 10)
@@ -70,7 +56,7 @@ def test_a_get_of_indexed_keys_answers_and_counts_as_a_leased_get(daemon: Daemon
             # the background thread: counted or not yet by the time Stats reads)
             assert da["fast_requests"] in ((2,) if chain != keys else (1, 2)), (len(chain), da)
         buffers = [np.zeros(SIZE, np.uint8) for _ in range(10)]
-        sizes, delta = moved(fast, lambda: fast.get_many_into("g/ns", keys[:10], buffers))
+        sizes, delta = moved(fast, lambda: fast.get_many_into("g/ns", keys[:10], buffers), COUNTED)
         assert sizes == [SIZE] * 10 and [bytes(b) for b in buffers] == [value(i) for i in range(10)]
         assert (delta["lookup_calls"], delta["lookup_keys"], delta["fast_requests"]) == (1, 10, 2)
         assert fast.stats().leases_active == 0
@@ -118,7 +104,7 @@ def test_a_slot_reclaimed_during_the_copy_is_read_again_under_a_lease(daemon: Da
             return dataclasses.replace(got, generations=gens)
         c._control.lookup_here = stale
         buffers = [np.zeros(SIZE, np.uint8) for _ in range(5)]
-        sizes, delta = moved(c, lambda: c.get_many_into("g/gen", keys, buffers))
+        sizes, delta = moved(c, lambda: c.get_many_into("g/gen", keys, buffers), COUNTED)
         assert sizes == [SIZE] * 5 and [bytes(b) for b in buffers] == [value(i) for i in range(5)]
         # the HITS of 5 keys, then a leased Lookup of key 2 alone
         assert (delta["lookup_calls"], delta["lookup_keys"], delta["hit_bytes_ram"]) == (2, 6, 6 * SIZE)
@@ -130,31 +116,13 @@ def test_a_writer_reusing_slots_never_makes_a_get_return_another_keys_bytes(daem
     gets every key from the index: each answer is the key's own bytes or a miss, never another block's."""
     keys = keyset("churn", 16)
     own = {k: value(i) for i, k in enumerate(keys)}
-    stop = threading.Event()
-
-    def churn() -> None:
-        with Client(daemon.address, control="fast") as w:
-            while not stop.is_set():
-                for k in keys[::2]:
-                    w.delete("g/churn", [k])
-                for k in reversed(keys[::2]):
-                    w.put("g/churn", k, own[k])
     with Client(daemon.address, control="fast") as c:
         c.register_namespace("g/churn")
         c.put_many("g/churn", keys, [own[k] for k in keys])
-        here = []
-        real = c._control.lookup_here
-
-        def counted(*args):  # type: ignore[no-untyped-def]
-            out = real(*args)
-            here.append(out is not None)
-            return out
-        c._control.lookup_here = counted
-        writer = threading.Thread(target=churn)
-        writer.start()
+        here = counting(c._control, "lookup_here")
         right = missed = 0
         buf = np.zeros(SIZE, np.uint8)
-        try:
+        with churning(daemon, "g/churn", keys, own.__getitem__):
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
                 for k in keys:
@@ -163,9 +131,6 @@ def test_a_writer_reusing_slots_never_makes_a_get_return_another_keys_bytes(daem
                         continue
                     assert bytes(buf) == own[k]
                     right += 1
-        finally:
-            stop.set()
-            writer.join(10)
         assert right > 100 and sum(here) > 100, (right, missed, sum(here), len(here))
         print(f"\n{right} gets checked, {missed} misses, {sum(here)} of {len(here)} answered from the index")
 
@@ -196,22 +161,14 @@ def test_a_restarted_daemons_keys_never_come_from_the_dead_ones_arena(tmp_path: 
 
 
 def test_another_tenants_client_gets_none_of_the_first_tenants_bytes(tmp_path: Path) -> None:
-    gen = two_tenant_daemon(tmp_path)
-    d, alice_token, bob_token = next(gen)
-    try:
-        keys = keyset("tenants", 6)
-        with Client(d.address, token_file=alice_token, control="fast") as alice, \
-                Client(d.address, token_file=bob_token, control="fast") as bob:
-            alice.register_namespace(A_NS)
-            bob.register_namespace(B_NS)
-            alice.put_many(A_NS, keys, [b"a" * SIZE] * 6)
-            bob.put_many(B_NS, keys[:2], [b"b" * SIZE] * 2)
-            assert alice.get_many(A_NS, keys) == [b"a" * SIZE] * 6
-            assert bob.get_many(B_NS, keys) == [b"b" * SIZE] * 2 + [None] * 4  # the same keys: his own bytes
-            with pytest.raises(KVStoreError) as refused:
-                bob.get_many(A_NS, keys)            # not in his table: the daemon refuses him her namespace
-            with pytest.raises(type(refused.value)):
-                bob.lookup(A_NS, keys)
-            assert alice.stats().leases_active == 0
-    finally:
-        gen.close()
+    keys = keyset("tenants", 6)
+    with tenant_clients(tmp_path, control="fast") as (_, alice, bob):
+        alice.put_many(A_NS, keys, [b"a" * SIZE] * 6)
+        bob.put_many(B_NS, keys[:2], [b"b" * SIZE] * 2)
+        assert alice.get_many(A_NS, keys) == [b"a" * SIZE] * 6
+        assert bob.get_many(B_NS, keys) == [b"b" * SIZE] * 2 + [None] * 4  # the same keys: his own bytes
+        with pytest.raises(KVStoreError) as refused:
+            bob.get_many(A_NS, keys)            # not in his table: the daemon refuses him her namespace
+        with pytest.raises(type(refused.value)):
+            bob.lookup(A_NS, keys)
+        assert alice.stats().leases_active == 0

@@ -11,11 +11,9 @@ give exact answers (never from the dead daemon's table; the client fetches the n
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import os
 import signal
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -31,13 +29,10 @@ from kvstore.fastpath.key_index import IndexView
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, wait_until
 from kvstore.vocab import Tier
+from tests.fast_helpers import churning, counting, keyset
 from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
 
 COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", "hit_keys_disk", "hit_keys_peer")
-
-
-def keyset(tag: str, n: int) -> list[bytes]:
-    return [hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=16).digest() for i in range(n)]
 
 
 def no_index_client(address: str, monkeypatch: pytest.MonkeyPatch, **kw: object) -> Client:
@@ -267,30 +262,12 @@ def test_columns_answered_from_the_index_never_pair_a_key_with_another_blocks_sl
     the bytes are the answered key's, never another block's that took the slot."""
     keys = keyset("slots", 12)
     value = {k: bytes([i]) * 4096 for i, k in enumerate(keys)}
-    stop = threading.Event()
-
-    def churn() -> None:
-        with Client(daemon.address, control="fast") as w:
-            while not stop.is_set():
-                for k in keys[::2]:
-                    w.delete("ix/slots", [k])
-                for k in keys[::2]:
-                    w.put("ix/slots", k, value[k])
     with Client(daemon.address, control="fast") as c:
         c.register_namespace("ix/slots")
         c.put_many("ix/slots", keys, [value[k] for k in keys])
-        here = []
-        real = c._control._lookup_here
-
-        def counted(*args):  # type: ignore[no-untyped-def]
-            out = real(*args)
-            here.append(out is not None)
-            return out
-        c._control._lookup_here = counted
-        writer = threading.Thread(target=churn)
-        writer.start()
+        here = counting(c._control, "_lookup_here")
         checked = stale = 0
-        try:
+        with churning(daemon, "ix/slots", keys, value.__getitem__):
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
                 for k in keys:
@@ -306,9 +283,6 @@ def test_columns_answered_from_the_index_never_pair_a_key_with_another_blocks_sl
                         checked += 1
                     else:
                         stale += 1
-        finally:
-            stop.set()
-            writer.join(10)
         assert checked > 100 and sum(here) > 100, (checked, stale, sum(here), len(here))
         print(f"\n{checked} answers checked, {stale} stale by then, {sum(here)} of {len(here)} answered here")
 

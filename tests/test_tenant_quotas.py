@@ -1,7 +1,8 @@
 """Per-tenant RAM quotas with exact byte counts: one tenant's burst cannot evict another below its quota.
 
 Arena of 8 slots of 1 MiB (8 MiB arena, 1 MiB blocks, watermarks at 1.0 so only allocations evict). Usage is
-the committed payload bytes of a tenant's namespaces in RAM (engine/quotas.py).
+the committed payload bytes of a tenant's namespaces in RAM (engine/quotas.py). The client holds no spare slots
+(spare_slots=False): one would take a ninth of this tiny arena and shift every count.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _opts(quota: str) -> dict[str, object]:
 
 
 def test_quotas_are_floors_that_other_bursts_cannot_break() -> None:
-    with DaemonProcess(**_opts("a=4MiB,b=4MiB")) as d, d.client() as c:
+    with DaemonProcess(**_opts("a=4MiB,b=4MiB")) as d, d.client(spare_slots=False) as c:
         for t in ("a", "b", "c"):
             c.register_namespace(f"q/{t}", tenant=t)
         _put(c, "q/a", 0, 4)                       # a: 4 MiB (at its quota)
@@ -51,7 +52,7 @@ def test_quotas_are_floors_that_other_bursts_cannot_break() -> None:
 
 
 def test_over_quota_tenants_are_evicted_first_down_to_their_quota() -> None:
-    with DaemonProcess(**_opts("a=2MiB,b=4MiB")) as d, d.client() as c:
+    with DaemonProcess(**_opts("a=2MiB,b=4MiB")) as d, d.client(spare_slots=False) as c:
         for t in ("a", "b"):
             c.register_namespace(f"q/{t}", tenant=t)
         _put(c, "q/a", 0, 6)                       # a borrows free RAM: 6 MiB, quota 2 MiB

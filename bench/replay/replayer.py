@@ -154,7 +154,8 @@ def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Conventi
     largest = max((len(r.cacheable_ids(convention)) for r in requests), default=0)
     if sync_leases is None:
         sync_leases = spec.tiers[0].capacity_blocks < SYNC_BELOW_REQUESTS * largest
-    with DaemonProcess(**spec.daemon_options()) as daemon, daemon.client() as client:
+    # spare slots off: they would hold arena slots outside the cache the model simulates (kvstore/engine/spares.py)
+    with DaemonProcess(**spec.daemon_options()) as daemon, daemon.client(spare_slots=False) as client:
         client.register_namespace(NAMESPACE, model="trace-replay", layout_digest=f"bpt{spec.bytes_per_token}")
         if largest > client.max_batch_keys:  # the client splits such a request into calls the model does not split
             print(f"note: a request of {largest} blocks exceeds the daemon's max_batch_keys "

@@ -1,6 +1,8 @@
 """Python client of kvstore-server: `Client` and its typed results (no protobuf leaks into user code).
 
-    client.py        Client: the public API; batching, the arena and stream data paths, reconnects
+    client.py        Client: the public API; connection, reconnects, the two-phase primitives, management calls
+    data_calls.py    DataCalls (mixed into Client): put / get and their batched forms through the arena or streams
+    spare_puts.py    puts into the connection's spare slots: a copy and one Store request
     connect.py       on connecting: map the daemon's arena, open the same-node fast path (or say why not,
                      and whether the why can pass: then the handoff is retried)
     arena_slot.py    ArenaSlot: the current arena mapping, swapped on reconnect, and when to ask for it again

@@ -21,7 +21,7 @@ from kvstore.client.types import Lease, Reservation
 from kvstore.errors import InvalidRequestError
 from kvstore.hostinfo import byte_view
 
-__all__ = ["write", "read_into", "read_bytes", "validated"]
+__all__ = ["write", "write_slots", "read_into", "read_bytes", "validated"]
 
 
 def _address(buf: object, writable: bool) -> tuple[int, int, np.ndarray]:
@@ -43,19 +43,23 @@ def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> N
 def write(m: ArenaMap, reservation: Reservation, values: Sequence[object], threads: int = 1) -> list[int]:
     """Copy values[i] into the slots of every RESERVED key; returns the indices written."""
     idx = reservation.reserved_indices
-    if not idx:
-        return idx
-    keep = []
-    src = np.empty(len(idx), dtype=np.uint64)
-    dst = np.empty(len(idx), dtype=np.uint64)
-    lengths = np.empty(len(idx), dtype=np.uint64)
-    for j, i in enumerate(idx):
-        addr, n, arr = _address(values[i], writable=False)
-        keep.append(arr)
-        src[j], dst[j], lengths[j] = addr, m.address + reservation.offsets[i], n
-    _check_slots(m, [reservation.offsets[i] for i in idx], lengths.tolist())
-    copy_addrs(dst, src, lengths, threads=threads)
+    if idx:
+        write_slots(m, [reservation.offsets[i] for i in idx], [values[i] for i in idx], threads)
     return idx
+
+
+def write_slots(m: ArenaMap, offsets: Sequence[int], values: Sequence[object], threads: int = 1) -> None:
+    """Copy values[j] into the slot at offsets[j] (reserved, or a spare slot: kvstore/client/spare_puts.py)."""
+    keep = []
+    src = np.empty(len(offsets), dtype=np.uint64)
+    dst = np.empty(len(offsets), dtype=np.uint64)
+    lengths = np.empty(len(offsets), dtype=np.uint64)
+    for j, off in enumerate(offsets):
+        addr, n, arr = _address(values[j], writable=False)
+        keep.append(arr)
+        src[j], dst[j], lengths[j] = addr, m.address + off, n
+    _check_slots(m, offsets, lengths.tolist())
+    copy_addrs(dst, src, lengths, threads=threads)
 
 
 def read_into(m: ArenaMap, lease: Lease, buffers: Sequence[object], threads: int = 1) -> list[int | None]:

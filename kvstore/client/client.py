@@ -20,22 +20,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client import arena_path, connect, hinting, listing, probes, stream_path
+from kvstore.client import arena_path, connect, hinting, listing, probes, spare_puts
 from kvstore.client.arena_map import ArenaMap
-from kvstore.client.batches import chunks, scatter
+from kvstore.client.batches import chunks
 from kvstore.client.arena_slot import ArenaSlot
 from kvstore.client.control import ControlPlane, FastControl, GrpcControl
 from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
+from kvstore.client.data_calls import DataCalls  # put, put_many, get, get_many, get_into, get_many_into
 from kvstore.client.sessions import SessionCalls  # note_session, explain_session, sessions
-from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, PutResult, Reservation, Stats
+from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
 from kvstore.hint_vocab import HintAction, HintOutcome
 from kvstore.paths import default_address
 from kvstore.security.tls import TlsFiles
 from kvstore.validation import check_tokens_per_block
-from kvstore.vocab import ReserveOutcome
 
 __all__ = ["Client", "EventStream"]
 
@@ -44,7 +44,7 @@ _MODES = ("auto", "arena", "stream")
 _CONTROLS = ("auto", "fast", "grpc")
 
 
-class Client(SessionCalls):
+class Client(DataCalls, SessionCalls):
     """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`.
 
     `copy_threads` splits each batched arena copy over that many threads (by bytes; copies under 1 MiB stay
@@ -54,13 +54,15 @@ class Client(SessionCalls):
 
     def __init__(self, address: str | None = None, *, mode: str = "auto", timeout_s: float = 10.0,
                  copy_threads: int = 2, token_file: str | None = None, tls: TlsFiles | None = None,
-                 control: str | None = None) -> None:
+                 control: str | None = None, spare_slots: bool | None = None) -> None:
         """`token_file` (default $KVSTORE_TOKEN_FILE): owner-only file with this tenant's bearer token.
         `tls` (default from $KVSTORE_TLS_CA / _CERT / _KEY): CA to trust and optional client certificate for a
         TCP address (mutual TLS); unix sockets never use TLS.
         `control` (default $KVSTORE_CONTROL, else "auto"): how Reserve/Commit/Abort/Lookup/Release/Exists travel:
         "fast" over the daemon's same-node socket (kvstore/fastpath), "grpc", or "auto" (fast on the daemon's
-        host when its socket answers, else gRPC). Everything else is always gRPC."""
+        host when its socket answers, else gRPC). Everything else is always gRPC.
+        `spare_slots` (default $KVSTORE_SPARE_SLOTS, else on): on the fast path, puts copy into arena slots the
+        connection holds ahead and store with one request (kvstore/client/spare_puts.py); off, they reserve."""
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r}: use one of {', '.join(_MODES)}")
         control = control or os.environ.get("KVSTORE_CONTROL") or "auto"
@@ -73,6 +75,7 @@ class Client(SessionCalls):
         self._slot = ArenaSlot()  # the arena mapping: replaced (never unmapped under a copy) on a restart
         self._connect_lock = threading.Lock()  # one reconnect at a time
         self._requested_control = control
+        self._spare_slots = spare_puts.spares_wanted(spare_slots)
         self._grpc = GrpcControl(self._rpc)
         self._control: ControlPlane = self._grpc
         self._releaser = Releaser(lambda ids: self._control.release(ids))
@@ -127,6 +130,7 @@ class Client(SessionCalls):
     def _set_control(self, fast: FastControl | None) -> None:
         if fast is not None:
             fast.generations = self._slot.generations
+            fast.spares = self._spare_slots
         old, self._control = self._control, (fast if fast is not None else self._grpc)
         if old is not self._grpc and old is not self._control:
             old.close()
@@ -271,107 +275,6 @@ class Client(SessionCalls):
             return self._control.echo(payload)
         self._rpc.call("Health", pb.HealthRequest())
         return payload
-
-    # -- puts -------------------------------------------------------------------------------------------
-    def put(self, namespace: str, key: bytes, value: object) -> bool:
-        """Store one block; False when it was already present (or being written by someone else)."""
-        return self.put_many(namespace, [key], [value]).stored == 1
-
-    def put_many(self, namespace: str, keys: Sequence[bytes], values: Sequence[object]) -> PutResult:
-        if len(keys) != len(values):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(values)} values")
-        stored = present = busy = 0
-        for part in chunks(len(keys), self.max_batch_keys):
-            ks, vs = list(keys[part]), list(values[part])
-            if self._current_arena() is None:
-                s, p = stream_path.put(self._rpc, namespace, ks, vs)
-                stored, present = stored + s, present + p
-                continue
-            sizes = [memoryview(v).nbytes for v in vs]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-            res = self.reserve(namespace, ks, sizes)
-            written = self._write(res, vs)
-            stored += self.commit(res) if written else 0
-            present += res.outcomes.count(ReserveOutcome.ALREADY_PRESENT)
-            busy += res.outcomes.count(ReserveOutcome.IN_FLIGHT)
-        return PutResult(stored, present, busy)
-
-    def _write(self, res: Reservation, values: Sequence[object]) -> list[int]:
-        """Copy into the reserved slots; aborts (and raises) when the copy fails or the arena went away."""
-        if not res.reserved_indices:
-            return []
-        m = self.acquire_arena(res.incarnation)
-        try:
-            if m is None:
-                raise StoreUnavailableError("the daemon restarted during the put (its arena changed): retry the put")
-            with m:
-                return arena_path.write(m, res, values, self._copy_threads)
-        except BaseException:
-            try:
-                self.abort(res)
-            except KVStoreError:
-                pass  # a restarted daemon does not know the reservation: nothing to abort
-            raise
-
-    def _read(self, lease: Lease, buffers: Sequence[object] | None) -> list[Any]:
-        """Copy a lease's hits out (into `buffers`, or as bytes); a hit of another incarnation is a miss."""
-        m = self.acquire_arena(lease.incarnation)
-        if m is None:
-            return [None] * lease.hits
-        with m:
-            if buffers is None:
-                return arena_path.read_bytes(m, lease)
-            return arena_path.read_into(m, lease, buffers, self._copy_threads)
-
-    # -- gets -------------------------------------------------------------------------------------------
-    def get(self, namespace: str, key: bytes) -> bytes | None:
-        return self.get_many(namespace, [key])[0]
-
-    def get_many(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for part in chunks(len(keys), self.max_batch_keys):
-            ks = list(keys[part])
-            out.extend(stream_path.get(self._rpc, namespace, ks) if self._current_arena() is None
-                       else self._get_arena(namespace, ks, None))
-        return out
-
-    def get_into(self, namespace: str, key: bytes, buffer: object) -> int | None:
-        """Copy a block into `buffer` (writable, large enough); its size, or None on a miss."""
-        return self.get_many_into(namespace, [key], [buffer])[0]
-
-    def get_many_into(self, namespace: str, keys: Sequence[bytes], buffers: Sequence[object]) -> list[int | None]:
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
-        out: list[int | None] = []
-        for part in chunks(len(keys), self.max_batch_keys):
-            ks, bs = list(keys[part]), list(buffers[part])
-            out.extend(stream_path.get_into(self._rpc, namespace, ks, bs) if self._current_arena() is None
-                       else self._get_arena(namespace, ks, bs))
-        return out
-
-    def _get_arena(self, namespace: str, keys: list[bytes], buffers: list[object] | None) -> list[Any]:
-        """One batch of a get from the arena (into `buffers`, or as bytes). When the shared key index holds every
-        key the copy needs no round trip and no lease (FastControl.lookup_here): each slot's generation is checked
-        after the copy, and a key whose slot was reclaimed meanwhile is read again under a lease."""
-        here = self._control.lookup_here(namespace, keys)
-        if here is None:
-            return self._get_leased(namespace, keys, buffers)
-        self._check_incarnation(here.incarnation)
-        got = self._read(here, buffers)
-        again = [i for i, v in enumerate(got) if v is None]
-        if again:
-            redo = self._get_leased(namespace, [keys[i] for i in again],
-                                    None if buffers is None else [buffers[i] for i in again])
-            for i, v in zip(again, redo):
-                got[i] = v
-        return got
-
-    def _get_leased(self, namespace: str, keys: list[bytes], buffers: list[object] | None) -> list[Any]:
-        lease = self.lookup(namespace, keys)
-        try:
-            got = self._read(lease, None if buffers is None else [b for b, p in zip(buffers, lease.present) if p])
-        finally:
-            self.release([lease])
-        return scatter(lease.present, got, len(keys))
 
     def lookup_prefix(self, namespace: str, keys: Sequence[bytes]) -> int:
         """How many leading keys of a chain are stored (no lease taken)."""

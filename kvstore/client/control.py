@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client import spare_puts
 from kvstore.client.fast_channel import FastChannel
 from kvstore.client.rpc import Rpc
 from kvstore.client.shared_index import SharedIndex
@@ -46,6 +47,8 @@ class ControlPlane(Protocol):
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
+    def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+              copy: spare_puts.Copy) -> tuple[list[int], int] | None: ...
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
@@ -92,6 +95,11 @@ class GrpcControl:
         """No key index over gRPC: every get asks the daemon."""
         return None
 
+    def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+              copy: spare_puts.Copy) -> tuple[list[int], int] | None:
+        """No spare slots over gRPC: every put reserves."""
+        return None
+
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
         """A Lookup without lease of `keys` in each namespace, one call after another: a prefix one counts only,
         one without `prefix` answers every key's tier."""
@@ -122,6 +130,7 @@ class FastControl:
         self.channel = channel
         self._grpc = fallback
         self.index = index
+        self.spares = True  # puts through spare slots (spare_puts.py); the Client sets it
         # (incarnation, arena offsets) -> the slots' generations in that daemon's arena, or None when it is not
         # mapped (the Client sets it): a Lookup without lease answered here needs them
         self.generations: Callable[[int, np.ndarray], np.ndarray | None] | None = None
@@ -206,6 +215,11 @@ class FastControl:
         r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)
+
+    def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+              copy: spare_puts.Copy) -> tuple[list[int], int] | None:
+        """A put through this connection's spare slots: a copy and one request (spare_puts.py); None: reserve."""
+        return spare_puts.store(self.channel, namespace, keys, sizes, copy) if self.spares else None
 
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None:
         """A get's Lookup answered from the shared key index alone: without lease, with the hit columns, and only

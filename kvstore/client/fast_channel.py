@@ -28,7 +28,7 @@ from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError, err
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import MAX_SPIN_US, FrameReader, recv_exact, set_kernel_timeouts
 
-__all__ = ["FastChannel", "request_arena", "request_key_index", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
+__all__ = ["FastChannel", "FastConn", "request_arena", "request_key_index", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
 
 DEFAULT_SPIN_US = 300   # covers the daemon's answer to the hot calls (bench.fast_profile: 60-250 us on 2 cores)
 
@@ -95,8 +95,8 @@ def _request_file(path: str, token: str, timeout_s: float, want_arena: bool) -> 
         sock.close()
 
 
-class _Conn:
-    __slots__ = ("sock", "ids", "reader", "incarnation", "unsettled")
+class FastConn:
+    __slots__ = ("sock", "ids", "reader", "incarnation", "unsettled", "spares", "spares_refused")
 
     def __init__(self, sock: socket.socket, timeout_s: float, spin_us: int, incarnation: int) -> None:
         set_kernel_timeouts(sock, timeout_s)
@@ -105,6 +105,8 @@ class _Conn:
         self.reader = FrameReader(sock, fp.HEADER.size, lambda h: fp.Header.parse(h).length, spin_s=spin_us * 1e-6)
         self.incarnation = incarnation  # of the daemon that said HELLO on it
         self.unsettled = False  # one-way requests sent since the last reply (the daemon may not have run them yet)
+        self.spares: dict[int, list[int]] = {}  # block size -> this connection's spare slots (spare_puts.py)
+        self.spares_refused: dict[int, float] = {}  # block size -> when to ask for spare slots again
 
 
 def spin_us_from_env() -> int:
@@ -138,8 +140,8 @@ class FastChannel:
         self.incarnation = 0  # the daemon's, as the last HELLO said
         self.max_batch_keys = 0  # the most keys one request may carry, as the last HELLO said
 
-    def _conn(self) -> _Conn:
-        c: _Conn | None = getattr(self._local, "conn", None)
+    def _conn(self) -> FastConn:
+        c: FastConn | None = getattr(self._local, "conn", None)
         if c is not None:
             return c
         if self._closed:
@@ -155,13 +157,13 @@ class FastChannel:
             sock.close()
             _raise_error(body)
         self.incarnation, self.max_batch_keys = fp.decode_hello_reply(body)
-        c = _Conn(sock, self._timeout, self.spin_us, self.incarnation)
+        c = FastConn(sock, self._timeout, self.spin_us, self.incarnation)
         self._local.conn = c
         with self._lock:
             self._open.add(sock)
         return c
 
-    def _drop(self, c: _Conn) -> None:
+    def _drop(self, c: FastConn) -> None:
         self._local.conn = None
         with self._lock:
             self._open.discard(c.sock)
@@ -210,14 +212,32 @@ class FastChannel:
         c.unsettled = True
         return c.incarnation
 
+    def conn(self) -> FastConn:
+        """This thread's connection (dialled if needed): what owns its spare slots (kvstore/client/spare_puts.py)."""
+        return self._conn()
+
+    def call_on(self, c: FastConn, op: int, body: bytes) -> bytes | None:
+        """`call` on exactly connection `c`, never on a fresh one: what it asks names c's own spare slots. None
+        when c was found dead before the send (the daemon never read the request: nothing was applied)."""
+        rid = next(c.ids) & 0xFFFFFFFF
+        try:
+            c.sock.sendall(fp.HEADER.pack(len(body), op, 0, fp.OK, rid) + body)
+        except OSError:
+            self._drop(c)
+            return None
+        reply = self._reply(c, rid)
+        if isinstance(reply, KVStoreError):
+            raise reply
+        return reply
+
     def settle(self) -> None:
         """Wait until the daemon has run this thread's one-way requests (an Echo behind them: it answers a
         connection's frames in order), so that what the caller asks next (Stats) counts them."""
-        c: _Conn | None = getattr(self._local, "conn", None)
+        c: FastConn | None = getattr(self._local, "conn", None)
         if c is not None and c.unsettled:
             self.call(fp.ECHO, b"")
 
-    def _send(self, c: _Conn, request: bytes) -> _Conn:
+    def _send(self, c: FastConn, request: bytes) -> FastConn:
         try:
             c.sock.sendall(request)
             return c
@@ -233,7 +253,7 @@ class FastChannel:
                 self._drop(c)
                 raise StoreUnavailableError(f"kvstore fast path {self.path} failed: {exc}") from exc
 
-    def _reply(self, c: _Conn, rid: int) -> bytes | KVStoreError:
+    def _reply(self, c: FastConn, rid: int) -> bytes | KVStoreError:
         """The reply to request `rid`: its body, or the daemon's error as a KVStoreError (returned, not raised)."""
         try:
             raw, reply = c.reader.frame()

@@ -8,6 +8,7 @@ exceptions from kvstore.errors; see each method):
 - commit(rid, checksums) / abort(rid): end a reservation (ReservationClosedError if it already ended,
   UnknownReservationError if it never existed). A reservation that outlives its TTL is expired and its slots
   quarantined (reservations.py). A commit queues admitted blocks for the disk writer (disk_link.py).
+- spare / store / drop_spares: a connection's slots held ahead of its puts, a put into them in one step (spares.py).
 - lookup(ns, keys, prefix, lease): present keys in any tier; RAM hits are leased, disk hits are promoted into
   the arena (a get waits for them; lookups.py). A leased slot is never evicted or reused; a lease that
   outlives its TTL is dropped, and a reader that copied past that point sees the slot's generation changed
@@ -25,6 +26,8 @@ their state, each "called under the engine's lock":
     ram_space.py     RamSpace: allocator, generations, policy, quotas (allocate / evict / free / watermarks)
     leases.py        LeaseTable: lease ids, per-entry holds, expiry
     reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history
+    spares.py        SpareSlots: slots a same-node connection holds ahead of its puts (Store: one request a put)
+    writes.py        Writes: Reserve, Commit, Store; what every commit sets off (events, peers, disk, watermarks)
     disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks (they take the lock)
     lookups.py       Lookups: the steps of a Lookup across tiers
     hints.py         Hints: Retain/Release (policy priorities), Demote, Prefetch, Pin with a TTL
@@ -41,7 +44,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -50,7 +52,7 @@ from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
-from kvstore.engine.events import REMOVED, STORED, EventBus
+from kvstore.engine.events import REMOVED, EventBus
 from kvstore.engine.hints import Hints, parse_hint
 from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.engine.leases import LeaseTable
@@ -60,30 +62,24 @@ from kvstore.engine.misses import DELETED, KeyExplanation, MissLedger
 from kvstore.engine.namespaces import NamespaceTable
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.ram_space import RamSpace
-from kvstore.engine.reservations import ReservationTable, plan
-from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, LookupResult, ReserveResult
+from kvstore.engine.reservations import ReservationTable
+from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, LookupResult, ReserveResult, StoreResult
+from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
+from kvstore.engine.writes import RemoteHooks, Writes
 from kvstore.errors import InvalidRequestError
 from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
 from kvstore.tiers.disk import DiskStore
 from kvstore.validation import check_count, check_keys, check_sizes
-from kvstore.vocab import ReserveOutcome, Tier
+from kvstore.vocab import Tier
 
 __all__ = ["Engine", "RemoteHooks"]
 
 _COMMITTED = int(EntryState.COMMITTED)
 _PROMOTING = int(EntryState.PROMOTING)
 _NONE = int(Tier.NONE)
-
-
-class RemoteHooks(Protocol):
-    """What the engine asks of the peer tier (kvstore.peer.PeerCluster); both are called with keys only."""
-
-    def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a leased Lookup, no lock held
-    def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
-    def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
 
 
 class Engine:
@@ -122,6 +118,9 @@ class Engine:
         self._lookups = Lookups(cat, self._ram, self._leases, self._disk, self.counters)
         self._hints = Hints(config, cat, self._ram, self._disk, self._lookups, self.counters, quotas)
         self._views = Views(config, cat, self._ram, self._leases, self._reservations, disk, self.counters)
+        self._spares = SpareSlots(config, self._ram)
+        self._writes = Writes(config, cat, self._ram, self._reservations, self._spares, self._disk, self._hints,
+                              self.events, self.counters)
         self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
         if disk is not None:  # known from before a restart; the next registration describes them
             self._names.recover(disk.namespaces())
@@ -133,7 +132,7 @@ class Engine:
 
     def attach_remote(self, remote: RemoteHooks | None) -> None:
         """The peer tier's hooks: `fill` on Lookup (fetch misses from owners), `committed` on Commit (push)."""
-        self._remote = remote
+        self._remote = self._writes.remote = remote
 
     def start(self) -> None:
         """Start the background I/O threads (the daemon calls this once its RPC server is up)."""
@@ -186,39 +185,35 @@ class Engine:
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
         with self._lock:
-            ns = self._names.get(ns_name)
-            self.counters.reserve_calls += 1
-            outcomes, todo, keep = plan(self._cat, ns, keys)
-            if todo and self._disk.store is not None:  # present on disk: nothing to write either
-                on_disk = self._disk.contains_many(ns.name, [keys[i] for i in todo])
-                for i, length in zip(list(todo), on_disk):
-                    if length:
-                        outcomes[i] = ReserveOutcome.ALREADY_PRESENT
-                        todo.remove(i)
-            if not todo:
-                return ReserveResult(0, outcomes, [0] * len(keys), 0)
-            offsets = self._ram.allocate_all(sizes, todo, keep, ns.tenant)
-            if len(todo) == len(keys):
-                eids = self._cat.add_many(ns, keys, offsets, sizes)
-            else:  # the keys to add, in order
-                eids = self._cat.add_many(ns, [keys[i] for i in todo], [offsets[i] for i in todo],
-                                          [sizes[i] for i in todo])
-            rid = self._reservations.add(ns, eids)
-            self.counters.reserved_blocks += len(eids)
-            return ReserveResult(rid, outcomes, offsets, self._reservations.expires_in_ms)
+            return self._writes.reserve(self._names.get(ns_name), keys, sizes)
 
     def commit(self, reservation_id: int, checksums: Sequence[int] = ()) -> int:
         with self._lock:
-            ns, eids = self._reservations.take(reservation_id, len(checksums))
-            self._ram.commit(ns, eids, checksums)
-            self._hints.committed(eids)  # hints that reached these blocks while they were being written
-            if self.events.subscribers:
-                self.events.publish(STORED, ns.name, [self._cat.keys[e] for e in eids], Tier.RAM)  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
-            if self._remote is not None:  # queues pushes to owners; never blocks
-                self._remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
-            self._disk.on_commit(eids)
-            self._ram.enforce_watermarks()
-            return len(eids)
+            return self._writes.commit(reservation_id, checksums)
+
+    def spare(self, owner: int, size: int, count: int, tenant: str = "") -> tuple[int, list[int]]:
+        """A connection's spare slots replaced by `count` for `size`-byte blocks, or none (spares.py)."""
+        check_sizes([size], 1, self.config.max_block_bytes)
+        check_count("spare slots", count, MAX_PER_OWNER)
+        with self._lock:
+            return self._spares.replace(owner, size, count, tenant)
+
+    def store(self, owner: int, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int],
+              offsets: Sequence[int], defer: bool = False) -> StoreResult:
+        """Reserve + Commit of blocks copied into spare slots (writes.py); `defer`: eviction at settle_writes."""
+        self._check_keys(keys, unique=True)
+        check_sizes(sizes, len(keys), self.config.max_block_bytes)
+        with self._lock:
+            return self._writes.store(owner, self._names.get(ns_name), keys, sizes, offsets, defer)
+
+    def settle_writes(self) -> None:
+        with self._lock:
+            self._writes.settle()
+
+    def drop_spares(self, owner: int) -> int:
+        """`owner`'s connection closed: its spare slots go to the quarantine (freed after quarantine_s)."""
+        with self._lock:
+            return self._spares.drop(owner, time.monotonic())
 
     def abort(self, reservation_id: int) -> int:
         with self._lock:
@@ -384,6 +379,7 @@ class Engine:
             self._ram.apply_touches()
             self._leases.expire(now)
             self._reservations.expire(now)
+            self._spares.expire(now)
             self._hints.expire(now)
 
     def note_checksum_failure(self) -> None:

@@ -221,10 +221,13 @@ class RamSpace:
 
     def free(self, eid: int) -> None:
         """Return an entry's slot. The generation bump is what makes any outstanding copy of it a miss."""
-        off = int(self._cat.offset[eid])
-        self._gens[self._gen_index.of(off)] += 1
-        self.allocator.free(off)
+        self.free_slot(int(self._cat.offset[eid]))
         self._cat.drop(eid)
+
+    def free_slot(self, offset: int) -> None:
+        """Return a slot no entry holds (a spare slot, spares.py), with the same generation bump as `free`."""
+        self._gens[self._gen_index.of(offset)] += 1
+        self.allocator.free(offset)
 
     def pin(self, ns: Namespace, keys: Sequence[bytes], delta: int) -> int:
         """delta=+1 pins, -1 unpins committed keys (a pinned block is never evicted); how many changed."""

@@ -20,7 +20,7 @@ from kvstore.vocab import ReserveOutcome
 if TYPE_CHECKING:
     from kvstore.tiers.disk.types import DiskStats
 
-__all__ = ["EngineConfig", "ReserveResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceStats", "NamespaceUsage",
+__all__ = ["EngineConfig", "ReserveResult", "StoreResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceStats", "NamespaceUsage",
            "EngineStats"]
 
 RESERVED, ALREADY_PRESENT, IN_FLIGHT = ReserveOutcome.RESERVED, ReserveOutcome.ALREADY_PRESENT, ReserveOutcome.IN_FLIGHT
@@ -32,6 +32,16 @@ class ReserveResult:
     outcomes: list[int]
     offsets: list[int]
     expires_in_ms: int
+
+
+@dataclass
+class StoreResult:
+    """A Store into spare slots (spares.py): per key its ReserveOutcome (RESERVED: stored now), how many were
+    stored, and per key a new spare slot granted for the one it used (0: none, or the key was not stored and
+    keeps its slot)."""
+    outcomes: list[int]
+    stored: int
+    refill: list[int]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     HITS     req  as LOOKUP_IDS; no reply: the effects (touches, counters) of a Lookup without lease the client
                   answered from the index itself (every key in it); the daemon checks the ids, logs a refusal.
                   Flag HITS_READ: the client also copied the blocks out (a get): their bytes count as read
+    SPARE, STORE  slots held ahead of a connection's puts, and a put into them in one request: spare_bodies.py
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format
 raises FrameError (the daemon answers invalid_request and closes the connection: the byte stream may be out of
@@ -52,17 +53,22 @@ messages, exactly as for gRPC).
 
 from __future__ import annotations
 
-import functools
 import struct
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvstore.fastpath.wire import U32 as _U32
+from kvstore.fastpath.wire import U64 as _U64
+from kvstore.fastpath.wire import FrameError, Reader
+from kvstore.fastpath.wire import keys_field as _keys
+from kvstore.fastpath.wire import ns_field as _ns
+from kvstore.fastpath.wire import u64s_field as _u64s
+
 __all__ = [
     "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "ECHO", "PROBE", "LOOKUP_IDS",
-    "HITS", "HITS_READ", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
+    "HITS", "HITS_READ", "SPARE", "STORE", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
     "Header", "Reader", "LookupReply", "frame", "encode_hello", "decode_hello", "encode_hello_reply",
     "decode_hello_reply", "encode_error", "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply",
     "decode_lookup_reply", "encode_reserve", "decode_reserve", "encode_reserve_reply", "decode_reserve_reply",
@@ -71,10 +77,11 @@ __all__ = [
     "decode_probe", "encode_probe_reply", "decode_probe_reply"]
 
 HEADER = struct.Struct("<IBBHI")
-HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS, HITS = range(1, 12)
+HELLO, LOOKUP, RESERVE, COMMIT, ABORT, RELEASE, EXISTS, ECHO, PROBE, LOOKUP_IDS, HITS, SPARE, STORE = range(1, 14)
 OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commit", ABORT: "Abort",
             RELEASE: "Release", EXISTS: "Exists", ECHO: "Echo", PROBE: "Probe",
-            LOOKUP_IDS: "Lookup", HITS: "Lookup"}  # Lookups by entry ids: the same call to the metrics
+            LOOKUP_IDS: "Lookup", HITS: "Lookup",  # Lookups by entry ids: the same call to the metrics
+            SPARE: "Spare", STORE: "Store"}  # spare slots and puts into them: spare_bodies.py
 ONE_WAY = frozenset({HITS})  # requests the daemon never answers
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
@@ -87,8 +94,6 @@ MAX_BODY = 4 << 20
 MAX_TOKEN_BYTES = 4096
 MAX_ECHO = 64 << 10
 
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 _HELLO = struct.Struct("<4sHBBI")
 _HELLO_REP = struct.Struct("<QI")
 _LOOKUP_REP = struct.Struct("<IIIQIQ")  # num_prefix, n, hits, lease_id, expires_in_ms, incarnation (+ arrays)
@@ -97,10 +102,6 @@ _COMMIT = struct.Struct("<QI")
 _PROBE_REP = struct.Struct("<IIQ")  # num_prefix, n, incarnation (+ tiers)
 _U32_LE = np.dtype("<u4")
 _NO_KEYS = b"\0\0\0\0\0"  # an empty key list: u32 0 | u8 0
-
-
-class FrameError(ValueError):
-    """A frame that breaks the format; the connection it came on must be closed."""
 
 
 @dataclass(frozen=True)
@@ -123,93 +124,6 @@ class Header:
 
 def frame(op: int, body: bytes | bytearray, request_id: int = 0, *, flags: int = 0, status: int = OK) -> bytes:
     return HEADER.pack(len(body), op, flags, status, request_id) + body
-
-
-class Reader:
-    """Walks a body, checking every length against what is left."""
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
-        self.buf = memoryview(buf)
-        self.pos = 0
-
-    def take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise FrameError(f"frame ends {self.pos + n - len(self.buf)} bytes early")
-        out = self.buf[self.pos: self.pos + n]
-        self.pos += n
-        return out
-
-    def u32(self) -> int:
-        return int(_U32.unpack(self.take(4))[0])
-
-    def u64(self) -> int:
-        return int(_U64.unpack(self.take(8))[0])
-
-    def u64s(self, n: int) -> list[int]:
-        return self.take(n * 8).cast("Q").tolist()
-
-    def u8s(self, n: int) -> list[int]:
-        return self.take(n).tolist()
-
-    def namespace(self) -> str:
-        n = int.from_bytes(self.take(2), "little")
-        try:
-            return bytes(self.take(n)).decode("utf-8")
-        except UnicodeDecodeError:
-            raise FrameError("namespace is not UTF-8") from None
-
-    def keys(self) -> list[bytes]:
-        n = self.u32()
-        k = self.take(1)[0]
-        if k:
-            if n * k > len(self.buf) - self.pos:
-                raise FrameError(f"{n} keys of {k} bytes in a frame with {len(self.buf) - self.pos} left")
-            return list(_fixed(k, n).unpack(self.take(n * k)))
-        if n > len(self.buf):  # each length is a byte: a count past the frame is a lie
-            raise FrameError(f"{n} keys in a frame of {len(self.buf)} bytes")
-        lengths = self.take(n).tolist()
-        data = bytes(self.take(sum(lengths)))
-        out, pos = [], 0
-        for length in lengths:
-            out.append(data[pos: pos + length])
-            pos += length
-        return out
-
-    def done(self) -> None:
-        if self.pos != len(self.buf):
-            raise FrameError(f"{len(self.buf) - self.pos} bytes left over after the body")
-
-
-def _ns(name: str) -> bytes:
-    raw = name.encode("utf-8")
-    if len(raw) > 0xFFFF:
-        raise FrameError(f"namespace of {len(raw)} bytes")
-    return len(raw).to_bytes(2, "little") + raw
-
-
-@functools.lru_cache(maxsize=256)
-def _fixed(k: int, n: int) -> struct.Struct:
-    """Splits n keys of k bytes in one C call (a Python slice loop costs ~0.1 us a key)."""
-    return struct.Struct(f"{k}s" * n)
-
-
-def _keys(keys: Sequence[bytes]) -> bytes:
-    try:
-        lengths = bytes(map(len, keys))
-    except ValueError:
-        raise FrameError("a key longer than 255 bytes") from None
-    n = len(lengths)
-    if n and lengths[0] and lengths.count(lengths[0]) == n:
-        return _U32.pack(n) + lengths[:1] + b"".join(keys)
-    return _U32.pack(n) + b"\0" + lengths + b"".join(keys)
-
-
-def _u64s(values: Sequence[int] | np.ndarray) -> bytes:
-    if isinstance(values, np.ndarray):
-        return values.astype(np.uint64, copy=False).tobytes()
-    return array("Q", values).tobytes()
 
 
 # -- hello and errors ----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ What the daemon sees is the window around the copy, and that is what is timed:
     put   Reserve (slots handed out)  -> Commit   bytes = the reserved blocks' sizes; an Abort observes nothing
     get   Lookup with a lease         -> Release  bytes = the leased blocks' sizes, counted when leased
     get   answered from the key index (the client's one-way HITS, flag HITS_READ): bytes only, no window
+    put   Store into spare slots (one request after the copy): bytes only, no window
 
 So a window includes the client's RPC round trips and, for gets, the client's asynchronous release (a few
 hundred microseconds), and a lease held on purpose (the vLLM scheduler leases before the worker copies)
@@ -54,11 +55,11 @@ class ArenaWindows:
             self._meter.add_bytes("arena", "ram", "out", nbytes)
             self._open(self._gets, lease_id, nbytes)
 
-    def read_here(self, nbytes: int) -> None:
-        """Bytes a client copied out of the arena with no lease (a get answered from its key index): counted,
-        never timed (the daemon saw no window around the copy)."""
+    def unwindowed(self, direction: str, nbytes: int) -> None:
+        """Bytes a client copied with no window the daemon saw around the copy: out of the arena with no lease
+        (a get answered from its key index), into spare slots (a Store). Counted, never timed."""
         if nbytes:
-            self._meter.add_bytes("arena", "ram", "out", nbytes)
+            self._meter.add_bytes("arena", "ram", direction, nbytes)
 
     def released(self, lease_ids: Sequence[int]) -> None:
         now = time.perf_counter()

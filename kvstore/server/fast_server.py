@@ -23,6 +23,7 @@ Bounds and failures:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -36,6 +37,7 @@ from kvstore.engine.results import LookupResult
 from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
+from kvstore.fastpath import spare_bodies as sb
 from kvstore.fastpath.sockets import DAEMON_SPIN_US, FrameReader, clear_stale_socket, recv_exact
 from kvstore.server.auth import current_tenant
 from kvstore.server.ops import ControlOps
@@ -118,6 +120,7 @@ class FastServer:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._tokens: dict[socket.socket, str] = {}  # open connections past HELLO -> their token
+        self._owners = itertools.count(1)
         self.counters = FastCounters()  # bumped from the connection threads: add() takes the set's lock
 
     def drop_revoked(self) -> None:
@@ -199,12 +202,13 @@ class FastServer:
 
     # -- one connection -----------------------------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:
+        owner = next(self._owners)  # this connection, as the holder of spare slots (kvstore/engine/spares.py)
         try:
             token = self._hello(conn)
             if token is not None:
                 with self._lock:
                     self._tokens[conn] = token
-                self._requests(conn, token)
+                self._requests(conn, token, owner)
         except OSError:  # ConnectionError too: the client went away
             pass
         finally:
@@ -212,6 +216,7 @@ class FastServer:
                 self._conns.discard(conn)
                 self._tokens.pop(conn, None)
             conn.close()
+            self._ops.drop_spares(owner)  # quarantined: a thread of that client may still copy into one
 
     def _hello(self, conn: socket.socket) -> str | None:
         """The caller's token when the hello was accepted (the reply is sent); None when refused."""
@@ -270,7 +275,7 @@ class FastServer:
         finally:
             os.close(fd)
 
-    def _requests(self, conn: socket.socket, token: str) -> None:
+    def _requests(self, conn: socket.socket, token: str, owner: int) -> None:
         # idle between frames as long as the client keeps the connection; a frame's rest within frame_timeout
         conn.settimeout(None)
         reader = FrameReader(conn, fp.HEADER.size, lambda h: fp.Header.parse(h).length, self._frame_timeout)
@@ -291,10 +296,11 @@ class FastServer:
                 _send_error(conn, head.request_id, head.op, "unauthenticated",
                             "the bearer token of this connection was revoked (tokens_file changed)", before=held)
                 return
-            if not self._answer(conn, head, body, held, more=reader.frame_buffered()):
+            if not self._answer(conn, head, body, held, reader.frame_buffered(), owner):
                 return
 
-    def _answer(self, conn: socket.socket, head: fp.Header, body: bytes, held: list[bytes], more: bool) -> bool:
+    def _answer(self, conn: socket.socket, head: fp.Header, body: bytes, held: list[bytes], more: bool,
+                owner: int) -> bool:
         """Run one request and send its reply; False when the connection must close (a malformed body). With
         `more` (the next request is already here) the reply waits in `held`, to leave with the next ones in one
         write: K pipelined requests (a TP 8 probe: one per rank) cost one send, and the client one wake-up.
@@ -304,7 +310,7 @@ class FastServer:
         t0 = time.perf_counter()
         keep = True
         try:
-            reply = self._dispatch(head, body)
+            reply = self._dispatch(head, body, owner)
             out = b"" if one_way else fp.frame(head.op, reply, head.request_id)
         except KVStoreError as exc:
             out = b"" if one_way else _error_frame(head.request_id, head.op, exc.reason, exc.message)
@@ -325,9 +331,11 @@ class FastServer:
             conn.sendall(b"".join(held) if len(held) > 1 else held[0])
             held.clear()
         self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
+        if head.op == fp.STORE:
+            self._ops.settle_writes()  # the Store's watermark eviction, off its round trip
         return keep
 
-    def _dispatch(self, head: fp.Header, body: bytes) -> bytes:
+    def _dispatch(self, head: fp.Header, body: bytes, owner: int) -> bytes:
         ops, op = self._ops, head.op
         if op == fp.LOOKUP:
             ns, keys = fp.decode_lookup(body)
@@ -366,6 +374,12 @@ class FastServer:
                 raise fp.FrameError(f"a hits note names {len(ids)} entries and carries {len(keys)} keys")
             ops.probe(ns, ids, serials, (), read=bool(head.flags & fp.HITS_READ))
             return b""
+        if op == fp.SPARE:
+            slot_bytes, offsets = ops.spare(owner, *sb.decode_spare(body))
+            return sb.encode_spare_reply(slot_bytes, offsets)
+        if op == fp.STORE:
+            s = ops.store(owner, *sb.decode_store(body))
+            return sb.encode_store_reply(s.stored, s.outcomes, s.refill)
         if op == fp.ECHO:
             if len(body) > fp.MAX_ECHO:
                 raise fp.FrameError(f"echo of {len(body)} bytes (at most {fp.MAX_ECHO})")

@@ -16,7 +16,7 @@ import numpy as np
 
 from kvstore.engine.engine import Engine
 from kvstore.engine.misses import NEVER_STORED, OTHER_NAMESPACE, KeyExplanation
-from kvstore.engine.results import LookupResult, ReserveResult
+from kvstore.engine.results import LookupResult, ReserveResult, StoreResult
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.tenancy import TenantGuard
 from kvstore.validation import MAX_RELEASE_IDS, check_count
@@ -50,6 +50,25 @@ class ControlOps:
         self.windows.aborted(reservation_id)
         return aborted
 
+    def spare(self, owner: int, size: int, count: int) -> tuple[int, list[int]]:
+        """Engine.spare: slots held by connection `owner`, in the caller's tenant's memory."""
+        return self.engine.spare(owner, size, count, self.guard.caller() or "")
+
+    def store(self, owner: int, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+              offsets: Sequence[int]) -> StoreResult:
+        """Engine.store: blocks copied into `owner`'s spare slots, stored in one step; the watermark eviction
+        waits for `settle_writes` (the front end calls it after sending the reply)."""
+        self.guard.namespace(namespace)
+        r = self.engine.store(owner, namespace, keys, sizes, offsets, defer=True)
+        self.windows.unwindowed("in", sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED))
+        return r
+
+    def settle_writes(self) -> None:
+        self.engine.settle_writes()
+
+    def drop_spares(self, owner: int) -> int:
+        return self.engine.drop_spares(owner)
+
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> LookupResult:
         """`summary`: counts only (see Engine.lookup); the fast path's prefix probes ask for it."""
@@ -63,7 +82,7 @@ class ControlOps:
         """Engine.probe: a prefix probe whose leading keys the caller found in its shared key index."""
         self.guard.namespace(namespace)
         r = self.engine.probe(namespace, prior_ids, prior_serials, tail, read)
-        self.windows.read_here(r.read_bytes)
+        self.windows.unwindowed("out", r.read_bytes)
         return r
 
     def lookup_entries(self, namespace: str, ids: np.ndarray, serials: np.ndarray, prefix: bool, lease: bool,

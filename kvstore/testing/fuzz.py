@@ -71,6 +71,7 @@ class Pools:
     keys: list[bytes] = field(default_factory=lambda: [b"k%d" % i for i in range(16)])
     reservation_ids: list[int] = field(default_factory=list)
     lease_ids: list[int] = field(default_factory=list)
+    spare_slots: list[int] = field(default_factory=list)  # offsets a fast-path SPARE granted (its connection's)
     max_block_bytes: int = 1 << 20
 
     def remember(self, pool: list[int], value: int) -> None:

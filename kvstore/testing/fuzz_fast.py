@@ -13,12 +13,13 @@ import socket
 import struct
 
 from kvstore.fastpath import protocol as fp
+from kvstore.fastpath import spare_bodies as sb
 from kvstore.testing.fuzz import FuzzStats, Pools, Source
 
 __all__ = ["FastFuzzer"]
 
 _OPS = (fp.LOOKUP, fp.RESERVE, fp.COMMIT, fp.ABORT, fp.RELEASE, fp.EXISTS, fp.ECHO, fp.HELLO, fp.PROBE,
-        fp.LOOKUP_IDS, fp.HITS)
+        fp.LOOKUP_IDS, fp.HITS, fp.SPARE, fp.STORE)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -139,6 +140,13 @@ class FastFuzzer:
                 return fp.encode_release([rid(pools.lease_ids) for _ in range(src.int(0, 3))])
             if op == fp.HELLO:
                 return fp.encode_hello(src.text(10), bool(src.int(0, 1)))
+            if op == fp.SPARE:
+                return sb.encode_spare(src.choice([1, 4096, pools.max_block_bytes, pools.max_block_bytes + 1, 0,
+                                                   2**64 - 1]), src.choice([0, 1, 3, 64, 65, 2**32 - 1]))
+            if op == fp.STORE:  # slots this connection was granted (or another's, gone, or never issued)
+                ks = keys()
+                sizes = [src.choice([1, 4096, pools.max_block_bytes, 0]) for _ in ks]
+                return sb.encode_store(ns(), ks, sizes, [rid(pools.spare_slots) for _ in ks])
             if op in (fp.PROBE, fp.LOOKUP_IDS, fp.HITS):  # entry ids and serials a client could not have found
                 m = src.int(0, 6)
                 ids = b"".join(src.int(0, 2**32 - 1 if src.int(0, 3) == 0 else 64).to_bytes(4, "little")
@@ -156,5 +164,8 @@ class FastFuzzer:
                 pools.remember(pools.reservation_ids, fp.decode_reserve_reply(reply)[0])
             elif op == fp.LOOKUP:
                 pools.remember(pools.lease_ids, fp.decode_lookup_reply(reply).lease_id)
+            elif op in (fp.SPARE, fp.STORE):
+                for off in (sb.decode_spare_reply(reply)[1] if op == fp.SPARE else sb.decode_store_reply(reply)[2]):
+                    pools.remember(pools.spare_slots, off)
         except (fp.FrameError, struct.error):
             pass

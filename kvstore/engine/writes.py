@@ -1,0 +1,129 @@
+"""Writes: Reserve and Commit, and Store of blocks a client already copied into spare slots (spares.py).
+
+One implementation of what a write does, whichever way it came: `plan` decides which keys need a slot (not in
+RAM, not on disk), `_committed` is everything that follows a commit (the policy, deferred hints, KV events,
+pushes to peers, disk admission, the watermarks). A Store is a Reserve and a Commit in one step, with the slots
+named by the client instead of allocated now. Called under the engine's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvstore.engine.catalog import Catalog, Namespace
+from kvstore.engine.config import EngineConfig
+from kvstore.engine.counters import Counters
+from kvstore.engine.disk_link import DiskLink
+from kvstore.engine.events import STORED, EventBus
+from kvstore.engine.hints import Hints
+from kvstore.engine.ram_space import RamSpace
+from kvstore.engine.reservations import ReservationTable, plan
+from kvstore.engine.results import ReserveResult, StoreResult
+from kvstore.engine.spares import SpareSlots
+from kvstore.vocab import ReserveOutcome, Tier
+
+__all__ = ["Writes", "RemoteHooks"]
+
+
+class RemoteHooks(Protocol):
+    """What the engine asks of the peer tier (kvstore.peer.PeerCluster); both are called with keys only."""
+
+    def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a leased Lookup, no lock held
+    def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
+    def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
+
+
+class Writes:
+    def __init__(self, config: EngineConfig, cat: Catalog, ram: RamSpace, reservations: ReservationTable,
+                 spares: SpareSlots, disk: DiskLink, hints: Hints, events: EventBus, counters: Counters) -> None:
+        self._config = config
+        self._cat = cat
+        self._ram = ram
+        self._reservations = reservations
+        self._spares = spares
+        self._disk = disk
+        self._hints = hints
+        self._events = events
+        self._counters = counters
+        self.remote: RemoteHooks | None = None  # the peer tier (Engine.attach_remote)
+        self.watermarks_due = False  # a Store left the watermark eviction for after its reply (`settle`)
+
+    def plan(self, ns: Namespace, keys: Sequence[bytes]) -> tuple[list[int], list[int], set[int]]:
+        """reservations.plan, then the disk tier: a key present on disk needs no write either."""
+        outcomes, todo, keep = plan(self._cat, ns, keys)
+        if todo and self._disk.store is not None:
+            on_disk = self._disk.contains_many(ns.name, [keys[i] for i in todo])
+            for i, length in zip(list(todo), on_disk):
+                if length:
+                    outcomes[i] = ReserveOutcome.ALREADY_PRESENT
+                    todo.remove(i)
+        return outcomes, todo, keep
+
+    def reserve(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
+        self._counters.reserve_calls += 1
+        outcomes, todo, keep = self.plan(ns, keys)
+        if not todo:
+            return ReserveResult(0, outcomes, [0] * len(keys), 0)
+        offsets = self._ram.allocate_all(sizes, todo, keep, ns.tenant)
+        eids = self._add(ns, keys, sizes, offsets, todo)
+        rid = self._reservations.add(ns, eids)
+        return ReserveResult(rid, outcomes, offsets, self._reservations.expires_in_ms)
+
+    def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
+        ns, eids = self._reservations.take(reservation_id, len(checksums))
+        self._committed(reservation_id, ns, eids, checksums)
+        return len(eids)
+
+    def store(self, owner: int, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int],
+              offsets: Sequence[int], defer: bool = False) -> StoreResult:
+        """Bind each new key to the spare slot the client copied it into, and commit them; a new spare slot for
+        each one used. Counted as one Reserve and one Commit of the stored keys. `defer`: leave the watermark
+        eviction to `settle`, which the caller runs once the client has its answer (nothing waits for it: an
+        allocation evicts what it needs itself)."""
+        self._spares.check(owner, offsets, sizes, ns.tenant)
+        self._counters.reserve_calls += 1
+        outcomes, todo, present = self.plan(ns, keys)
+        refill = [0] * len(keys)
+        if not todo:
+            return StoreResult(outcomes, 0, refill)
+        eids = self._add(ns, keys, sizes, offsets, todo)
+        self._spares.take(owner, [offsets[i] for i in todo])
+        self._committed(0, ns, eids, (), defer)
+        keep = present.union(eids)  # the blocks just stored (or found) are not evicted for their successors' slots
+        for i in todo:
+            got = self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
+            refill[i] = got[0] if got else 0
+        return StoreResult(outcomes, len(todo), refill)
+
+    def _add(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
+             todo: list[int]) -> list[int]:
+        """RESERVED entries for keys[todo] at their offsets."""
+        if len(todo) == len(keys):
+            eids = self._cat.add_many(ns, keys, offsets, sizes)
+        else:  # the keys to add, in order
+            eids = self._cat.add_many(ns, [keys[i] for i in todo], [offsets[i] for i in todo],
+                                      [sizes[i] for i in todo])
+        self._counters.reserved_blocks += len(eids)
+        return eids
+
+    def settle(self) -> None:
+        """The watermark eviction a deferred Store left."""
+        if self.watermarks_due:
+            self.watermarks_due = False
+            self._ram.enforce_watermarks()
+
+    def _committed(self, reservation_id: int, ns: Namespace, eids: list[int], checksums: Sequence[int],
+                   defer: bool = False) -> None:
+        self._ram.commit(ns, eids, checksums)
+        self._hints.committed(eids)  # hints that reached these blocks while they were being written
+        if self._events.subscribers:
+            self._events.publish(STORED, ns.name, [self._cat.keys[e] for e in eids], Tier.RAM)  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
+        if self.remote is not None:  # queues pushes to owners; never blocks
+            self.remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
+        self._disk.on_commit(eids)
+        if defer:
+            self.watermarks_due = True
+        else:
+            self.watermarks_due = False
+            self._ram.enforce_watermarks()

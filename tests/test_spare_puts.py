@@ -1,0 +1,153 @@
+"""Puts through spare slots, end to end: a real daemon, real clients, real shared memory.
+
+A fast-path client copies a put's blocks into slots its connection holds ahead (SPARE) and stores them with one
+request (STORE). These tests try to break that: the results, bytes and counters must equal a Reserve/Commit
+put's; one connection must not store into another's slots; a client killed while holding slots must not leak
+them (they wait out the quarantine, then are freed) nor let a new owner's block be overwritten before then; a
+daemon killed and restarted under a client holding slots must not fail its next put; another tenant's
+namespace stays refused.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore.client import Client, PutResult
+from kvstore.errors import InvalidRequestError, KVStoreError
+from kvstore.fastpath import protocol as fp
+from kvstore.fastpath import spare_bodies as sb
+from kvstore.testing import DaemonProcess, wait_until
+from tests.fast_helpers import keyset, moved
+from tests.tenant_helpers import A_NS, B_NS, tenant_clients
+
+KiB, MiB = 1 << 10, 1 << 20
+COUNTED = ("reserve_calls", "reserved_blocks", "committed_blocks", "committed_bytes", "aborted_blocks")
+
+
+def allocated(d: DaemonProcess) -> float:
+    text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
+    line = next(x for x in text.splitlines() if x.startswith('kvstore_arena_bytes{state="allocated"}'))
+    return float(line.split()[-1])
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with DaemonProcess(arena_bytes="64MiB", quarantine_s=1.0) as d:
+        yield d
+
+
+def test_puts_through_spare_slots_store_what_reserve_and_commit_store(daemon: DaemonProcess) -> None:
+    keys = keyset("same", 20)
+    blocks = [np.full(64 * KiB, i, np.uint8) for i in range(20)]
+    with Client(daemon.address, control="fast") as fast, Client(daemon.address, control="grpc") as plain:
+        for c in (fast, plain):
+            c.register_namespace(f"sp/{c.control_path}")
+        runs = {
+            "a batch of 8": lambda c, ns: c.put_many(ns, keys[:8], blocks[:8]),
+            "one more": lambda c, ns: c.put(ns, keys[8], blocks[8]),
+            "4 present, 4 new": lambda c, ns: c.put_many(ns, keys[4:12], blocks[4:12]),
+            "mixed sizes (Reserve)": lambda c, ns: c.put_many(ns, keys[12:14], [blocks[12], blocks[13][:100]]),
+        }
+        for name, run in runs.items():
+            a, da = moved(fast, lambda: run(fast, "sp/fast"), COUNTED)
+            b, db = moved(plain, lambda: run(plain, "sp/grpc"), COUNTED)
+            assert a == b, name
+            assert {**da, "fast_requests": 0} == {**db, "fast_requests": 0}, name
+            # the first put of a size asks for slots (Spare) and stores (Store); later ones store only; mixed
+            # sizes reserve and commit; Stats adds nothing (no one-way request to settle)
+            assert da["fast_requests"] == {"a batch of 8": 2, "one more": 1, "4 present, 4 new": 1,
+                                           "mixed sizes (Reserve)": 2}[name], (name, da)
+        assert fast.put_many("sp/fast", keys[4:12], blocks[4:12]) == PutResult(0, 8, 0)
+        for c in (fast, plain):
+            got = plain.get_many(f"sp/{c.control_path}", keys[:14])
+            assert got[:12] == [b.tobytes() for b in blocks[:12]] and got[12] == blocks[12].tobytes()
+            assert got[13] == blocks[13][:100].tobytes()
+
+
+def test_a_connection_cannot_store_into_another_connections_slots(daemon: DaemonProcess) -> None:
+    with Client(daemon.address, control="fast") as one, Client(daemon.address, control="fast") as other:
+        one.register_namespace("sp/own")
+        ch1, ch2 = one._control.channel, other._control.channel
+        c1 = ch1.conn()
+        slot_bytes, slots = sb.decode_spare_reply(ch1.call_on(c1, fp.SPARE, sb.encode_spare(4 * KiB, 2)))
+        assert slot_bytes == 4 * KiB and len(slots) == 2
+        with pytest.raises(InvalidRequestError, match="not a spare slot of this connection"):
+            ch2.call_on(ch2.conn(), fp.STORE, sb.encode_store("sp/own", [b"stolen"], [4 * KiB], slots[:1]))
+        assert one.exists("sp/own", [b"stolen"]) == [False]
+        stored, outcomes, refill = sb.decode_store_reply(
+            ch1.call_on(c1, fp.STORE, sb.encode_store("sp/own", [b"mine"], [4 * KiB], slots[:1])))
+        assert (stored, outcomes) == (1, [0]) and refill[0] not in (0, *slots)
+        assert one.exists("sp/own", [b"mine"]) == [True]
+
+
+CHILD = textwrap.dedent("""
+    import sys, time, numpy as np
+    from kvstore.client import Client
+    c = Client(sys.argv[1], control="fast")
+    c.register_namespace("sp/killed")
+    assert c.put_many("sp/killed", [b"k%d" % i for i in range(4)], [np.full(1 << 20, 5, np.uint8)] * 4).stored == 4
+    print("holding", flush=True)   # 4 new spare slots of 1 MiB, refilled after the Store
+    while True:                    # copies into one of them, over and over, until killed
+        c._write_spares(c.arena_incarnation, c._control.channel.conn().spares[1 << 20][:1], [np.ones(1 << 20, np.uint8)])
+""")
+
+
+def test_a_client_killed_holding_spare_slots_leaks_none() -> None:
+    """kill -9 while the client copies into its spare slots: they are not handed to anyone before the
+    quarantine is over (a copy may still land), and are freed after it."""
+    with DaemonProcess(arena_bytes="64MiB", quarantine_s=1.0) as daemon:
+        base = allocated(daemon)
+        child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.address], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "holding"
+            assert allocated(daemon) == base + 8 * MiB  # 4 blocks stored + 4 spare slots
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+        finally:
+            child.kill()
+        time.sleep(0.3)
+        assert allocated(daemon) == base + 8 * MiB  # quarantined (quarantine_s = 1)
+        with Client(daemon.address) as c:
+            wait_until(lambda: allocated(daemon) == base + 4 * MiB, timeout_s=10,
+                       what="the killed client's spare slots to be freed after the quarantine")
+            assert c.get_many("sp/killed", [b"k%d" % i for i in range(4)]) == [bytes([5]) * MiB] * 4
+
+
+def test_a_daemon_restarted_under_a_client_holding_spare_slots(tmp_path: Path) -> None:
+    d = DaemonProcess(workdir=str(tmp_path), arena_bytes="64MiB")
+    d.start()
+    try:
+        c = Client(d.address, control="fast")
+        c.register_namespace("sp/r")
+        assert c.put("sp/r", b"before", b"b" * 4096)
+        assert c._control.channel.conn().spares[4096]  # holds a slot for the next put
+        d.stop(signal.SIGKILL)
+        d.start()
+        c.register_namespace("sp/r")
+        assert c.put("sp/r", b"after", b"a" * 4096)  # the old connection and its slots are gone: no error
+        assert c.get_many("sp/r", [b"before", b"after"]) == [None, b"a" * 4096]
+        assert c.put("sp/r", b"again", b"g" * 4096) and c.get("sp/r", b"again") == b"g" * 4096
+        c.close()
+    finally:
+        d.close()
+
+
+def test_a_tenants_connection_stores_into_its_own_namespaces_only(tmp_path: Path) -> None:
+    with tenant_clients(tmp_path, control="fast") as (_, alice, bob):
+        assert alice.put(A_NS, b"k", b"a" * 4096) and bob.put(B_NS, b"k", b"b" * 4096)
+        with pytest.raises(KVStoreError) as refused:
+            bob.put(A_NS, b"x", b"x" * 4096)   # through bob's spare slots: the daemon refuses her namespace
+        with pytest.raises(type(refused.value)):
+            bob.reserve(A_NS, [b"x"], [4096])
+        assert alice.get(A_NS, b"k") == b"a" * 4096 and bob.get(B_NS, b"k") == b"b" * 4096
+        assert alice.exists(A_NS, [b"x"]) == [False]
+        assert bob.put(B_NS, b"y", b"y" * 4096)  # his slots are still his after the refusal
