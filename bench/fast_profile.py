@@ -23,8 +23,7 @@ Every key is in the shared key index, so the client answers both itself and send
 they make no request to follow, and back to back their pace is the daemon's HITS work (the socket's buffer
 fills; the "fast-path requests" row stays 0); put = client.put of one
 fresh 256 KiB block into a full arena (a copy into the connection's spare slot, then Store: the commit, a new
-spare slot in its reply, and the watermark eviction a full cache pays after that reply; the first put asks for
-spare slots); get = client.get_into of one stored 256 KiB block (every key in the key index: copy, generation
+spare slot in its reply, and the eviction a full cache pays; the first put asks for spare slots); get = client.get_into of one stored 256 KiB block (every key in the key index: copy, generation
 check, a one-way HITS; no lease, so no Lookup or Release to follow).
 
     python -m bench.fast_profile [--iters 1000] [--keys 280]
@@ -109,7 +108,6 @@ def instrument_daemon() -> None:
     for op in ("lookup", "reserve", "commit", "release", "abort", "probe", "lookup_entries", "spare", "store"):
         _wrap(ControlOps, op, "ops")
         _wrap(Engine, op, "engine")
-    _wrap(Engine, "settle_writes", "watermarks after the reply")
     for name in ("namespace", "reservation", "own_leases"):
         _wrap(TenantGuard, name, "tenant check")
     for name in ("leased", "reserved", "committed", "released", "aborted", "unwindowed"):

@@ -106,15 +106,3 @@ def test_a_closed_connections_slots_wait_out_the_quarantine_then_free() -> None:
     r.engine.sweep(now=later(6.0))
     assert r.alloc.allocated_bytes == 0 and [r.gen_at(off) for off in slots] == [g + 1 for g in gens]
     assert r.engine._spares.bytes == 0 and r.engine._spares.slots == 0
-
-
-def test_a_deferred_store_leaves_the_watermark_eviction_to_settle() -> None:
-    r = make_rig(data_bytes=16 * MiB, max_block=MiB, high_watermark=0.5, low_watermark=0.25)
-    put(r.engine, [b"a%d" % i for i in range(8)], size=MiB)           # 8 MiB: at the high watermark, not over
-    _, slots = r.engine.spare(A, MiB, 1)
-    r.engine.store(A, NS, [b"over"], [MiB], slots, defer=True)         # 9 MiB + 1 MiB refill: over
-    assert r.alloc.allocated_bytes == 10 * MiB and r.engine.counters.snapshot()["evictions"] == 0
-    r.engine.settle_writes()
-    assert r.alloc.allocated_bytes == 4 * MiB                            # down to the low watermark
-    assert r.engine.counters.snapshot()["evictions"] == 6
-    assert present(r.engine, [b"over"]) == [True]                        # the newest block stays

@@ -199,16 +199,12 @@ class Engine:
             return self._spares.replace(owner, size, count, tenant)
 
     def store(self, owner: int, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int],
-              offsets: Sequence[int], defer: bool = False) -> StoreResult:
-        """Reserve + Commit of blocks copied into spare slots (writes.py); `defer`: eviction at settle_writes."""
+              offsets: Sequence[int]) -> StoreResult:
+        """Reserve + Commit in one step of blocks the caller copied into its spare slots (writes.py)."""
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
         with self._lock:
-            return self._writes.store(owner, self._names.get(ns_name), keys, sizes, offsets, defer)
-
-    def settle_writes(self) -> None:
-        with self._lock:
-            self._writes.settle()
+            return self._writes.store(owner, self._names.get(ns_name), keys, sizes, offsets)
 
     def drop_spares(self, owner: int) -> int:
         """`owner`'s connection closed: its spare slots go to the quarantine (freed after quarantine_s)."""

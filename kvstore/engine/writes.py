@@ -47,7 +47,6 @@ class Writes:
         self._events = events
         self._counters = counters
         self.remote: RemoteHooks | None = None  # the peer tier (Engine.attach_remote)
-        self.watermarks_due = False  # a Store left the watermark eviction for after its reply (`settle`)
 
     def plan(self, ns: Namespace, keys: Sequence[bytes]) -> tuple[list[int], list[int], set[int]]:
         """reservations.plan, then the disk tier: a key present on disk needs no write either."""
@@ -76,11 +75,9 @@ class Writes:
         return len(eids)
 
     def store(self, owner: int, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int],
-              offsets: Sequence[int], defer: bool = False) -> StoreResult:
+              offsets: Sequence[int]) -> StoreResult:
         """Bind each new key to the spare slot the client copied it into, and commit them; a new spare slot for
-        each one used. Counted as one Reserve and one Commit of the stored keys. `defer`: leave the watermark
-        eviction to `settle`, which the caller runs once the client has its answer (nothing waits for it: an
-        allocation evicts what it needs itself)."""
+        each one used. Counted as one Reserve and one Commit of the stored keys."""
         self._spares.check(owner, offsets, sizes, ns.tenant)
         self._counters.reserve_calls += 1
         outcomes, todo, present = self.plan(ns, keys)
@@ -89,7 +86,7 @@ class Writes:
             return StoreResult(outcomes, 0, refill)
         eids = self._add(ns, keys, sizes, offsets, todo)
         self._spares.take(owner, [offsets[i] for i in todo])
-        self._committed(0, ns, eids, (), defer)
+        self._committed(0, ns, eids, ())
         keep = present.union(eids)  # the blocks just stored (or found) are not evicted for their successors' slots
         for i in todo:
             got = self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
@@ -107,14 +104,7 @@ class Writes:
         self._counters.reserved_blocks += len(eids)
         return eids
 
-    def settle(self) -> None:
-        """The watermark eviction a deferred Store left."""
-        if self.watermarks_due:
-            self.watermarks_due = False
-            self._ram.enforce_watermarks()
-
-    def _committed(self, reservation_id: int, ns: Namespace, eids: list[int], checksums: Sequence[int],
-                   defer: bool = False) -> None:
+    def _committed(self, reservation_id: int, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
         self._ram.commit(ns, eids, checksums)
         self._hints.committed(eids)  # hints that reached these blocks while they were being written
         if self._events.subscribers:
@@ -122,8 +112,4 @@ class Writes:
         if self.remote is not None:  # queues pushes to owners; never blocks
             self.remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
         self._disk.on_commit(eids)
-        if defer:
-            self.watermarks_due = True
-        else:
-            self.watermarks_due = False
-            self._ram.enforce_watermarks()
+        self._ram.enforce_watermarks()

@@ -331,8 +331,6 @@ class FastServer:
             conn.sendall(b"".join(held) if len(held) > 1 else held[0])
             held.clear()
         self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
-        if head.op == fp.STORE:
-            self._ops.settle_writes()  # the Store's watermark eviction, off its round trip
         return keep
 
     def _dispatch(self, head: fp.Header, body: bytes, owner: int) -> bytes:

@@ -56,15 +56,11 @@ class ControlOps:
 
     def store(self, owner: int, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
               offsets: Sequence[int]) -> StoreResult:
-        """Engine.store: blocks copied into `owner`'s spare slots, stored in one step; the watermark eviction
-        waits for `settle_writes` (the front end calls it after sending the reply)."""
+        """Engine.store: blocks copied into `owner`'s spare slots, stored in one step."""
         self.guard.namespace(namespace)
-        r = self.engine.store(owner, namespace, keys, sizes, offsets, defer=True)
+        r = self.engine.store(owner, namespace, keys, sizes, offsets)
         self.windows.unwindowed("in", sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED))
         return r
-
-    def settle_writes(self) -> None:
-        self.engine.settle_writes()
 
     def drop_spares(self, owner: int) -> int:
         return self.engine.drop_spares(owner)
