@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from kvstore.client import Client, PutResult
-from kvstore.errors import InvalidRequestError, KVStoreError
+from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
 from kvstore.testing import DaemonProcess, wait_until
@@ -151,3 +151,19 @@ def test_a_tenants_connection_stores_into_its_own_namespaces_only(tmp_path: Path
         assert alice.get(A_NS, b"k") == b"a" * 4096 and bob.get(B_NS, b"k") == b"b" * 4096
         assert alice.exists(A_NS, [b"x"]) == [False]
         assert bob.put(B_NS, b"y", b"y" * 4096)  # his slots are still his after the refusal
+
+
+def test_spare_slots_can_be_turned_off_and_a_bad_setting_says_how(daemon: DaemonProcess,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTORE_SPARE_SLOTS", "yes")
+    with pytest.raises(ConfigError, match="KVSTORE_SPARE_SLOTS='yes': use 1"):
+        Client(daemon.address, control="fast")
+    monkeypatch.setenv("KVSTORE_SPARE_SLOTS", "0")
+    with Client(daemon.address, control="fast") as off, \
+            Client(daemon.address, control="fast", spare_slots=False) as off_too:
+        off.register_namespace("sp/off")
+        for c, key in ((off, b"a"), (off_too, b"b")):
+            assert c.put("sp/off", key, b"x" * 4096)
+            _, delta = moved(c, lambda: c.put("sp/off", key + b"2", b"y" * 4096), ("reserve_calls",))
+            assert delta == {"reserve_calls": 1, "fast_requests": 2}  # Reserve and Commit: no Spare, no Store
+            assert c._control.channel.conn().spares == {}

@@ -1,7 +1,8 @@
 """`kvstore.Client`: the Python API of the store.
 
-On the daemon's host the client maps the arena and copies bytes itself (Reserve -> copy -> Commit,
-Lookup -> copy -> Release); elsewhere, or with mode="stream", bytes go through the streaming Put/Get RPCs.
+On the daemon's host the client maps the arena and copies bytes itself (data_calls.py: a put into spare slots and
+one Store, a get from the key index, else Reserve -> copy -> Commit and Lookup -> copy -> Release); elsewhere, or
+with mode="stream", bytes go through the streaming Put/Get RPCs.
 Both paths give the same results, so callers never choose.
 
 High-level calls (put, put_many, get, get_many, get_into, get_many_into, lookup_prefix, exists, delete, pin,
