@@ -7,8 +7,9 @@ then the one a caller gets, error message included). Both return the same typed 
 KVStoreError classes, so Client never cares which one it holds.
 
 FastControl reads the tenant's shared key index first (shared_index.py): a Lookup without lease whose every key
-the index holds in RAM is answered here, with no round trip, and its effects sent one way (HITS); others send
-entry ids instead of keys where the index has them (PROBE, LOOKUP_IDS). `settle` waits for the one-way sends.
+the index holds in RAM is answered here, with no round trip, and its effects sent one way (HITS); so is a get's
+(`lookup_here`); others send entry ids instead of keys where the index has them (PROBE, LOOKUP_IDS). `settle`
+waits for the one-way sends. Puts go through the connection's spare slots where they can (`store`, spare_puts.py).
 """
 
 from __future__ import annotations
@@ -225,8 +226,9 @@ class FastControl:
         """A get's Lookup answered from the shared key index alone: without lease, with the hit columns, and only
         when every key is in the table (so in this daemon's RAM); its effects go one way (HITS). None: the get
         must ask the daemon for a lease (a key elsewhere or absent, no index, a batch the daemon would refuse).
-        The HITS says the bytes were read (HITS_READ: they count as a leased Lookup's). Without a lease the slot may be reclaimed during the copy: the caller checks the generations after it
-        (arena_path.validated) and asks again, under a lease, for what moved."""
+        The HITS says the bytes were read (HITS_READ: they count as a leased Lookup's). Without a lease the slot
+        may be reclaimed during the copy: the caller checks the generations after it (arena_path.validated) and
+        asks again, under a lease, for what moved."""
         index = self.index
         view = index.view() if index is not None and 0 < len(keys) <= self.channel.max_batch_keys else None
         if view is None:

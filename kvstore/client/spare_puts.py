@@ -2,9 +2,10 @@
 
 The daemon grants a fast-path connection arena slots ahead of its puts (kvstore/engine/spares.py; SPARE, which
 replaces the slots the connection held: it keeps slots of one size). A put of n blocks of one size takes n of
-this connection's slots for that size, copies the blocks into them, and sends STORE naming them: the daemon binds and commits the new keys in one step and grants a new slot for each
-one used, so the next put of that size makes one request again. A key already present (or being written)
-leaves its slot spare here.
+this connection's slots for that size, copies the blocks into them, and sends STORE naming them: the daemon
+binds and commits the new keys in one step and grants a new slot for each one used, so the next put of that
+size makes one request again. A key already present (or being written) leaves its slot spare here. Slots are
+the connection's, and a connection is one thread's (fast_channel.py), so no other thread copies into them.
 
 Everything that does not fit answers None and the caller puts the Reserve way (with its own answers and errors):
 mixed sizes, more blocks than a connection may hold, the daemon granting too few slots (then not asked again

@@ -14,6 +14,8 @@ Bounds and failures:
   frame and is closed (the client then uses gRPC).
 - A tokens_file reload closes every connection of a revoked token (drop_revoked), idle or not; the token is
   also checked again on every request (a request that slips in before the close: UNAUTHENTICATED, closed).
+- A connection may hold spare slots (SPARE, STORE: kvstore/engine/spares.py); when it closes, for whatever
+  reason, its slots go to the quarantine (a thread of that client may still be copying into one).
 - Between frames the thread sleeps in recv, except while its client's frames come close together: then it
   polls for the next one for up to `spin_us` (ServerConfig.fast_spin_us; Spinner; at most one polling thread
   per 8 CPUs).
