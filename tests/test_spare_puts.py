@@ -33,10 +33,13 @@ KiB, MiB = 1 << 10, 1 << 20
 COUNTED = ("reserve_calls", "reserved_blocks", "committed_blocks", "committed_bytes", "aborted_blocks")
 
 
-def allocated(d: DaemonProcess) -> float:
+def gauge(d: DaemonProcess, name: str) -> float:
     text = urllib.request.urlopen(d.metrics_url + "/metrics", timeout=10).read().decode()
-    line = next(x for x in text.splitlines() if x.startswith('kvstore_arena_bytes{state="allocated"}'))
-    return float(line.split()[-1])
+    return float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[-1])
+
+
+def allocated(d: DaemonProcess) -> float:
+    return gauge(d, 'kvstore_arena_bytes{state="allocated"}')
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +113,18 @@ def test_a_client_killed_holding_spare_slots_leaks_none() -> None:
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "holding"
             assert allocated(daemon) == base + 8 * MiB  # 4 blocks stored + 4 spare slots
+            assert (gauge(daemon, "kvstore_spare_slots"), gauge(daemon, "kvstore_spare_bytes")) == (4, 4 * MiB)
             child.send_signal(signal.SIGKILL)
             child.wait(10)
         finally:
             child.kill()
         time.sleep(0.3)
         assert allocated(daemon) == base + 8 * MiB  # quarantined (quarantine_s = 1)
+        assert (gauge(daemon, "kvstore_spare_slots"), gauge(daemon, "kvstore_spare_bytes")) == (0, 4 * MiB)
         with Client(daemon.address) as c:
             wait_until(lambda: allocated(daemon) == base + 4 * MiB, timeout_s=10,
                        what="the killed client's spare slots to be freed after the quarantine")
+            assert gauge(daemon, "kvstore_spare_bytes") == 0
             assert c.get_many("sp/killed", [b"k%d" % i for i in range(4)]) == [bytes([5]) * MiB] * 4
 
 

@@ -211,6 +211,10 @@ class Engine:
         with self._lock:
             return self._spares.drop(owner, time.monotonic())
 
+    def spare_status(self) -> dict[str, int]:
+        with self._lock:
+            return self._spares.status()
+
     def abort(self, reservation_id: int) -> int:
         with self._lock:
             return self._reservations.abort(reservation_id)

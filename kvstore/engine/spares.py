@@ -132,6 +132,10 @@ class SpareSlots:
             self._ram.free_slot(off)
             self.bytes -= cls
 
+    def status(self) -> dict[str, int]:
+        """For the metrics: slots held by connections now, and their bytes with the quarantined ones'."""
+        return {"spare_slots": self.slots, "spare_bytes": self.bytes}
+
     def owned(self, owner: int) -> dict[int, int]:
         """The owner's spare slots: offset -> slot bytes (for tests and inspection)."""
         return {off: cls for off, (cls, _) in self._owned.get(owner, {}).items()}

@@ -181,8 +181,10 @@ class Daemon:
         return fast
 
     def _control_status(self) -> dict[str, int]:
-        """The same-node socket's counters and the shared key index's fill, for the metrics."""
+        """The same-node socket's counters, its connections' spare slots and the shared key index's fill."""
         out = self.info.fast_status() if self.info.fast_status else {}
+        if out:
+            out = {**out, **self.engine.spare_status()}
         return {**out, **self.key_index.status()} if self.key_index is not None else out
 
     def _healthz(self) -> tuple[int, str]:

@@ -83,6 +83,11 @@ class ControlCollector(Collector):
                           ("fast_frame_errors", "Same-node connections closed for a malformed frame"),
                           ("arena_files_handed", "Arena memory files handed to local clients")):
             yield CounterMetricFamily(f"kvstore_{key}", text, value=st.get(key, 0))
+        if "spare_slots" in st:  # slots the connections hold ahead of their puts (engine/spares.py)
+            yield GaugeMetricFamily("kvstore_spare_slots", "Arena slots fast-path connections hold ahead of their "
+                                    "puts (never evicted)", value=st["spare_slots"])
+            yield GaugeMetricFamily("kvstore_spare_bytes", "Arena bytes of spare slots, quarantined ones included "
+                                    "(a closed connection's, freed after quarantine_s)", value=st["spare_bytes"])
         if "key_index_keys" in st:  # the shared key index (engine/key_mirror.py), when the daemon runs one
             yield GaugeMetricFamily("kvstore_key_index_tables", "Shared key index tables (one per tenant seen)",
                                     value=st["key_index_tables"])

@@ -47,6 +47,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_fast_connections                      open connections of the same-node fast path
   kvstore_fast_requests_total, _refused_total, _frame_errors_total, kvstore_arena_files_handed_total
   kvstore_key_index_tables / kvstore_key_index_keys / kvstore_key_index_unindexed_total   the shared key index
+  kvstore_spare_slots / kvstore_spare_bytes     arena slots connections hold ahead of their puts (engine/spares.py)
   Peer tier (only when etcd_endpoints is set; counters listed in kvstore/peer/counters.py):
   kvstore_peer_members / kvstore_peer_etcd_connected / kvstore_peer_push_queue_blocks
   kvstore_peer_{fetch_calls,fetched_blocks,fetch_misses,served_blocks,pushed_blocks,pushes_dropped,
