@@ -21,18 +21,17 @@ import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import spare_puts
-from kvstore.client.fast_channel import FastChannel
+from kvstore.client.fast_channel import UNENCODABLE, FastChannel, decoded_reply
 from kvstore.client.rpc import Rpc
 from kvstore.client.shared_index import SharedIndex
 from kvstore.client.types import Lease, Reservation
-from kvstore.errors import KVStoreError, StoreUnavailableError
+from kvstore.errors import KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.key_index import Entries, IndexView
 from kvstore.vocab import Tier
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
 
-_ENCODE_ERRORS = (fp.FrameError, TypeError, AttributeError, ValueError, OverflowError)
 
 ReserveRequest = tuple[str, Sequence[bytes], Sequence[int]]  # (namespace, keys, sizes)
 _RAM = int(Tier.RAM)
@@ -116,13 +115,6 @@ class GrpcControl:
         return None
 
 
-def _decoded(fn, body: bytes):
-    try:
-        return fn(body)
-    except fp.FrameError as exc:
-        raise StoreUnavailableError(f"garbled fast-path reply from the daemon: {exc}") from exc
-
-
 class FastControl:
     name = "fast"
 
@@ -139,9 +131,9 @@ class FastControl:
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
         try:
             body = fp.encode_reserve(namespace, keys, sizes)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.reserve(namespace, keys, sizes)
-        rid, _, inc, outcomes, offsets = _decoded(fp.decode_reserve_reply, self.channel.call(fp.RESERVE, body))
+        rid, _, inc, outcomes, offsets = decoded_reply(fp.decode_reserve_reply, self.channel.call(fp.RESERVE, body))
         return Reservation(namespace, list(keys), rid, outcomes, offsets, inc)
 
     def reserve_many(self, requests: Sequence[ReserveRequest]) -> list[Reservation | KVStoreError]:
@@ -149,30 +141,30 @@ class FastControl:
         namespace, saved in one step). A refused one comes back as its error in its slot."""
         try:
             bodies = [fp.encode_reserve(ns, keys, sizes) for ns, keys, sizes in requests]
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.reserve_many(requests)
         out: list[Reservation | KVStoreError] = []
         for (ns, keys, _), reply in zip(requests, self.channel.call_many([(fp.RESERVE, b, 0) for b in bodies])):
             if isinstance(reply, KVStoreError):
                 out.append(reply)
                 continue
-            rid, _, inc, outcomes, offsets = _decoded(fp.decode_reserve_reply, reply)
+            rid, _, inc, outcomes, offsets = decoded_reply(fp.decode_reserve_reply, reply)
             out.append(Reservation(ns, list(keys), rid, outcomes, offsets, inc))
         return out
 
     def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
         try:
             body = fp.encode_commit(reservation_id, checksums)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.commit(reservation_id, checksums)
-        return _decoded(fp.decode_count, self.channel.call(fp.COMMIT, body))
+        return decoded_reply(fp.decode_count, self.channel.call(fp.COMMIT, body))
 
     def abort(self, reservation_id: int) -> int:
         try:
             body = fp.encode_u64(reservation_id)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.abort(reservation_id)
-        return _decoded(fp.decode_count, self.channel.call(fp.ABORT, body))
+        return decoded_reply(fp.decode_count, self.channel.call(fp.ABORT, body))
 
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> Lease:
@@ -196,7 +188,7 @@ class FastControl:
                         if mine is not None:
                             return mine
                         found = (entries.n, entries.ids, entries.serials)
-            except _ENCODE_ERRORS:
+            except UNENCODABLE:
                 found = None
             if found is not None and found[0] == len(keys) and summary and not lease:
                 here = self._count_here(view, [namespace], [found], flags)
@@ -205,15 +197,15 @@ class FastControl:
             if found is not None and found[0] == len(keys):
                 reply = self.channel.call(fp.LOOKUP_IDS, fp.encode_probe(namespace, found[1], found[2], ()), flags)
                 if reply:
-                    r = _decoded(fp.decode_lookup_reply, reply)
+                    r = decoded_reply(fp.decode_lookup_reply, reply)
                     index.seen(view, r.incarnation)
                     return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums,
                                  r.lease_id, r.incarnation, r.tiers)
         try:
             body = fp.encode_lookup(namespace, keys)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.lookup(namespace, keys, prefix, lease)
-        r = _decoded(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
+        r = decoded_reply(fp.decode_lookup_reply, self.channel.call(fp.LOOKUP, body, flags))
         return Lease(namespace, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums, r.lease_id,
                      r.incarnation, r.tiers)
 
@@ -235,7 +227,7 @@ class FastControl:
             return None
         try:
             entries = view.entries(namespace, keys if isinstance(keys, list) else list(keys))
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return None  # a key the fast format cannot carry: the plain path decides what to say
         if entries is None or entries.n != len(keys):
             return None
@@ -250,18 +242,18 @@ class FastControl:
         if view is not None and len(keys) <= self.channel.max_batch_keys:
             try:
                 return self._probe_indexed(view, namespaces, keys)
-            except _ENCODE_ERRORS:
+            except UNENCODABLE:
                 pass  # a key the fast format cannot carry (or not bytes): the plain path decides what to say
         try:
             bodies = [fp.encode_lookup(ns, keys) for ns in namespaces]
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.probe_many(namespaces, keys, prefix)
         flags = fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY if prefix else 0
         out = []
         for ns, reply in zip(namespaces, self.channel.call_many([(fp.LOOKUP, b, flags) for b in bodies])):
             if isinstance(reply, KVStoreError):
                 raise reply
-            r = _decoded(fp.decode_lookup_reply, reply)
+            r = decoded_reply(fp.decode_lookup_reply, reply)
             out.append(Lease(ns, r.num_prefix, r.present, r.offsets, r.sizes, r.generations, r.checksums,
                              r.lease_id, r.incarnation, r.tiers))
         return out
@@ -287,7 +279,7 @@ class FastControl:
         for ns, reply in zip(namespaces, replies):
             if isinstance(reply, KVStoreError):
                 raise reply
-            num_prefix, present, tiers, incarnation = _decoded(fp.decode_probe_reply, reply)
+            num_prefix, present, tiers, incarnation = decoded_reply(fp.decode_probe_reply, reply)
             self.index.seen(view, incarnation)
             out.append(Lease(ns, num_prefix, present, [], [], [], [], 0, incarnation, tiers))
         return out
@@ -337,16 +329,16 @@ class FastControl:
     def release(self, lease_ids: list[int]) -> int:
         try:
             body = fp.encode_release(lease_ids)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.release(lease_ids)
-        return _decoded(fp.decode_count, self.channel.call(fp.RELEASE, body))
+        return decoded_reply(fp.decode_count, self.channel.call(fp.RELEASE, body))
 
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         try:
             body = fp.encode_exists(namespace, keys)
-        except _ENCODE_ERRORS:
+        except UNENCODABLE:
             return self._grpc.exists(namespace, keys)
-        return _decoded(fp.decode_bools, self.channel.call(fp.EXISTS, body))
+        return decoded_reply(fp.decode_bools, self.channel.call(fp.EXISTS, body))
 
     def echo(self, payload: bytes) -> bytes:
         """A round trip that does nothing in the daemon (the fast path's own cost, for bench.micro)."""

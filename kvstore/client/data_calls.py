@@ -7,14 +7,14 @@ arena when this client maps it, else through the Put/Get streams (stream_path.py
 - a get of keys all in the shared key index copies with no lease and no round trip (FastControl.lookup_here),
   checks the generations after the copy, and reads again under a lease what moved meanwhile; other gets take a
   lease, copy, and release it in the background.
-What it needs of Client is declared below (Client defines each).
+What it needs of Client is declared below for the type checker (Client defines each).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.client import arena_path, stream_path
 from kvstore.client.arena_map import ArenaMap
@@ -34,15 +34,16 @@ class DataCalls:
     _copy_threads: int
     max_batch_keys: int
 
-    def _current_arena(self) -> ArenaMap | None: raise NotImplementedError
-    def _check_incarnation(self, incarnation: int) -> None: raise NotImplementedError
-    def acquire_arena(self, incarnation: int | None = None) -> ArenaMap | None: raise NotImplementedError
-    def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation: raise NotImplementedError
-    def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int: raise NotImplementedError
-    def abort(self, reservation: Reservation) -> int: raise NotImplementedError
-    def lookup(self, namespace: str, keys: Sequence[bytes], *, prefix: bool = False, lease: bool = True) -> Lease:
-        raise NotImplementedError
-    def release(self, leases: Sequence[Lease], *, wait: bool = False) -> None: raise NotImplementedError
+    if TYPE_CHECKING:  # Client's own methods this mixin calls: declared for the type checker only
+        def _current_arena(self) -> ArenaMap | None: ...
+        def _check_incarnation(self, incarnation: int) -> None: ...
+        def acquire_arena(self, incarnation: int | None = None) -> ArenaMap | None: ...
+        def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation: ...
+        def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int: ...
+        def abort(self, reservation: Reservation) -> int: ...
+        def lookup(self, namespace: str, keys: Sequence[bytes], *, prefix: bool = False,
+                   lease: bool = True) -> Lease: ...
+        def release(self, leases: Sequence[Lease], *, wait: bool = False) -> None: ...
 
     def put(self, namespace: str, key: bytes, value: object) -> bool:
         """Store one block; False when it was already present (or being written by someone else)."""

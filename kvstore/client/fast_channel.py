@@ -21,21 +21,33 @@ import itertools
 import os
 import socket
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError, error_for_reason
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import MAX_SPIN_US, FrameReader, recv_exact, set_kernel_timeouts
 
-__all__ = ["FastChannel", "FastConn", "request_arena", "request_key_index", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
+__all__ = ["FastChannel", "FastConn", "decoded_reply", "UNENCODABLE", "request_arena", "request_key_index", "spin_us_from_env", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
 
+_T = TypeVar("_T")
+# what encoding a caller's request can raise (a key over 255 bytes, a namespace that is not a string, ...):
+# the request then goes the other way (gRPC, Reserve), whose own checks say what is wrong
+UNENCODABLE = (fp.FrameError, TypeError, AttributeError, ValueError, OverflowError)
 DEFAULT_SPIN_US = 300   # covers the daemon's answer to the hot calls (bench.fast_profile: 60-250 us on 2 cores)
 
 
 def _raise_error(body: bytes) -> None:
     reason, message = fp.decode_error(body)
     raise error_for_reason(reason)(message)
+
+
+def decoded_reply(decode: Callable[[bytes], _T], body: bytes) -> _T:
+    """A reply body decoded; a body the format rejects is the daemon's fault: StoreUnavailableError."""
+    try:
+        return decode(body)
+    except fp.FrameError as exc:
+        raise StoreUnavailableError(f"garbled fast-path reply from the daemon: {exc}") from exc
 
 
 def _dial(path: str, timeout_s: float) -> socket.socket:

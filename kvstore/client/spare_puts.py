@@ -20,11 +20,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from kvstore.client.fast_channel import FastChannel, FastConn
-from kvstore.errors import ConfigError, StoreUnavailableError
+from kvstore.client.fast_channel import UNENCODABLE, FastChannel, FastConn, decoded_reply
+from kvstore.errors import ConfigError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
-from kvstore.fastpath.protocol import FrameError
 from kvstore.vocab import ReserveOutcome
 
 __all__ = ["store", "spares_wanted", "MAX_BLOCKS", "REFUSED_S"]
@@ -58,7 +57,7 @@ def _slots(channel: FastChannel, c: FastConn, size: int, n: int) -> list[int] | 
         reply = channel.call_on(c, fp.SPARE, sb.encode_spare(size, n))
         if reply is None:
             return None
-        pool = _decoded(sb.decode_spare_reply, reply)[1]
+        pool = decoded_reply(sb.decode_spare_reply, reply)[1]
         c.spares = {size: pool}  # what it held before is freed
         if len(pool) < n:
             c.spares_refused[size] = time.monotonic() + REFUSED_S
@@ -81,7 +80,7 @@ def store(channel: FastChannel, namespace: str, keys: Sequence[bytes], sizes: Se
     pool = c.spares[sizes[0]]
     try:
         body = sb.encode_store(namespace, keys, sizes, taken)
-    except (FrameError, TypeError, AttributeError, ValueError, OverflowError):
+    except UNENCODABLE:
         pool.extend(taken)  # a key or namespace the fast format cannot carry: the Reserve way says what is wrong
         return None
     try:
@@ -94,17 +93,10 @@ def store(channel: FastChannel, namespace: str, keys: Sequence[bytes], sizes: Se
         raise
     if reply is None:
         return None  # the connection was dead: its slots went with it
-    stored, outcomes, refill = _decoded(sb.decode_store_reply, reply)
+    stored, outcomes, refill = decoded_reply(sb.decode_store_reply, reply)
     for i, outcome in enumerate(outcomes):
         if outcome != ReserveOutcome.RESERVED:
             pool.append(taken[i])
         if refill[i]:
             pool.append(refill[i])
     return outcomes, stored
-
-
-def _decoded(fn, body: bytes):
-    try:
-        return fn(body)
-    except FrameError as exc:
-        raise StoreUnavailableError(f"garbled fast-path reply from the daemon: {exc}") from exc

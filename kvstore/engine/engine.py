@@ -7,8 +7,8 @@ exceptions from kvstore.errors; see each method):
   (StoreFullError). Reserved slots are invisible until commit and never evicted.
 - commit(rid, checksums) / abort(rid): end a reservation (ReservationClosedError if it already ended,
   UnknownReservationError if it never existed). A reservation that outlives its TTL is expired and its slots
-  quarantined (reservations.py). A commit queues admitted blocks for the disk writer (disk_link.py).
-- spare / store / drop_spares: a connection's slots held ahead of its puts, a put into them in one step (spares.py).
+  quarantined (reservations.py). A commit queues admitted blocks for the disk writer (disk_link.py). Store is
+  both in one step, into slots a connection holds ahead (spare / store / drop_spares; spares.py, writes.py).
 - lookup(ns, keys, prefix, lease): present keys in any tier; RAM hits are leased, disk hits are promoted into
   the arena (a get waits for them; lookups.py). A leased slot is never evicted or reused; a lease that
   outlives its TTL is dropped, and a reader that copied past that point sees the slot's generation changed
@@ -121,7 +121,6 @@ class Engine:
         self._spares = SpareSlots(config, self._ram)
         self._writes = Writes(config, cat, self._ram, self._reservations, self._spares, self._disk, self._hints,
                               self.events, self.counters)
-        self._remote: RemoteHooks | None = None  # the peer tier, attached by the daemon when etcd is configured
         if disk is not None:  # known from before a restart; the next registration describes them
             self._names.recover(disk.namespaces())
 
@@ -132,7 +131,7 @@ class Engine:
 
     def attach_remote(self, remote: RemoteHooks | None) -> None:
         """The peer tier's hooks: `fill` on Lookup (fetch misses from owners), `committed` on Commit (push)."""
-        self._remote = self._writes.remote = remote
+        self._writes.remote = remote  # None until the daemon attaches the peer tier (etcd configured)
 
     def start(self) -> None:
         """Start the background I/O threads (the daemon calls this once its RPC server is up)."""
@@ -150,8 +149,7 @@ class Engine:
         `tokens_per_block` (None: unknown) makes lookups and hits countable in tokens. Once set it belongs to
         the description: another value, or setting it on a namespace registered without it, is a conflict
         (token counters derived from block counters would silently change meaning). Leaving it unset when
-        registering again is not a conflict: a tool that does not know it may re-register.
-        """
+        registering again is not a conflict: a tool that does not know it may re-register."""
         codec = self._names.check(name, model, layout_digest, tenant, disk_codec, tokens_per_block)
         with self._lock:
             return self._names.register(name, model, layout_digest, tenant, codec, tokens_per_block or 0,
@@ -177,8 +175,7 @@ class Engine:
                 self._cat.unindex(eid)
 
     def _check_keys(self, keys: Sequence[bytes], unique: bool = False) -> None:
-        cfg = self.config
-        check_keys(keys, cfg.max_batch_keys, max_key_bytes=cfg.max_key_bytes, unique=unique)
+        check_keys(keys, self.config.max_batch_keys, max_key_bytes=self.config.max_key_bytes, unique=unique)
 
     # -- writes -----------------------------------------------------------------------------------------
     def reserve(self, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
@@ -212,8 +209,7 @@ class Engine:
             return self._spares.drop(owner, time.monotonic())
 
     def spare_status(self) -> dict[str, int]:
-        with self._lock:
-            return self._spares.status()
+        return self._spares.status()  # two ints, read whole under the GIL: no lock needed for the metrics
 
     def abort(self, reservation_id: int) -> int:
         with self._lock:
@@ -228,11 +224,12 @@ class Engine:
         self._check_keys(keys)
         summary = summary and not lease
         at_peers = None
-        if self._remote is not None and not local_only:  # peer tier first (no lock held)
+        remote = self._writes.remote
+        if remote is not None and not local_only:  # peer tier first (no lock held)
             if lease:
-                self._remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
+                remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
             else:
-                at_peers = self._remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
+                at_peers = remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
         with self._lock:
             ns = self._names.get(ns_name)
             eids, tiers = self._lookups.locate(ns, keys, at_peers)
