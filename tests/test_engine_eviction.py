@@ -146,6 +146,36 @@ def test_watermark_eviction_after_commit() -> None:
     eng.release([lease])
 
 
+def test_watermark_eviction_evicts_in_one_pass_with_every_effect_of_evicting_each() -> None:
+    # 64 slots of 64 KiB, keys alternating between two namespaces; the 61st block evicts the 4 oldest (k00 NS,
+    # k01 NS2, k02 NS, k03 NS2) in one pass: one event per namespace with its keys in LRU order, their slots'
+    # generations bumped once, the key index and the miss ledger told, counters as for four single evictions
+    rig = make_rig(data_bytes=4 * MiB, max_block=64 * KiB)
+    eng = rig.engine
+    assert eng.register_namespace("ns2") is True
+    mirror = eng.attach_key_index(1024, 1, per_tenant=False)
+    keys = [b"k%02d" % i for i in range(61)]
+    spaces = [NS if i % 2 == 0 else "ns2" for i in range(61)]
+    offsets = [put(eng, [k], size=64 * KiB, ns=n)[0] for k, n in zip(keys[:60], spaces)]
+    assert mirror.counts() == {"": 60}
+    gens = [rig.gen_at(off) for off in offsets[:5]]
+    sub = eng.events.subscribe()
+    put(eng, [keys[60]], size=64 * KiB)
+    assert [(e.kind, e.namespace, e.keys) for e in iter(lambda: sub.next(0), None)] == [
+        ("stored", NS, (keys[60],)), ("removed", NS, (keys[0], keys[2])), ("removed", "ns2", (keys[1], keys[3]))]
+    assert [rig.gen_at(off) for off in offsets[:5]] == [g + 1 for g in gens[:4]] + [gens[4]]
+    assert mirror.counts() == {"": 57}
+    st = eng.stats()
+    assert (st.blocks, st.allocated_bytes) == (57, 57 * 64 * KiB)
+    assert (st.counters["evictions"], st.counters["evicted_bytes"], st.counters["evicted_to_disk"]) == (
+        4, 4 * 64 * KiB, 0)
+    assert [x.cause for x in eng.explain(NS, [keys[0], keys[2], keys[4]])] == ["evicted", "evicted", ""]
+    assert [x.cause for x in eng.explain("ns2", [keys[1], keys[3], keys[5]])] == ["evicted", "evicted", ""]
+    assert [eng.exists(n, [k]) for k, n in zip(keys, spaces)] == [[False]] * 4 + [[True]] * 57
+    # the four freed slots (slabs: one 64 KiB slot each) are exactly the next four handed out
+    assert sorted(put(eng, [b"n0", b"n1", b"n2", b"n3"], size=64 * KiB)) == sorted(offsets[:4])
+
+
 def test_watermark_eviction_stops_when_nothing_is_evictable() -> None:
     rig = make_rig(data_bytes=4 * MiB, max_block=64 * KiB)
     eng = rig.engine

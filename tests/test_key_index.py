@@ -271,3 +271,29 @@ def test_the_catalog_check_counts_the_leading_entries_that_still_hold() -> None:
         check([0, 1], [10])
     with pytest.raises(ValueError, match="shorter"):
         check([0], [10], n=6)
+
+
+def _mapped_rss_kib(name: str) -> list[int]:
+    """Rss (KiB) of each mapping of this process whose path names `name` (/proc/self/smaps)."""
+    out, current = [], False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
+                current = name in line
+            elif current and head[0] == "Rss:":
+                out.append(int(head[1]))
+    return out
+
+
+def test_both_sides_map_the_whole_table_up_front() -> None:
+    # a key hashes to a random slot: a table mapped as touched would page-fault on most new keys (the writer's
+    # inserts, a reader's probes); 1,024 slots of 48 bytes = 12 pages of slots after the header's page(s)
+    t = IndexTable("resident-check", 1024, incarnation=1)
+    try:
+        pages = -(-t.size // 4096)
+        view = IndexView(t.reader_fd())
+        assert _mapped_rss_kib("kvstore-keyindex-resident-check") == [pages * 4, pages * 4]  # the daemon's, the client's
+        del view
+    finally:
+        t.close()

@@ -95,7 +95,7 @@ class CatalogMirror(Protocol):
     """What the catalog tells the shared key index (engine/key_mirror.py)."""
 
     def added(self, eids: Sequence[int]) -> None: ...  # entries just made COMMITTED (visible in RAM)
-    def removed(self, ns: Namespace, key: bytes) -> None: ...  # a COMMITTED entry about to be unindexed
+    def removed(self, ns: Namespace, keys: list[bytes]) -> None: ...  # COMMITTED entries about to be unindexed
 
 
 class Catalog:
@@ -230,8 +230,27 @@ class Catalog:
         ns = self.namespaces[int(self.ns[eid])]
         if key is not None and ns.index.get(key) == eid:
             if self.mirror is not None and self.state[eid] == _COMMITTED:
-                self.mirror.removed(ns, key)
+                self.mirror.removed(ns, [key])
             del ns.index[key]
+
+    def unindex_many(self, ns: Namespace, eids: list[int], keys: list[bytes]) -> None:
+        """`unindex` of entries of one namespace (`keys`: theirs), with one call to the key index."""
+        index, state, gone = ns.index, self.state, []
+        for eid, key in zip(eids, keys):
+            if index.get(key) == eid:
+                if state[eid] == _COMMITTED:
+                    gone.append(key)
+                del index[key]
+        if gone and self.mirror is not None:
+            self.mirror.removed(ns, gone)
+
+    def drop_many(self, eids: list[int]) -> None:
+        """`drop` of each."""
+        self.state[eids] = EntryState.FREE
+        keys = self.keys
+        for eid in eids:
+            keys[eid] = None
+        self._free_ids.extend(eids)
 
     def drop(self, eid: int) -> None:
         """Forget an unindexed entry whose slot the engine has already freed; its id is reused."""

@@ -70,8 +70,8 @@ class KeyIndexMirror:
                                             cat.checksum[ids].tolist())
         self.unindexed += len(ids) - written
 
-    def removed(self, ns: Namespace, key: bytes) -> None:
-        self._table_of(ns).remove(ns.name, [key])
+    def removed(self, ns: Namespace, keys: list[bytes]) -> None:
+        self._table_of(ns).remove(ns.name, keys)
 
     def _table_of(self, ns: Namespace) -> IndexTable:
         domain = self.domain(ns.tenant)

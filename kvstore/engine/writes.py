@@ -88,9 +88,14 @@ class Writes:
         self._spares.take(owner, [offsets[i] for i in todo])
         self._committed(0, ns, eids, ())
         keep = present.union(eids)  # the blocks just stored (or found) are not evicted for their successors' slots
+        by_class: dict[int, list[int]] = {}
         for i in todo:
-            got = self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
-            refill[i] = got[0] if got else 0
+            by_class.setdefault(self._ram.slot_bytes(sizes[i]), []).append(i)
+        for group in by_class.values():  # one grant a size class; one a slot only when that is refused
+            got = self._spares.grant(owner, sizes[group[0]], len(group), ns.tenant, keep)[1]
+            for j, i in enumerate(group):
+                one = got[j:j + 1] if got else self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
+                refill[i] = one[0] if one else 0
         return StoreResult(outcomes, len(todo), refill)
 
     def _add(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],

@@ -95,7 +95,7 @@ class ServerConfig:
                            "20-30 us on a VM; at most one polling thread per 8 CPUs); 0 never polls", DAEMON_SPIN_US)
     key_index_entries: int = _s("listeners", "same-node socket: RAM blocks per tenant the shared key index holds "
                                 "(clients answer a Lookup without lease of blocks all there themselves, and find a "
-                                "probe's leading blocks there; 48-96 bytes of shared memory a block, touched as used); "
+                                "probe's leading blocks there; 96 bytes of shared memory a block, allocated and mapped at start like the arena); "
                                 "blocks past it are probed the usual way; 0 turns the index off", 262144)
     max_message_bytes: int = _s("listeners", "largest gRPC message", 64 << 20)
     sweep_interval_s: float = _s("engine", "how often leases and reservations are checked for expiry", 0.25)
