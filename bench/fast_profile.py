@@ -121,7 +121,7 @@ def instrument_daemon() -> None:
 
 
 def instrument_client() -> None:
-    from kvstore.client import client, control, fast_channel
+    from kvstore.client import arena_path, client, control, fast_channel
     from kvstore.fastpath.key_index import IndexView
     from kvstore.fastpath import protocol as fp
     from kvstore.fastpath import spare_bodies as sb
@@ -129,7 +129,10 @@ def instrument_client() -> None:
     _common()
     _wrap(FrameReader, "frame", "recv")  # the reply's header and body: its end is the client's wake-up
     _wrap(fast_channel.FastChannel, "call", lambda a: "call " + fp.OP_NAMES.get(a[1], "?"))
-    _wrap(fast_channel.FastChannel, "call_on", lambda a: "call " + fp.OP_NAMES.get(a[2], "?"))
+    # Spare and Store go on a named connection, sent (send_on) and answered (reply_on) apart, so that a put of
+    # several parts sends each as soon as it is copied: paired_calls makes each pair one "call" window
+    _wrap(fast_channel.FastChannel, "send_on", lambda a: "send " + fp.OP_NAMES.get(a[2], "?"))
+    _wrap(fast_channel.FastChannel, "reply_on", "reply")
     for name in ("encode_lookup", "encode_reserve", "encode_commit", "encode_release", "encode_probe"):
         _wrap(fp, name, "encode request")
     for name in ("decode_lookup_reply", "decode_reserve_reply", "decode_count", "decode_probe_reply"):
@@ -142,7 +145,7 @@ def instrument_client() -> None:
     _wrap(control, "Reservation", "build result")
     _wrap(client.Client, "_check_incarnation", "check incarnation")
     _wrap(client.Client, "_write", "copy")
-    _wrap(client.Client, "_write_spares", "copy")
+    _wrap(arena_path.SlotWriter, "copy", "copy")
     _wrap(client.Client, "_read", "copy")
     for api in ("lookup", "put", "get_into", "probe_prefix"):
         _wrap(client.Client, api, f"api {api}")
@@ -232,6 +235,21 @@ def request_stages(client_evs: list[Event], daemon_evs: list[Event]) -> dict[str
         for label in sorted({e[0] for e in before if e[0].startswith("engine: ")}):
             s[f"daemon: {label}"] = _dur(before, label)
         out[op].append(s)
+    return out
+
+
+def paired_calls(evs: list[Event]) -> list[Event]:
+    """`evs` plus a "call <op>" window from each "send <op>" to its "reply" (replies come in the order of the
+    sends, per thread), as FastChannel.call records one; the send and reply events themselves are dropped."""
+    out, waiting = [], defaultdict(list)  # thread -> its sends not yet answered
+    for e in sorted(evs, key=lambda e: e[1]):
+        if e[0].startswith("send "):
+            waiting[e[3]].append(e)
+        elif e[0] == "reply" and waiting[e[3]]:
+            sent = waiting[e[3]].pop(0)
+            out.append(("call " + sent[0][len("send "):], sent[1], e[2], e[3]))
+        elif e[0] != "reply":
+            out.append(e)
     return out
 
 
@@ -336,7 +354,7 @@ def run(n_keys: int = 280, iters: int = 1000) -> dict[str, Any]:
                 for prepare, call in calls.values():
                     prepare()
                     p50_us(call, iters, warmup=0)
-                client_evs = list(EVENTS)
+                client_evs = paired_calls(list(EVENTS))
             with open(events_path) as fh:
                 daemon_evs = sorted((tuple(e) for e in json.load(fh)), key=lambda e: e[1])
     if not daemon_evs:

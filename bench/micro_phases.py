@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.client import Client
+from kvstore.client import Client, arena_path
 from kvstore.fastpath import protocol as fp
 
 __all__ = ["PhaseClock", "phases", "cpu_ns", "rss_anon"]
@@ -34,7 +34,7 @@ class PhaseClock:
         assert c.mode == "arena", "phases are for the arena path"
         self.c = c
         self.acc: dict[str, float] = defaultdict(float)
-        self._wrapped: list[tuple[Any, str]] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []
         control = c._control
         for op in _CONTROL_OPS:
             def label(a: tuple[Any, ...], op: str = op) -> str:
@@ -42,11 +42,13 @@ class PhaseClock:
             self._wrap(control, op, label)
         self._wrap(control, "lookup_here", lambda a: "index read")     # a get answered from the key index
         channel = getattr(control, "channel", None)
-        if channel is not None:  # the fast path's requests on a named connection: Spare, Store (spare_puts.py)
-            self._wrap(channel, "call_on", lambda a: fp.OP_NAMES.get(a[1], "?"))
+        if channel is not None:  # the fast path's requests on a named connection: Spare, Store (spare_puts.py),
+            # sent without waiting (a put of several parts sends each as soon as it is copied), answered in order
+            self._wrap(channel, "send_on", lambda a: fp.OP_NAMES.get(a[1], "?") + " send")
+            self._wrap(channel, "reply_on", lambda a: "waiting for replies")
         self._wrap(c._releaser, "submit", lambda a: "Release async")  # only the queueing, as the caller sees it
         self._wrap(c, "_write", lambda a: "copy")                     # mapping acquired + copy_addrs
-        self._wrap(c, "_write_spares", lambda a: "copy")              # the same, into spare slots
+        self._wrap(arena_path.SlotWriter, "copy", lambda a: "copy")   # copy_addrs into spare slots, part by part
         self._wrap(c, "_read", lambda a: "copy+gen check")
 
     def _wrap(self, obj: Any, name: str, label: Callable[[tuple[Any, ...]], str]) -> None:
@@ -62,11 +64,14 @@ class PhaseClock:
                 bg = "" if threading.get_ident() == caller else " (background)"
                 self.acc[label(a) + bg] += time.perf_counter() - t0
         setattr(obj, name, timed)
-        self._wrapped.append((obj, name))
+        self._wrapped.append((obj, name, orig))
 
     def close(self) -> None:
-        for obj, name in self._wrapped:
-            delattr(obj, name)
+        for obj, name, orig in self._wrapped:
+            if isinstance(obj, type):  # a class's method: put it back
+                setattr(obj, name, orig)
+            else:  # an instance's shadow of its class's method: drop it
+                delattr(obj, name)
 
 
 def phases(c: Client, daemon_pid: int, op: Callable[[], object], iters: int) -> dict[str, float]:

@@ -49,6 +49,27 @@ def test_layout_generation_blocks_are_per_slab_and_page_aligned() -> None:
     assert not lay.contains_slot(lay.data_offset - 4096, 4096) and not lay.contains_slot(lay.size_bytes, 1)
 
 
+def test_a_batch_of_slots_is_checked_exactly_as_one_at_a_time() -> None:
+    # first_outside (numpy, a client's check of every slot a daemon names) against contains_slot, at every edge:
+    # before and after the data region, across a slab boundary, and values that would wrap around 64 bits
+    lay = ArenaLayout.for_capacity("x", 8 * MIB, MIB)
+    lo, hi = lay.data_offset, lay.size_bytes
+    offsets = [0, lo - 1, lo, lo + 1, lo + MIB - 1, lo + MIB, hi - 4096, hi - 1, hi, hi + 1, 2**63, 2**64 - 1]
+    sizes = [0, 1, 4096, MIB - 1, MIB, MIB + 1, hi, 2**63, 2**64 - 1]
+    pairs = [(o, z) for o in offsets for z in sizes]
+    one = [lay.contains_slot(o, z) for o, z in pairs]
+    # in one slab: lo with 0..MIB (5), lo+1 with 0..MIB-1 (4), lo+MIB-1 with 0, 1 (2), lo+MIB (5), hi-4096 with
+    # 0..4096 (3), hi-1 with 0, 1 (2), and an empty range at hi (1)
+    assert sum(one) == 22
+    for (o, z), ok in zip(pairs, one):
+        assert lay.first_outside(np.array([o], np.uint64), np.array([z], np.uint64)) == (-1 if ok else 0), (o, z)
+    good = [(o, z) for (o, z), ok in zip(pairs, one) if ok]
+    bad_at = 7
+    batch = good[:bad_at] + [(lo + MIB - 4096, 8192)] + good[bad_at:]  # a range across two slabs
+    assert lay.first_outside(np.array([o for o, _ in batch], np.uint64), np.array([z for _, z in batch], np.uint64)) == bad_at
+    assert lay.first_outside(np.array([o for o, _ in good], np.uint64), np.array([z for _, z in good], np.uint64)) == -1
+
+
 def test_bind_moves_a_slab_with_its_generations_and_punches_the_old_file(backing: ArenaBacking) -> None:
     lay = backing.layout
     d_off, _ = lay.slab_data_range(1)

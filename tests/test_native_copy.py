@@ -374,3 +374,52 @@ def test_public_api() -> None:
     assert "GIL" in (_copy.copy_batch.__doc__ or "")
     assert "UNCHECKED" in (_copy.copy_addrs.__doc__ or "")
     assert "GIL" in (_copy.__doc__ or "")
+
+
+# ----------------------------------------------------------------------------------------- copy_buffers
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_copy_buffers_moves_each_object_to_and_from_its_address(threads: int) -> None:
+    rng = np.random.default_rng(7)
+    arena = np.zeros(4 * MiB, np.uint8)
+    base = arena.ctypes.data
+    values: list[object] = [_rand_bytes(rng, 700 * 1024), _rand_bytes(rng, 4096).tobytes(),
+                            bytearray(_rand_bytes(rng, 100)), memoryview(_rand_bytes(rng, 3 * 512)),
+                            _rand_bytes(rng, 64 * 1024).view(np.uint16).reshape(256, 128)]  # 2-D, 2-byte items
+    sizes = [memoryview(v).nbytes for v in values]  # type: ignore[arg-type]
+    offsets = [0, MiB, MiB + 8192, 2 * MiB, 3 * MiB]
+    assert _native.copy_buffers([base + o for o in offsets], sizes, values, threads=threads) == sum(sizes)
+    for v, o, n in zip(values, offsets, sizes):
+        assert arena[o:o + n].tobytes() == bytes(memoryview(v).cast("B"))  # type: ignore[arg-type]
+    assert arena[700 * 1024:MiB].sum() == 0  # nothing past a block
+    outs = [np.full(n + 10, 0xEE, np.uint8) for n in sizes]  # larger than the blocks: the rest untouched
+    assert _native.copy_buffers([base + o for o in offsets], sizes, outs, into_buffers=True, threads=threads) == sum(sizes)
+    for v, out, n in zip(values, outs, sizes):
+        assert out[:n].tobytes() == bytes(memoryview(v).cast("B")) and out[n:].tolist() == [0xEE] * 10  # type: ignore[arg-type]
+
+
+def test_copy_buffers_checks_every_buffer_before_any_byte_moves() -> None:
+    arena = np.zeros(MiB, np.uint8)
+    base = arena.ctypes.data
+    good = [np.full(4096, 1, np.uint8), np.full(4096, 2, np.uint8)]
+    addrs, sizes = [base, base + 4096, base + 8192], [4096] * 3
+    cases: list[tuple[object, bool, str]] = [
+        (b"r" * 4096, True, "buffer 2 (bytes) is read-only: pass a bytearray"),
+        (np.zeros((64, 128), np.uint8)[:, :64], False, "buffer 2 (numpy.ndarray) is not a C-contiguous buffer"),
+        (123, False, "buffer 2 (int) is not a C-contiguous buffer"),
+        (np.zeros(4095, np.uint8), True, "buffer 2 holds 4095 bytes but the block has 4096"),
+        (np.zeros(4097, np.uint8), False, "buffer 2 holds 4097 bytes, not the 4096 of its block"),
+    ]
+    for bad, into, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            _native.copy_buffers(addrs, sizes, [*good, bad], into_buffers=into)
+        assert not arena.any() and good[0][0] == 1  # neither direction moved a byte
+    with pytest.raises(ValueError, match="3 addrs, 2 lengths and 3 buffers"):
+        _native.copy_buffers(addrs, sizes[:2], [*good, good[0]])
+    with pytest.raises(TypeError, match="buffers must be a list"):
+        _native.copy_buffers(addrs, sizes, tuple(good))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block 0: null address"):
+        _native.copy_buffers([0], [4096], good[:1])
+    assert _native.copy_buffers(addrs[:2], sizes[:2], good, check_only=True) == 8192
+    assert not arena.any()

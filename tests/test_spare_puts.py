@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.client import Client, PutResult
+from kvstore.client import Client, PutResult, arena_path, spare_puts
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
@@ -76,6 +76,78 @@ def test_puts_through_spare_slots_store_what_reserve_and_commit_store(daemon: Da
             assert got[13] == blocks[13][:100].tobytes()
 
 
+def _pool(c: Client, size: int) -> list[int]:
+    """The spare slots this thread's connection of `c` holds for blocks of `size` bytes."""
+    return c._control.channel.conn().spares.get(size, [])
+
+
+@pytest.fixture
+def parts_of_128k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Puts of more than 128 KiB go as several Stores (spare_puts.PART_BYTES), so 64 KiB blocks go 2 a Store."""
+    monkeypatch.setattr(spare_puts, "PART_BYTES", 128 * KiB)
+
+
+def test_a_put_sent_in_parts_stores_what_one_request_stores(daemon: DaemonProcess, parts_of_128k: None) -> None:
+    keys = keyset("parts", 12)
+    blocks = [np.full(64 * KiB, 100 + i, np.uint8) for i in range(12)]
+    assert spare_puts.parts(7, 64 * KiB) == [(0, 1), (1, 3), (3, 5), (5, 7)]  # as even as can be, 2 at most
+    with Client(daemon.address, control="fast") as fast, Client(daemon.address, control="grpc") as plain:
+        for c in (fast, plain):
+            c.register_namespace(f"pp/{c.control_path}")
+        for name, (a, b) in {"8 new": (0, 8), "4 present, 4 new": (4, 12)}.items():
+            got, da = moved(fast, lambda: fast.put_many("pp/fast", keys[a:b], blocks[a:b]), COUNTED)
+            want, db = moved(plain, lambda: plain.put_many("pp/grpc", keys[a:b], blocks[a:b]), COUNTED)
+            assert got == want == PutResult(8 if a == 0 else 4, 0 if a == 0 else 4, 0), name
+            # 4 Stores of 2 blocks (the first put also asks for 8 slots): each counts a Reserve and a Commit
+            assert da == {**db, "reserve_calls": 4, "fast_requests": 5 if a == 0 else 4}, name
+            assert len(_pool(fast, 64 * KiB)) == 8, name  # every slot used was refilled, the present keys' kept
+        assert plain.get_many("pp/fast", keys) == [x.tobytes() for x in blocks]
+
+
+def test_a_refused_put_in_parts_keeps_every_slot_and_stores_nothing(daemon: DaemonProcess,
+                                                                     parts_of_128k: None) -> None:
+    keys = keyset("refused-parts", 8)
+    blocks = [np.full(64 * KiB, 7, np.uint8)] * 8
+    with Client(daemon.address, control="fast") as fast:
+        fast.register_namespace("pp/ok")
+        assert fast.put_many("pp/ok", keys, blocks).stored == 8
+        slots = sorted(_pool(fast, 64 * KiB))
+        with pytest.raises(KVStoreError, match="pp/never-registered"):
+            fast.put_many("pp/never-registered", keys, blocks)  # each of the 4 Stores refused
+        assert sorted(_pool(fast, 64 * KiB)) == slots
+        fresh = keyset("refused-parts-after", 8)
+        _, delta = moved(fast, lambda: fast.put_many("pp/ok", fresh, blocks), ("reserve_calls",))
+        assert delta == {"reserve_calls": 4, "fast_requests": 4}  # the same connection, in step, its slots
+
+
+def test_a_put_interrupted_between_parts_keeps_the_connection_in_step(daemon: DaemonProcess, parts_of_128k: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the third part copies: the two parts sent are stored and their replies read, the slots of
+    the parts not sent stay this connection's, and its next put is answered in order."""
+    keys = keyset("interrupted", 8)
+    blocks = [np.full(64 * KiB, 9, np.uint8)] * 8
+    real, calls = arena_path.SlotWriter.copy, []
+
+    def copy(self: arena_path.SlotWriter, start: int, stop: int) -> None:
+        calls.append((start, stop))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(self, start, stop)
+    with Client(daemon.address, control="fast") as fast:
+        fast.register_namespace("pp/int")
+        assert fast.put_many("pp/int", keyset("interrupted-first", 8), blocks).stored == 8  # holds 8 slots
+        monkeypatch.setattr(arena_path.SlotWriter, "copy", copy)
+        with pytest.raises(KeyboardInterrupt):
+            fast.put_many("pp/int", keys, blocks)
+        monkeypatch.setattr(arena_path.SlotWriter, "copy", real)
+        assert calls == [(0, 2), (2, 4), (4, 6)]
+        assert fast.exists("pp/int", keys) == [True] * 4 + [False] * 4
+        assert len(_pool(fast, 64 * KiB)) == 8  # 4 refilled by the 2 Stores, 4 never sent
+        res, delta = moved(fast, lambda: fast.put_many("pp/int", keys, blocks), ("reserve_calls",))
+        assert res == PutResult(4, 4, 0) and delta == {"reserve_calls": 4, "fast_requests": 4}
+        assert fast.get_many("pp/int", keys) == [blocks[0].tobytes()] * 8
+
+
 def test_a_connection_cannot_store_into_another_connections_slots(daemon: DaemonProcess) -> None:
     with Client(daemon.address, control="fast") as one, Client(daemon.address, control="fast") as other:
         one.register_namespace("sp/own")
@@ -99,8 +171,10 @@ CHILD = textwrap.dedent("""
     c.register_namespace("sp/killed")
     assert c.put_many("sp/killed", [b"k%d" % i for i in range(4)], [np.full(1 << 20, 5, np.uint8)] * 4).stored == 4
     print("holding", flush=True)   # 4 new spare slots of 1 MiB, refilled after the Store
-    while True:                    # copies into one of them, over and over, until killed
-        c._write_spares(c.arena_incarnation, c._control.channel.conn().spares[1 << 20][:1], [np.ones(1 << 20, np.uint8)])
+    slot = c._control.channel.conn().spares[1 << 20][:1]
+    with c._spare_writer(c.arena_incarnation, slot, [np.ones(1 << 20, np.uint8)]) as writer:
+        while True:                # copies into one of them, over and over, until killed
+            writer.copy(0, 1)
 """)
 
 

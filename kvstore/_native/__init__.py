@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken/missing bu
         f"({exc}). Build it with `pip install -e .` (or `make setup`) from the repository root."
     ) from exc
 
-__all__ = ["copy_batch", "copy_addrs", "IndexArray"]
+__all__ = ["copy_batch", "copy_addrs", "copy_buffers", "IndexArray"]
 
 #: Anything np.ascontiguousarray(x, dtype=np.uint64) accepts: a sequence of ints or an integer array.
 IndexArray = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -89,3 +89,25 @@ def copy_addrs(
         The total number of bytes copied.
     """
     return int(_copy.copy_addrs(_u64(dst_addrs), _u64(src_addrs), _u64(lengths), threads, stream))
+
+
+def copy_buffers(
+    addrs: IndexArray,
+    lengths: IndexArray,
+    buffers: list[Any],
+    *,
+    into_buffers: bool = False,
+    threads: int = 1,
+    stream: int = -1,
+    check_only: bool = False,
+) -> int:
+    """Copy each of `buffers` (buffer-protocol objects, C-contiguous) to the raw address addrs[i]
+    (``into_buffers=False``: buffers[i] holds exactly lengths[i] bytes), or lengths[i] bytes from addrs[i] into
+    it (``into_buffers=True``: writable, at least lengths[i] bytes). The buffers are checked, every one before
+    any byte moves (ValueError naming the first bad one); the ADDRESSES ARE NOT (see copy_addrs): the caller
+    guarantees that each range is mapped and stays so. ``check_only``: check, copy nothing. Returns the bytes.
+    GIL released during the copy; threads and stream as for copy_batch.
+
+    Why not copy_addrs with ``ndarray.ctypes.data``: taking each object's address in Python cost ~2.4 us a block
+    (80 us of a put of 32 blocks); one buffer export in C costs a fraction of that."""
+    return int(_copy.copy_buffers(_u64(addrs), _u64(lengths), buffers, into_buffers, threads, stream, check_only))

@@ -11,33 +11,26 @@ as the reservation or lease: offsets mean nothing in another daemon's arena.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvstore._native import copy_addrs
+from kvstore._native import copy_buffers
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import InvalidRequestError
-from kvstore.hostinfo import byte_view
 
-__all__ = ["write", "write_slots", "read_into", "read_bytes", "validated"]
-
-
-def _address(buf: object, writable: bool) -> tuple[int, int, np.ndarray]:
-    arr = byte_view(buf)
-    if writable and not arr.flags.writeable:
-        raise InvalidRequestError("destination buffer is read-only: pass a bytearray, numpy array or writable memoryview")
-    if not arr.flags.c_contiguous:
-        raise InvalidRequestError("buffer must be C-contiguous")
-    return arr.ctypes.data, arr.nbytes, arr
+__all__ = ["write", "write_slots", "SlotWriter", "read_into", "read_bytes", "validated"]
 
 
 def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> None:
     """An offset outside the mapping would be a wild write: refuse it rather than trust the wire."""
-    for off, n in zip(offsets, sizes):
-        if not m.layout.contains_slot(int(off), int(n)):
-            raise InvalidRequestError(f"slot [{off}, +{n}) is outside the arena's data region")
+    try:
+        bad = m.layout.first_outside(np.asarray(offsets, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64))
+    except OverflowError:  # negative, or past 64 bits
+        bad = next(i for i, (o, n) in enumerate(zip(offsets, sizes)) if not m.layout.contains_slot(int(o), int(n)))
+    if bad >= 0:
+        raise InvalidRequestError(f"slot [{offsets[bad]}, +{sizes[bad]}) is outside the arena's data region")
 
 
 def write(m: ArenaMap, reservation: Reservation, values: Sequence[object], threads: int = 1) -> list[int]:
@@ -50,33 +43,41 @@ def write(m: ArenaMap, reservation: Reservation, values: Sequence[object], threa
 
 def write_slots(m: ArenaMap, offsets: Sequence[int], values: Sequence[object], threads: int = 1) -> None:
     """Copy values[j] into the slot at offsets[j] (reserved, or a spare slot: kvstore/client/spare_puts.py)."""
-    keep = []
-    src = np.empty(len(offsets), dtype=np.uint64)
-    dst = np.empty(len(offsets), dtype=np.uint64)
-    lengths = np.empty(len(offsets), dtype=np.uint64)
-    for j, off in enumerate(offsets):
-        addr, n, arr = _address(values[j], writable=False)
-        keep.append(arr)
-        src[j], dst[j], lengths[j] = addr, m.address + off, n
-    _check_slots(m, offsets, lengths.tolist())
-    copy_addrs(dst, src, lengths, threads=threads)
+    SlotWriter(m, offsets, values, threads).copy(0, len(offsets))
+
+
+class SlotWriter:
+    """Copies values[j] into the slot at offsets[j], a range of blocks at a time: every value and slot is checked
+    when it is made, so a put sent in parts (spare_puts.py) never fails after its first part went out."""
+
+    def __init__(self, m: ArenaMap, offsets: Sequence[int], values: Sequence[object], threads: int = 1) -> None:
+        self._values = list(values)  # held (with their buffers exported during each copy) until the copy is done
+        self._lengths = np.asarray([memoryview(v).nbytes for v in self._values], dtype=np.uint64)  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
+        _check_slots(m, offsets, self._lengths.tolist())
+        self._dst = np.asarray(offsets, dtype=np.uint64) + np.uint64(m.address)
+        self._threads = threads
+        _checked(lambda: copy_buffers(self._dst, self._lengths, self._values, check_only=True))
+
+    def copy(self, start: int, stop: int) -> None:
+        """Copy blocks start..stop-1."""
+        copy_buffers(self._dst[start:stop], self._lengths[start:stop], self._values[start:stop], threads=self._threads)
+
+
+def _checked(copy: Callable[[], int]) -> int:
+    """copy_buffers' complaint about a caller's buffer (read-only, not contiguous, too small) as the API's error."""
+    try:
+        return copy()
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def read_into(m: ArenaMap, lease: Lease, buffers: Sequence[object], threads: int = 1) -> list[int | None]:
     """Copy each hit into buffers[hit_index]; None for a hit whose slot was reclaimed during the copy."""
     n = lease.hits
-    src = np.empty(n, dtype=np.uint64)
-    dst = np.empty(n, dtype=np.uint64)
-    lengths = np.asarray(lease.sizes, dtype=np.uint64)
     _check_slots(m, lease.offsets, lease.sizes)
-    keep = []
-    for j in range(n):
-        addr, cap, arr = _address(buffers[j], writable=True)
-        if cap < lease.sizes[j]:
-            raise InvalidRequestError(f"buffer {j} holds {cap} bytes but the block has {lease.sizes[j]}")
-        keep.append(arr)
-        src[j], dst[j] = m.address + lease.offsets[j], addr
-    copy_addrs(dst, src, lengths, threads=threads)
+    src = np.asarray(lease.offsets[:n], dtype=np.uint64) + np.uint64(m.address)
+    _checked(lambda: copy_buffers(src, np.asarray(lease.sizes[:n], dtype=np.uint64), list(buffers[:n]),
+                                  into_buffers=True, threads=threads))
     return validated(m, lease, [int(x) for x in lease.sizes])
 
 

@@ -12,8 +12,9 @@ What it needs of Client is declared below for the type checker (Client defines e
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstore.client import arena_path, stream_path
@@ -60,7 +61,7 @@ class DataCalls:
                 stored, present = stored + s, present + p
                 continue
             sizes = [memoryview(v).nbytes for v in vs]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-            spared = self._control.store(namespace, ks, sizes, functools.partial(self._write_spares, values=vs))
+            spared = self._control.store(namespace, ks, sizes, functools.partial(self._spare_writer, values=vs))
             if spared is not None:  # copied into this connection's spare slots, stored with one request
                 outcomes, s = spared
                 stored += s
@@ -91,14 +92,17 @@ class DataCalls:
                 pass  # a restarted daemon does not know the reservation: nothing to abort
             raise
 
-    def _write_spares(self, incarnation: int, offsets: list[int], values: Sequence[object]) -> bool:
-        """Copy into spare slots of daemon `incarnation`'s arena; False when this client maps another one."""
+    @contextlib.contextmanager
+    def _spare_writer(self, incarnation: int, offsets: list[int],
+                      values: Sequence[object]) -> Iterator[arena_path.SlotWriter | None]:
+        """A writer of `values` into spare slots of daemon `incarnation`'s arena, its mapping held meanwhile;
+        None when this client maps another one."""
         m = self.acquire_arena(incarnation)
         if m is None:
-            return False
+            yield None
+            return
         with m:
-            arena_path.write_slots(m, offsets, values, self._copy_threads)
-        return True
+            yield arena_path.SlotWriter(m, offsets, values, self._copy_threads)
 
     def _read(self, lease: Lease, buffers: Sequence[object] | None) -> list[Any]:
         """Copy a lease's hits out (into `buffers`, or as bytes); a hit of another incarnation is a miss."""

@@ -224,6 +224,10 @@ class FastChannel:
         c.unsettled = True
         return c.incarnation
 
+    def alive(self, c: FastConn) -> bool:
+        """Whether `c` is still this thread's connection (not dropped after a failure)."""
+        return getattr(self._local, "conn", None) is c
+
     def conn(self) -> FastConn:
         """This thread's connection (dialled if needed): what owns its spare slots (kvstore/client/spare_puts.py)."""
         return self._conn()
@@ -231,16 +235,29 @@ class FastChannel:
     def call_on(self, c: FastConn, op: int, body: bytes) -> bytes | None:
         """`call` on exactly connection `c`, never on a fresh one: what it asks names c's own spare slots. None
         when c was found dead before the send (the daemon never read the request: nothing was applied)."""
+        rid = self.send_on(c, op, body)
+        if rid is None:
+            return None
+        reply = self.reply_on(c, rid)
+        if isinstance(reply, KVStoreError):
+            raise reply
+        return reply
+
+    def send_on(self, c: FastConn, op: int, body: bytes) -> int | None:
+        """Send one request on exactly `c` without waiting: its request id, for `reply_on`; None when c was found
+        dead (nothing sent). Requests sent this way are answered in order."""
         rid = next(c.ids) & 0xFFFFFFFF
         try:
             c.sock.sendall(fp.HEADER.pack(len(body), op, 0, fp.OK, rid) + body)
         except OSError:
             self._drop(c)
             return None
-        reply = self._reply(c, rid)
-        if isinstance(reply, KVStoreError):
-            raise reply
-        return reply
+        return rid
+
+    def reply_on(self, c: FastConn, rid: int) -> bytes | KVStoreError:
+        """The reply to request `rid` sent by `send_on` (the earlier ones' read first): its body or the daemon's
+        error (returned); StoreUnavailableError when the connection broke."""
+        return self._reply(c, rid)
 
     def settle(self) -> None:
         """Wait until the daemon has run this thread's one-way requests (an Echo behind them: it answers a

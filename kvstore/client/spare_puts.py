@@ -12,6 +12,12 @@ mixed sizes, more blocks than a connection may hold, the daemon granting too few
 for that size for REFUSED_S), a connection found dead before the send, an arena of another daemon incarnation.
 A refusal of the Store itself (unknown namespace, another tenant's) is raised as the daemon's KVStoreError, and
 the slots stay spare.
+
+A put of more than PART_BYTES goes as several Stores, each sent as soon as its part is copied and answered in
+order at the end: the daemon binds and commits one part (and evicts for its successor slots) while the client
+copies the next, so only the last part's Store is not hidden behind a copy. Every value and slot is checked
+before the first part is copied (arena_path.SlotWriter), so a put fails whole or not at all, except when the
+connection breaks between parts (the daemon restarted: its arena, and what was stored in it, is gone anyway).
 """
 
 from __future__ import annotations
@@ -19,21 +25,29 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from kvstore.client.fast_channel import UNENCODABLE, FastChannel, FastConn, decoded_reply
-from kvstore.errors import ConfigError
+from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
 from kvstore.vocab import ReserveOutcome
 
-__all__ = ["store", "spares_wanted", "MAX_BLOCKS", "REFUSED_S"]
+__all__ = ["store", "spares_wanted", "parts", "Writer", "Copy", "MAX_BLOCKS", "REFUSED_S", "PART_BYTES"]
 
 MAX_BLOCKS = 64     # the daemon's per-connection limit (kvstore/engine/spares.py MAX_PER_OWNER)
 REFUSED_S = 1.0     # after the daemon granted too few slots for a size, the Reserve way for this long
+PART_BYTES = 16 << 20  # a put of more bytes goes as several Stores (see above); bench.micro put 2 MiB x 32
 
-# copy(incarnation, offsets): copy the blocks into those slots of that daemon's arena; False when this client
-# has no mapping of it (the daemon restarted): nothing copied
-Copy = Callable[[int, list[int]], bool]
+
+class Writer(Protocol):
+    def copy(self, start: int, stop: int) -> None: ...  # copy blocks start..stop-1 into their slots
+
+
+# copy(incarnation, offsets): a context holding a writer of the put's blocks into those slots of that daemon's
+# arena (every value and slot checked when it is made); None when this client maps another daemon's arena
+Copy = Callable[[int, list[int]], AbstractContextManager[Writer | None]]
 
 
 def spares_wanted(asked: bool | None) -> bool:
@@ -45,6 +59,13 @@ def spares_wanted(asked: bool | None) -> bool:
     if raw not in ("", "0", "1"):
         raise ConfigError(f"KVSTORE_SPARE_SLOTS={raw!r}: use 1 (puts through spare slots, the default) or 0")
     return raw != "0"
+
+
+def parts(n: int, size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each Store of a put of n blocks of `size` bytes: as few as keep each to PART_BYTES (at
+    least one block), their block counts as even as can be."""
+    count = -(-n // max(1, PART_BYTES // max(1, size)))
+    return [(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 
 def _slots(channel: FastChannel, c: FastConn, size: int, n: int) -> list[int] | None:
@@ -78,25 +99,58 @@ def store(channel: FastChannel, namespace: str, keys: Sequence[bytes], sizes: Se
     if taken is None:
         return None
     pool = c.spares[sizes[0]]
+    bounds = parts(n, sizes[0])
     try:
-        body = sb.encode_store(namespace, keys, sizes, taken)
+        bodies = [sb.encode_store(namespace, keys[a:b], sizes[a:b], taken[a:b]) for a, b in bounds]
     except UNENCODABLE:
         pool.extend(taken)  # a key or namespace the fast format cannot carry: the Reserve way says what is wrong
         return None
+    sent: list[tuple[int, int, int]] = []  # (start, stop, request id) of each Store sent
     try:
-        if not copy(c.incarnation, taken):
-            pool.extend(taken)
-            return None
-        reply = channel.call_on(c, fp.STORE, body)
+        with copy(c.incarnation, taken) as writer:
+            if writer is None:
+                pool.extend(taken)
+                return None
+            for (a, b), body in zip(bounds, bodies):
+                writer.copy(a, b)
+                rid = channel.send_on(c, fp.STORE, body)
+                if rid is None:  # the connection was dead: its slots went with it
+                    if not sent:
+                        return None
+                    raise StoreUnavailableError("the fast-path connection closed during a put (the daemon restarted "
+                                                "or closed it): retry the put")
+                sent.append((a, b, rid))
     except BaseException:
-        pool.extend(taken)  # refused (or the copy failed): nothing was stored, the slots are still this conn's
+        if channel.alive(c):
+            pool.extend(taken[sent[-1][1] if sent else 0:])  # the parts not sent are still this connection's
+            try:
+                _answers(channel, c, sent, taken, pool, n)  # read what was sent, so the connection stays in step
+            except KVStoreError:
+                pass  # it broke meanwhile (dropped): the first error is the one to raise
         raise
-    if reply is None:
-        return None  # the connection was dead: its slots went with it
-    stored, outcomes, refill = decoded_reply(sb.decode_store_reply, reply)
-    for i, outcome in enumerate(outcomes):
-        if outcome != ReserveOutcome.RESERVED:
-            pool.append(taken[i])
-        if refill[i]:
-            pool.append(refill[i])
-    return outcomes, stored
+    result, error = _answers(channel, c, sent, taken, pool, n)
+    if error is not None:
+        raise error
+    return result
+
+
+def _answers(channel: FastChannel, c: FastConn, sent: list[tuple[int, int, int]], taken: list[int],
+             pool: list[int], n: int) -> tuple[tuple[list[int], int], KVStoreError | None]:
+    """Read the replies to the Stores sent, in order: ((outcome per key, stored), the first refusal). A
+    refused part's slots, and each key's slot that was not used, stay spare; each new slot joins the pool."""
+    outcomes, stored, error = [int(ReserveOutcome.RESERVED)] * n, 0, None
+    for a, b, rid in sent:
+        reply = channel.reply_on(c, rid)
+        if isinstance(reply, KVStoreError):
+            pool.extend(taken[a:b])
+            error = error or reply
+            continue
+        got, outs, refill = decoded_reply(sb.decode_store_reply, reply)
+        stored += got
+        for i, outcome in enumerate(outs):
+            outcomes[a + i] = outcome
+            if outcome != ReserveOutcome.RESERVED:
+                pool.append(taken[a + i])
+            if refill[i]:
+                pool.append(refill[i])
+    return (outcomes, stored), error
