@@ -38,7 +38,7 @@ __all__ = ["store", "spares_wanted", "parts", "Writer", "Copy", "MAX_BLOCKS", "R
 
 MAX_BLOCKS = 64     # the daemon's per-connection limit (kvstore/engine/spares.py MAX_PER_OWNER)
 REFUSED_S = 1.0     # after the daemon granted too few slots for a size, the Reserve way for this long
-PART_BYTES = 16 << 20  # a put of more bytes goes as several Stores (see above); bench.micro put 2 MiB x 32
+PART_BYTES = 32 << 20  # more bytes go as several Stores; a part under 24 MiB copies on one thread (copy.c)
 
 
 class Writer(Protocol):
