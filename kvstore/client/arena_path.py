@@ -24,11 +24,17 @@ __all__ = ["write", "write_slots", "SlotWriter", "read_into", "read_bytes", "val
 
 
 def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> None:
-    """An offset outside the mapping would be a wild write: refuse it rather than trust the wire."""
-    try:
-        bad = m.layout.first_outside(np.asarray(offsets, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64))
-    except OverflowError:  # negative, or past 64 bits
-        bad = next(i for i, (o, n) in enumerate(zip(offsets, sizes)) if not m.layout.contains_slot(int(o), int(n)))
+    """An offset outside the mapping would be a wild write: refuse it rather than trust the wire. A few slots are
+    checked one by one, a batch in numpy (ArenaLayout.first_outside: the cheaper of the two from ~8 slots)."""
+    bad = -1
+    if len(offsets) > 8:
+        try:
+            bad = m.layout.first_outside(np.asarray(offsets, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64))
+        except OverflowError:  # negative, or past 64 bits: one by one says which
+            bad = -2
+    if bad != -1:
+        bad = next((i for i, (o, n) in enumerate(zip(offsets, sizes)) if not m.layout.contains_slot(int(o), int(n))),
+                   -1)
     if bad >= 0:
         raise InvalidRequestError(f"slot [{offsets[bad]}, +{sizes[bad]}) is outside the arena's data region")
 
@@ -47,20 +53,26 @@ def write_slots(m: ArenaMap, offsets: Sequence[int], values: Sequence[object], t
 
 
 class SlotWriter:
-    """Copies values[j] into the slot at offsets[j], a range of blocks at a time: every value and slot is checked
-    when it is made, so a put sent in parts (spare_puts.py) never fails after its first part went out."""
+    """Copies values[j] into the slot at offsets[j], a range of blocks at a time. Its slots are checked when it is
+    made, the values by each copy before it moves a byte, or all at once by `check` (a put sent in parts,
+    spare_puts.py, calls it first, so that it never fails after its first part went out)."""
 
     def __init__(self, m: ArenaMap, offsets: Sequence[int], values: Sequence[object], threads: int = 1) -> None:
         self._values = list(values)  # held (with their buffers exported during each copy) until the copy is done
-        self._lengths = np.asarray([memoryview(v).nbytes for v in self._values], dtype=np.uint64)  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-        _check_slots(m, offsets, self._lengths.tolist())
-        self._dst = np.asarray(offsets, dtype=np.uint64) + np.uint64(m.address)
+        lengths = [memoryview(v).nbytes for v in self._values]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
+        _check_slots(m, offsets, lengths)
+        self._dst = np.asarray([m.address + int(off) for off in offsets], dtype=np.uint64)
+        self._lengths = np.asarray(lengths, dtype=np.uint64)
         self._threads = threads
+
+    def check(self) -> None:
+        """InvalidRequestError unless every value can be copied (a buffer that is not C-contiguous)."""
         _checked(lambda: copy_buffers(self._dst, self._lengths, self._values, check_only=True))
 
     def copy(self, start: int, stop: int) -> None:
         """Copy blocks start..stop-1."""
-        copy_buffers(self._dst[start:stop], self._lengths[start:stop], self._values[start:stop], threads=self._threads)
+        _checked(lambda: copy_buffers(self._dst[start:stop], self._lengths[start:stop], self._values[start:stop],
+                                      threads=self._threads))
 
 
 def _checked(copy: Callable[[], int]) -> int:

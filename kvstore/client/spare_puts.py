@@ -42,7 +42,8 @@ PART_BYTES = 32 << 20  # more bytes go as several Stores; a part under 24 MiB co
 
 
 class Writer(Protocol):
-    def copy(self, start: int, stop: int) -> None: ...  # copy blocks start..stop-1 into their slots
+    def check(self) -> None: ...  # raise unless every block can be copied
+    def copy(self, start: int, stop: int) -> None: ...  # copy blocks start..stop-1 into their slots (checked first)
 
 
 # copy(incarnation, offsets): a context holding a writer of the put's blocks into those slots of that daemon's
@@ -111,6 +112,8 @@ def store(channel: FastChannel, namespace: str, keys: Sequence[bytes], sizes: Se
             if writer is None:
                 pool.extend(taken)
                 return None
+            if len(bounds) > 1:
+                writer.check()  # not after the first part went out
             for (a, b), body in zip(bounds, bodies):
                 writer.copy(a, b)
                 rid = channel.send_on(c, fp.STORE, body)
