@@ -6,6 +6,7 @@
     scheduler.py       the scheduler side: metadata only (lookups, save jobs, KV events, stats)
     plan.py            what the scheduler side tells the worker side each step: small picklable values
     worker.py          the worker side: moves bytes between vLLM's paged KV cache and the arena
+    saves.py           the worker side's saves: gather into spare slots (then Store) or reserved ones (then Commit)
     layout.py          where one vLLM block's bytes live: contiguous pieces per block, any layout
     copier.py          byte movers between the arena and the KV cache, chosen by where the cache lives
     cuda_copy.py       GPU <-> arena: the arena as pinned, device-mapped memory, one gather/scatter kernel

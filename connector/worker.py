@@ -1,10 +1,10 @@
 """Worker side of the connector: moves bytes between vLLM's paged KV cache and the daemon's arena.
 
-Save (in wait_for_save, after the step's forward wrote the KV): one Reserve for the step's new stored blocks
-(keys the store already has come back ALREADY_PRESENT and are skipped), one batched gather of every reserved
-block's pieces across all layers into its arena slot, then Commit on a background thread. A request with more
-keys than the daemon's max_batch_keys (a 64K-token prompt at one 16-token block per key) is split into parts
-of that many keys, each its own Reserve / gather / Commit (and, for a load, its own Lookup lease). The gather itself
+Save (in wait_for_save, after the step's forward wrote the KV; saves.py): one batched gather of the step's new
+blocks' pieces across all layers into arena slots, either spare slots the daemon granted ahead (no request on
+vLLM's thread; one Store on a background thread) or slots reserved for them (one Reserve; Commit on that
+thread). A request with more keys than the daemon's max_batch_keys (a 64K-token prompt at one 16-token block
+per key) is split into parts of that many keys (and, for a load, its own Lookup lease each). The gather itself
 is done before wait_for_save returns (CPU) or ordered before every later kernel on the compute stream (CUDA:
 cuda_copy.fence right after the launch), so a block vLLM frees and reuses later can never leak into the store.
 
@@ -21,8 +21,8 @@ before any later kernel (CUDA), so vLLM may free a finished request's blocks at 
 touches only the arena. (Holding blocks until commits finish would also block reset_prefix_cache.)
 
 KV cache groups (hybrid models, connector/groups.py): each group has its own layers, namespace and block table;
-every job carries one block list per group, and each group is loaded and saved on its own (its own Lookup lease
-or Reserve, gather and Commit). A load copies the keys of a group that have a block to fill; a save stores the
+every job carries one block list per group, and each group is loaded and saved on its own (its own Lookup lease,
+or slots, gather and Store or Commit). A load copies the keys of a group that have a block to fill; a save stores the
 keys whose blocks are all given (the scheduler marks what a group does not keep or store with -1).
 """
 
@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,22 +42,18 @@ from connector.copier import Copier, make_copier
 from connector.layout import KVLayout, LayoutError
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, namespace_for
-from connector.plan import LoadJob, SaveJob
+from connector.plan import LoadJob
+from connector.saves import Saves
 from connector.stats import ConnectorCounters
 from kvstore.client import Client, arena_path
 from kvstore.client.arena_map import ArenaMap
-from kvstore.client.types import Reservation
-from kvstore.errors import KVStoreError, UnknownNamespaceError
-from kvstore.vocab import ReserveOutcome
 
 __all__ = ["WorkerSide"]
-
-_RESERVED = int(ReserveOutcome.RESERVED)  # a plain int: compared once per saved block
 
 log = logging.getLogger(__name__)
 
 
-class WorkerSide:
+class WorkerSide(Saves):
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
                  counters: ConnectorCounters | None = None, *, group_specs: Sequence[KVLayoutSpec] = (),
                  group_layers: Sequence[Sequence[str]] = ()) -> None:
@@ -233,120 +228,6 @@ class WorkerSide:
                 return plan.nbytes
         finally:
             c.release([lease])
-
-    # -- saves -------------------------------------------------------------------------------------------
-    def save(self, jobs: list[SaveJob]) -> None:
-        """Gather now (the KV of this step exists now), commit in the background.
-
-        Each KV cache group is saved on its own: the keys whose blocks the job gives in full. A job with more
-        keys than the daemon takes in one RPC (max_batch_keys, 4096 by default: a 64K-token prompt at one
-        16-token block per key) is saved as consecutive parts, each its own Reserve, gather and Commit; a failed
-        part costs only its own keys. A job's parts are reserved together, pipelined (Client.reserve_many: one
-        round trip on vLLM's thread for every group of a hybrid model, not one per group)."""
-        for job in jobs:
-            parts = self._parts(job)
-            t0 = time.perf_counter()
-            try:
-                reserved = self._reserve(parts)
-            except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
-                log.exception("kvstore save for request %s failed", job.req_id)
-                self.counters.add(save_failures=len(parts))
-                continue
-            for (group, part), res in zip(parts, reserved):
-                try:
-                    self._save_one(group, part, res, t0)
-                except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
-                    log.exception("kvstore save for request %s failed", part.req_id)
-                    self.counters.add(save_failures=1)
-
-    def _reserve(self, parts: list[tuple[int, SaveJob]]) -> list[Reservation | None]:
-        """One Reserve per part, pipelined; None for a part the daemon refused (or every part, store down)."""
-        if not parts or self._client() is None:
-            return [None] * len(parts)
-        reqs = [(namespace_for(self.specs[g], p.cache_salt), p.keys, [self.group_key_bytes(g)] * len(p.keys))
-                for g, p in parts]
-
-        def reserve(cl: Client) -> list[Reservation | KVStoreError]:
-            out = cl.reserve_many(reqs)
-            unknown = next((r for r in out if isinstance(r, UnknownNamespaceError)), None)
-            if unknown is not None:  # the daemon restarted and forgot a namespace: give back what was reserved,
-                for r in out:        # and let the link register the namespaces and ask again
-                    if isinstance(r, Reservation):
-                        cl.abort(r)
-                raise unknown
-            return out
-        got = self.link.call([ns for ns, _, _ in reqs], reserve)
-        if got is None:
-            return [None] * len(parts)
-        for r in got:
-            if isinstance(r, KVStoreError):
-                log.warning("kvstore reserve failed: %s", r)
-        return [r if isinstance(r, Reservation) else None for r in got]
-
-    def _batch_keys(self) -> int:
-        c = self.link.client
-        return max(1, c.max_batch_keys) if c is not None else 1 << 62
-
-    def _parts(self, job: SaveJob) -> list[tuple[int, SaveJob]]:
-        """(group, a job of one group's complete keys, at most max_batch_keys of them) pairs."""
-        n, g = self._batch_keys(), self.spec.blocks_per_key
-        out = []
-        for gi, blocks in enumerate(job.block_ids):
-            have = self._blocks(blocks)
-            idx = np.flatnonzero((have >= 0).all(axis=1))
-            keys, flat = [job.keys[i] for i in idx], have[idx].reshape(-1).tolist()
-            out += [(gi, replace(job, keys=keys[i:i + n], block_ids=[flat[i * g:(i + n) * g]]))
-                    for i in range(0, len(keys), n)]
-        return out
-
-    def _save_one(self, group: int, job: SaveJob, res: Reservation | None, t0: float) -> None:
-        """Save one group's part (``job.block_ids`` holds that group's blocks only) into its reservation."""
-        c = self._client()
-        if c is None or res is None:
-            self.counters.add(save_failures=1)
-            return
-        ns = namespace_for(self.specs[group], job.cache_salt)
-        idx = [i for i, o in enumerate(res.outcomes) if o == _RESERVED]
-        self.counters.add(save_skipped_blocks=len(job.keys) - len(idx))
-        if not idx:
-            return  # nothing reserved: the daemon holds no reservation to abort
-        m = c.acquire_arena(res.incarnation)  # held until the commit thread has waited for the gather
-        if m is None:
-            self.counters.add(save_failures=1)
-            self.link.call(ns, lambda cl: cl.abort(res))  # a restarted daemon may not know it: then a no-op
-            return
-        try:
-            copier = self._copier_for(m)
-            blocks = self._blocks(job.block_ids[0])[idx]
-            slots = np.uint64(m.address) + np.asarray([res.offsets[i] for i in idx], dtype=np.uint64)
-            plan = self.layouts[group].plan(slots, blocks, to_store=True)
-            handle = copier.copy(plan)
-            fence = getattr(copier, "fence", None)  # CUDA: every later kernel on the compute stream (the next
-            if fence is not None:                   # forward, block zeroing) waits for this gather, on the GPU
-                fence()
-            self._futures.append(self._committer.submit(self._commit, job, ns, res, m, copier, handle, len(idx),
-                                                        plan.nbytes, t0))
-        except BaseException:
-            m.release()
-            raise
-
-    def _commit(self, job: SaveJob, ns: str, res: Any, m: ArenaMap, copier: Copier, handle: Any, n: int,
-                nbytes: int, t0: float) -> None:
-        try:
-            copier.wait(handle)
-            m.release()  # the gather is done: the mapping may go (the commit touches no arena memory)
-            m = None  # type: ignore[assignment]  # released above: None tells `finally` not to release it again
-            done = self.link.call(ns, lambda cl: cl.commit(res))
-            if done is None:
-                self.counters.add(save_failures=1)
-            else:
-                self.counters.add(saved_blocks=n, saved_bytes=nbytes, save_seconds=time.perf_counter() - t0)
-        except Exception:  # noqa: BLE001
-            log.exception("kvstore commit for request %s failed", job.req_id)
-            self.counters.add(save_failures=1)
-        finally:
-            if m is not None:
-                m.release()
 
     # -- completion --------------------------------------------------------------------------------------
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:

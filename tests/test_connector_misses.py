@@ -104,7 +104,10 @@ def test_the_same_prompt_under_another_model_is_held_by_another_namespace(daemon
     assert rec == MissRecord("m1", "other_namespace", namespace_for(other), other_namespaces=(namespace_for(SPEC),))
 
 
-def test_keys_pushed_out_of_a_full_arena_were_evicted(make_daemon) -> None:
+def test_keys_pushed_out_of_a_full_arena_were_evicted(make_daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the filler takes the whole arena: no connection may hold spare slots (the connector's saves would keep a
+    # slab of their size class until their connection's quarantine is over)
+    monkeypatch.setenv("KVSTORE_SPARE_SLOTS", "0")
     d = make_daemon(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0, disk_bytes=0)
     prompt = stored(d.address, 655)
     with Client(d.address) as c:

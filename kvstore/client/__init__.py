@@ -3,6 +3,7 @@
     client.py        Client: the public API; connection, reconnects, the two-phase primitives, management calls
     data_calls.py    DataCalls (mixed into Client): put / get and their batched forms through the arena or streams
     spare_puts.py    puts into the connection's spare slots: a copy and one Store request
+    slot_bank.py     SlotBank: spare slots taken and copied into on one thread, stored on another (connector saves)
     connect.py       on connecting: map the daemon's arena, open the same-node fast path (or say why not,
                      and whether the why can pass: then the handoff is retried)
     arena_slot.py    ArenaSlot: the current arena mapping, swapped on reconnect, and when to ask for it again

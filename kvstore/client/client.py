@@ -29,6 +29,7 @@ from kvstore.client.control import ControlPlane, FastControl, GrpcControl
 from kvstore.client.events import EventStream  # re-exported: kvstore.client imports it from here
 from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
+from kvstore.client.slot_bank import SlotBank
 from kvstore.client.data_calls import DataCalls  # put, put_many, get, get_many, get_into, get_many_into
 from kvstore.client.sessions import SessionCalls  # note_session, explain_session, sessions
 from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, Reservation, Stats
@@ -244,6 +245,12 @@ class Client(DataCalls, SessionCalls):
             if isinstance(r, Reservation):
                 self._check_incarnation(r.incarnation)
         return out
+
+    def slot_bank(self, size: int) -> SlotBank | None:
+        """Spare slots for blocks of `size` bytes that one thread takes and copies into and another stores
+        (kvstore/client/slot_bank.py: the vLLM connector's saves); None off the fast path's arena, or with spare
+        slots off."""
+        return self._control.slot_bank(size, self._check_incarnation) if self.mode == "arena" else None
 
     def commit(self, reservation: Reservation, checksums: Sequence[int] = ()) -> int:
         if not reservation.id:

@@ -14,6 +14,7 @@ waits for the one-way sends. Puts go through the connection's spare slots where 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from kvstore.client import spare_puts
 from kvstore.client.fast_channel import UNENCODABLE, FastChannel, decoded_reply
 from kvstore.client.rpc import Rpc
 from kvstore.client.shared_index import SharedIndex
+from kvstore.client.slot_bank import SlotBank
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import KVStoreError
 from kvstore.fastpath import protocol as fp
@@ -49,6 +51,7 @@ class ControlPlane(Protocol):
     def release(self, lease_ids: list[int]) -> int: ...
     def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
               copy: spare_puts.Copy) -> tuple[list[int], int] | None: ...
+    def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None: ...
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
     def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
@@ -100,6 +103,10 @@ class GrpcControl:
         """No spare slots over gRPC: every put reserves."""
         return None
 
+    def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None:
+        """No spare slots over gRPC."""
+        return None
+
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]:
         """A Lookup without lease of `keys` in each namespace, one call after another: a prefix one counts only,
         one without `prefix` answers every key's tier."""
@@ -124,6 +131,8 @@ class FastControl:
         self._grpc = fallback
         self.index = index
         self.spares = True  # puts through spare slots (spare_puts.py); the Client sets it
+        self._banks: dict[int, SlotBank] = {}  # block size -> its bank (slot_bank.py)
+        self._banks_lock = threading.Lock()
         # (incarnation, arena offsets) -> the slots' generations in that daemon's arena, or None when it is not
         # mapped (the Client sets it): a Lookup without lease answered here needs them
         self.generations: Callable[[int, np.ndarray], np.ndarray | None] | None = None
@@ -213,6 +222,17 @@ class FastControl:
               copy: spare_puts.Copy) -> tuple[list[int], int] | None:
         """A put through this connection's spare slots: a copy and one request (spare_puts.py); None: reserve."""
         return spare_puts.store(self.channel, namespace, keys, sizes, copy) if self.spares else None
+
+    def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None:
+        """The bank of spare slots for blocks of `size` bytes, taken on one thread and stored on another
+        (slot_bank.py; one connection each); None with spare slots off."""
+        if not self.spares:
+            return None
+        with self._banks_lock:
+            bank = self._banks.get(size)
+            if bank is None:
+                bank = self._banks[size] = SlotBank(self.channel, size, on_incarnation=on_incarnation)
+            return bank
 
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None:
         """A get's Lookup answered from the shared key index alone: without lease, with the hit columns, and only

@@ -108,7 +108,7 @@ def _request_file(path: str, token: str, timeout_s: float, want_arena: bool) -> 
 
 
 class FastConn:
-    __slots__ = ("sock", "ids", "reader", "incarnation", "unsettled", "spares", "spares_refused")
+    __slots__ = ("sock", "ids", "reader", "incarnation", "unsettled", "spares", "spares_refused", "dead")
 
     def __init__(self, sock: socket.socket, timeout_s: float, spin_us: int, incarnation: int) -> None:
         set_kernel_timeouts(sock, timeout_s)
@@ -119,6 +119,7 @@ class FastConn:
         self.unsettled = False  # one-way requests sent since the last reply (the daemon may not have run them yet)
         self.spares: dict[int, list[int]] = {}  # block size -> this connection's spare slots (spare_puts.py)
         self.spares_refused: dict[int, float] = {}  # block size -> when to ask for spare slots again
+        self.dead = False  # dropped after a failure (FastChannel._drop): never used again
 
 
 def spin_us_from_env() -> int:
@@ -156,6 +157,13 @@ class FastChannel:
         c: FastConn | None = getattr(self._local, "conn", None)
         if c is not None:
             return c
+        c = self.dial()
+        self._local.conn = c
+        return c
+
+    def dial(self) -> FastConn:
+        """A new connection (HELLO done), not this thread's: for a caller that serializes its use itself
+        (slot_bank.py). It closes with the channel, or when a call on it fails."""
         if self._closed:
             raise StoreUnavailableError("the client is closed")
         try:
@@ -170,13 +178,14 @@ class FastChannel:
             _raise_error(body)
         self.incarnation, self.max_batch_keys = fp.decode_hello_reply(body)
         c = FastConn(sock, self._timeout, self.spin_us, self.incarnation)
-        self._local.conn = c
         with self._lock:
             self._open.add(sock)
         return c
 
     def _drop(self, c: FastConn) -> None:
-        self._local.conn = None
+        c.dead = True
+        if getattr(self._local, "conn", None) is c:
+            self._local.conn = None
         with self._lock:
             self._open.discard(c.sock)
         c.sock.close()
@@ -225,8 +234,8 @@ class FastChannel:
         return c.incarnation
 
     def alive(self, c: FastConn) -> bool:
-        """Whether `c` is still this thread's connection (not dropped after a failure)."""
-        return getattr(self._local, "conn", None) is c
+        """Whether `c` is still open (not dropped after a failure)."""
+        return not c.dead
 
     def conn(self) -> FastConn:
         """This thread's connection (dialled if needed): what owns its spare slots (kvstore/client/spare_puts.py)."""
@@ -299,6 +308,10 @@ class FastChannel:
             reason, message = fp.decode_error(reply)
             return error_for_reason(reason)(message)
         return reply
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         self._closed = True

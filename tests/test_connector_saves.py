@@ -1,0 +1,91 @@
+"""The connector's saves through spare slots (connector/saves.py, kvstore/client/slot_bank.py), real daemon.
+
+A part of at most BANKED_KEYS keys is gathered into slots the daemon granted ahead (no request on vLLM's
+thread) and stored with one Store on the commit thread; a larger part, or spare slots turned off, reserves and
+commits. Both must store the same bytes and count the same; these tests check the requests each makes, exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from connector.namespace import namespace_for
+from connector import saves
+from connector.keys import KeyChain, chain_root
+from connector.saves import BANKED_KEYS
+from kvstore.client import Client
+from kvstore.testing import DaemonProcess
+from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
+from tests.fast_helpers import moved
+
+COUNTED = ("reserve_calls", "reserved_blocks", "committed_blocks", "committed_bytes")
+KEY_BYTES = 2 * SPEC.block_bytes
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with DaemonProcess(arena_bytes="64MiB", max_block_bytes="4MiB") as d:
+        yield d
+
+
+def _stored(address: str, keys: list[bytes]) -> list[bytes | None]:
+    with Client(address) as c:
+        return c.get_many(namespace_for(SPEC), keys)
+
+
+def _keys(req: Req) -> list[bytes]:
+    return KeyChain(T, 0, chain_root(0)).extend(req.prompt_token_ids)[:len(req.prompt_token_ids) // T]
+
+
+@pytest.mark.parametrize("spare_slots", ["1", "0"])
+def test_a_save_through_spare_slots_stores_what_reserve_and_commit_store(daemon: DaemonProcess, spare_slots: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTORE_SPARE_SLOTS", spare_slots)
+    a = Side(daemon.address, make_caches(21 if spare_slots == "1" else 22))
+    with Client(daemon.address, control="fast") as probe:
+        warm = Req(f"warm{spare_slots}", prompt_tokens(8, start=900 + int(spare_slots)))  # one key: the link
+        a.prefill(warm, [60, 61])                  # connects, registers the namespace, the bank gets its slots
+        req = Req(f"r{spare_slots}", prompt_tokens(96, start=300 + int(spare_slots)))    # 12 keys, one part
+        _, delta = moved(probe, lambda: a.prefill(req, list(range(24))), COUNTED)
+    keys = _keys(req)
+    assert len(keys) == 12 and 12 <= BANKED_KEYS
+    assert _stored(daemon.address, keys) == [block_bytes_of(a.caches, 2 * k) + block_bytes_of(a.caches, 2 * k + 1)
+                                             for k in range(12)]
+    t = a.worker.counters.totals
+    assert (t["saved_blocks"], t["saved_bytes"], t.get("save_skipped_blocks", 0), t.get("save_failures", 0)) == (
+        13, 13 * KEY_BYTES, 0, 0)
+    # either way one Reserve and one Commit of 12 blocks are counted (a Store counts as both); the requests
+    # differ: one Store (the slots were granted during the warm-up), or a Reserve and a Commit
+    assert delta == {"reserve_calls": 1, "reserved_blocks": 12, "committed_blocks": 12,
+                     "committed_bytes": 12 * KEY_BYTES, "fast_requests": 1 if spare_slots == "1" else 2}
+    bank = a.worker.link.client.slot_bank(KEY_BYTES)  # type: ignore[union-attr]
+    if spare_slots == "1":
+        assert bank is not None and bank.status()["out"] == 0 and bank.status()["pool"] == 64
+    else:
+        assert bank is None
+    a.close()
+
+
+def test_keys_already_stored_are_counted_skipped_either_way(daemon: DaemonProcess) -> None:
+    a = Side(daemon.address, make_caches(23))
+    req = Req("twice", prompt_tokens(40, start=500))  # 5 keys
+    a.prefill(req, list(range(10)))
+    again = Req("twice-again", list(req.prompt_token_ids))  # the same keys saved again (no lookup asked)
+    a.prefill(again, list(range(10, 20)))
+    t = a.worker.counters.totals
+    assert (t["saved_blocks"], t["save_skipped_blocks"], t.get("save_failures", 0)) == (5, 5, 0)
+    bank = a.worker.link.client.slot_bank(KEY_BYTES)  # type: ignore[union-attr]
+    assert bank is not None and bank.status() == {"pool": 64, "out": 0, "epoch": 1}  # the present keys' slots too
+    a.close()
+
+
+def test_a_part_larger_than_banked_keys_reserves(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(saves, "BANKED_KEYS", 4)
+    a = Side(daemon.address, make_caches(24))
+    with Client(daemon.address, control="fast") as probe:
+        a.prefill(Req("warm-big", prompt_tokens(8, start=950)), [62, 63])
+        req = Req("big", prompt_tokens(40, start=700))  # 5 keys in one part: more than 4
+        _, delta = moved(probe, lambda: a.prefill(req, list(range(10))), ("reserve_calls",))
+    assert delta == {"reserve_calls": 1, "fast_requests": 2}  # a Reserve and a Commit
+    assert a.worker.counters.totals["saved_blocks"] == 6
+    a.close()
