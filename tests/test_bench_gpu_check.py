@@ -153,13 +153,15 @@ def test_hybrid_check_catches_groups_that_share_a_namespace(daemon, monkeypatch:
     (skipped), its namespace stays empty, and every sliding page loaded differs."""
     from dataclasses import replace
 
+    import connector.saves
     import connector.worker
     from bench.gpu_hybrid import hybrid_save_load_check
     from connector.groups import FULL
 
     real = connector.worker.namespace_for
-    monkeypatch.setattr(connector.worker, "namespace_for",
-                        lambda spec, salt=None: real(replace(spec, kind=FULL, group_index=0), salt))
+    for module in (connector.worker, connector.saves):  # loads, saves
+        monkeypatch.setattr(module, "namespace_for",
+                            lambda spec, salt=None: real(replace(spec, kind=FULL, group_index=0), salt))
     out = hybrid_save_load_check(daemon.address, torch, "cpu", keys=8, window=40)
     assert out["hybrid_ok"] is False
     assert (out["hybrid_mismatched_pages"], out["hybrid_touched_pages"], out["hybrid_bad_counts"],
