@@ -263,3 +263,15 @@ def emit_json(out: dict[str, Any], json_out: str | None = None) -> None:
         with open(json_out, "w") as fh:
             fh.write(line + "\n")
     print(line, flush=True)
+
+
+__all__ += ["arena_for"]
+
+
+def arena_for(working_bytes: int, spare_bytes: int = 0) -> int:
+    """An arena (MiB-rounded) that holds `working_bytes` of blocks and `spare_bytes` of spare slots the
+    clients hold ahead of their puts (kvstore/engine/spares.py: they count as allocated and may take at most
+    1/8 of the arena) under the eviction watermark (0.9 used), with 64 MiB to spare: a benchmark that sized
+    its arena to its blocks alone would time evictions its spare slots cause."""
+    need = max(int((working_bytes + spare_bytes) / 0.9) + (64 << 20), 8 * spare_bytes)
+    return -(-need // (1 << 20)) * (1 << 20)

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, pressure, print_table, progress
+from bench._common import (Case, Samples, arena_for, emit_json, fmt_bytes, gbs, interleave, pressure, print_table,
+                           progress)
 from bench.connector_phases import profile
-from bench.connector_rig import BLOCK_TOKENS, HEAD_DIM, KV_HEADS, LAYERS, MIB, Bench, BenchError
+from bench.connector_rig import BLOCK_TOKENS, HEAD_DIM, KV_HEADS, LAYERS, Bench, BenchError
 from bench.copy_limit import LIMIT_THREADS, best_limit
 from connector.config import ConnectorConfig
+from kvstore.client.spare_puts import MAX_BLOCKS as SPARE_SLOTS
 from kvstore.testing import DaemonProcess
 
 __all__ = ["BenchError", "Plan", "FULL", "QUICK", "run", "summarize", "main"]   # BenchError: the rig raises it
@@ -90,7 +92,8 @@ def run(tokens: int, *, rounds: int, warmup: int, threads: Sequence[int] = (1, 2
     threads = sorted(set(threads) | {head_threads})
     blocks = tokens // BLOCK_TOKENS
     block_bytes = 2 * LAYERS * BLOCK_TOKENS * KV_HEADS * HEAD_DIM * 2
-    arena = -(-int(blocks * block_bytes / 0.9) // MIB) * MIB + 64 * MIB   # stays under the eviction watermark
+    # one vLLM block is one key here: each worker side's bank of spare slots (connector/saves.py) holds 64
+    arena = arena_for(blocks * block_bytes, len(threads) * SPARE_SLOTS * block_bytes)
     # other step sizes: the whole prompt in one step (when that is not the headline already), smaller chunks
     extra = [c for c in dict.fromkeys(extra_chunks) if c != head_chunk and (0 < c < tokens or
                                                                            (c == 0 and head_chunk < tokens))]

@@ -34,11 +34,13 @@ import statistics
 import time
 from typing import Any
 
-from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, pressure, print_table, progress
+from bench._common import (Case, Samples, arena_for, emit_json, fmt_bytes, gbs, interleave, pressure, print_table,
+                           progress)
 from bench.connector import DEFAULT_THREADS, TARGET, Plan
 from bench.copy_limit import best_limit
 from bench.hybrid_rig import MODES, BenchError, HybridBench, HybridShape
 from connector.config import ConnectorConfig
+from kvstore.client.spare_puts import MAX_BLOCKS as SPARE_SLOTS
 from kvstore.testing import DaemonProcess
 
 __all__ = ["FULL", "QUICK", "BenchError", "run", "main_from_args"]
@@ -53,7 +55,9 @@ def run(tokens: int, *, rounds: int, warmup: int, chunk: int, copy_threads: int 
         quick: bool = False) -> tuple[dict[str, Any], list[list[object]]]:
     """(JSON object, table rows). Raises BenchError when a pass did not store or load what it should."""
     all_bytes = shape.groups * tokens // shape.block_tokens * shape.group_block_bytes
-    arena = -(-int(all_bytes / 0.9) // (1 << 20)) * (1 << 20) + (64 << 20)  # under the eviction watermark
+    # the worker side's banks of spare slots (connector/saves.py): 64 slots of each group's stored-block size
+    g = ConnectorConfig.from_extra({}).resolve_blocks_per_key(shape.groups * shape.group_block_bytes)
+    arena = arena_for(all_bytes, SPARE_SLOTS * shape.groups * shape.group_block_bytes * g)
     n_cases = 3 * 2 + 2 * len(MODES)
     out: dict[str, Any] = {"quick": quick, "model": "gemma3-like", "layout": shape.describe(), "tokens": tokens,
                            "block_tokens": shape.block_tokens, "window": shape.window, "groups": shape.groups,

@@ -1,11 +1,13 @@
 """The connector's saves through spare slots (connector/saves.py, kvstore/client/slot_bank.py), real daemon.
 
 A part of at most BANKED_KEYS keys is gathered into slots the daemon granted ahead (no request on vLLM's
-thread) and stored with one Store on the commit thread; a larger part, or spare slots turned off, reserves and
-commits. Both must store the same bytes and count the same; these tests check the requests each makes, exactly.
+thread) and stored with one Store on the commit thread, when a core is free for that Store (the Sides here copy
+on one thread); a larger part, spare slots turned off, or a CPU copy on every core, reserves and commits. Both must store the same bytes and count the same; these tests check the requests each makes, exactly.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -41,7 +43,7 @@ def _keys(req: Req) -> list[bytes]:
 def test_a_save_through_spare_slots_stores_what_reserve_and_commit_store(daemon: DaemonProcess, spare_slots: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSTORE_SPARE_SLOTS", spare_slots)
-    a = Side(daemon.address, make_caches(21 if spare_slots == "1" else 22))
+    a = Side(daemon.address, make_caches(21 if spare_slots == "1" else 22), copy_threads=1)
     with Client(daemon.address, control="fast") as probe:
         warm = Req(f"warm{spare_slots}", prompt_tokens(8, start=900 + int(spare_slots)))  # one key: the link
         a.prefill(warm, [60, 61])                  # connects, registers the namespace, the bank gets its slots
@@ -67,7 +69,7 @@ def test_a_save_through_spare_slots_stores_what_reserve_and_commit_store(daemon:
 
 
 def test_keys_already_stored_are_counted_skipped_either_way(daemon: DaemonProcess) -> None:
-    a = Side(daemon.address, make_caches(23))
+    a = Side(daemon.address, make_caches(23), copy_threads=1)
     req = Req("twice", prompt_tokens(40, start=500))  # 5 keys
     a.prefill(req, list(range(10)))
     again = Req("twice-again", list(req.prompt_token_ids))  # the same keys saved again (no lookup asked)
@@ -81,11 +83,22 @@ def test_keys_already_stored_are_counted_skipped_either_way(daemon: DaemonProces
 
 def test_a_part_larger_than_banked_keys_reserves(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(saves, "BANKED_KEYS", 4)
-    a = Side(daemon.address, make_caches(24))
+    a = Side(daemon.address, make_caches(24), copy_threads=1)
     with Client(daemon.address, control="fast") as probe:
         a.prefill(Req("warm-big", prompt_tokens(8, start=950)), [62, 63])
         req = Req("big", prompt_tokens(40, start=700))  # 5 keys in one part: more than 4
         _, delta = moved(probe, lambda: a.prefill(req, list(range(10))), ("reserve_calls",))
     assert delta == {"reserve_calls": 1, "fast_requests": 2}  # a Reserve and a Commit
     assert a.worker.counters.totals["saved_blocks"] == 6
+    a.close()
+
+
+def test_a_cpu_copy_on_every_core_reserves(daemon: DaemonProcess) -> None:
+    a = Side(daemon.address, make_caches(25), copy_threads=len(os.sched_getaffinity(0)))
+    with Client(daemon.address, control="fast") as probe:
+        a.prefill(Req("warm-all", prompt_tokens(8, start=970)), [58, 59])
+        _, delta = moved(probe, lambda: a.prefill(Req("all", prompt_tokens(40, start=770)), list(range(10))),
+                         ("reserve_calls",))
+    assert delta == {"reserve_calls": 1, "fast_requests": 2}  # a Reserve and a Commit: no core for a Store
+    assert a.worker.link.client.slot_bank(KEY_BYTES).status()["pool"] == 0  # type: ignore[union-attr]  # never asked
     a.close()
