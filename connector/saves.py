@@ -16,6 +16,7 @@ the arena. A failed save is a future miss, never a failed request.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -95,18 +96,20 @@ class Saves:
                     self.counters.add(save_failures=1)
 
     # -- through spare slots -----------------------------------------------------------------------------
+    @functools.cached_property
     def _banks_pay(self) -> bool:
         """Spare slots move the daemon's half of a save (the Store, with the slots it grants) off vLLM's thread
         into the time of the next gather: a gain when a core is free to run it (the GPU copies, or the CPU copy
         leaves a core), contention when the gather already runs on every core. Measured on 2 cores, 512-token
         steps of 64 MiB (wait_for_save p50, spare slots vs Reserve, alternating): copy_threads=1 4.86 vs 5.44
-        ms a step, copy_threads=2 4.70 vs 4.11 ms."""
+        ms a step, copy_threads=2 4.70 vs 4.11 ms. Decided once (after register: the layouts say the device),
+        not per part on vLLM's thread."""
         return self.layouts[0].is_cuda or self.config.copy_threads < len(os.sched_getaffinity(0))
 
     def _take(self, group: int, part: SaveJob) -> tuple[SlotBank, Taken] | None:
         """Spare slots for every key of the part, or None (then it reserves)."""
         c = self._client()
-        if c is None or not 0 < len(part.keys) <= BANKED_KEYS or not self._banks_pay():
+        if c is None or not 0 < len(part.keys) <= BANKED_KEYS or not self._banks_pay:
             return None
         bank = c.slot_bank(self.group_key_bytes(group))
         taken = bank.take(len(part.keys)) if bank is not None else None

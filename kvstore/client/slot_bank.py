@@ -28,11 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvstore.client.fast_channel import FastChannel, FastConn, decoded_reply
-from kvstore.client.spare_puts import MAX_BLOCKS, REFUSED_S
+from kvstore.client.spare_puts import MAX_BLOCKS, REFUSED_S, still_spare
 from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
-from kvstore.vocab import ReserveOutcome
 
 __all__ = ["SlotBank", "Taken"]
 
@@ -142,8 +141,7 @@ class SlotBank:
         stored, outcomes, refill = decoded_reply(sb.decode_store_reply, reply)
         with self._lock:
             if taken.epoch == self._epoch:
-                self._pool += [off for off, o in zip(taken.offsets, outcomes) if o != ReserveOutcome.RESERVED]
-                self._pool += [off for off in refill if off]
+                self._pool += still_spare(taken.offsets, outcomes, refill)
                 self._out -= len(taken.offsets)
         return outcomes, stored
 

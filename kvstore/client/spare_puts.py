@@ -34,7 +34,7 @@ from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
 from kvstore.vocab import ReserveOutcome
 
-__all__ = ["store", "spares_wanted", "parts", "Writer", "Copy", "MAX_BLOCKS", "REFUSED_S", "PART_BYTES"]
+__all__ = ["store", "spares_wanted", "parts", "still_spare", "Writer", "Copy", "MAX_BLOCKS", "REFUSED_S", "PART_BYTES"]
 
 MAX_BLOCKS = 64     # the daemon's per-connection limit (kvstore/engine/spares.py MAX_PER_OWNER)
 REFUSED_S = 1.0     # after the daemon granted too few slots for a size, the Reserve way for this long
@@ -150,10 +150,12 @@ def _answers(channel: FastChannel, c: FastConn, sent: list[tuple[int, int, int]]
             continue
         got, outs, refill = decoded_reply(sb.decode_store_reply, reply)
         stored += got
-        for i, outcome in enumerate(outs):
-            outcomes[a + i] = outcome
-            if outcome != ReserveOutcome.RESERVED:
-                pool.append(taken[a + i])
-            if refill[i]:
-                pool.append(refill[i])
+        outcomes[a:b] = outs
+        pool += still_spare(taken[a:b], outs, refill)
     return (outcomes, stored), error
+
+
+def still_spare(offsets: Sequence[int], outcomes: Sequence[int], refill: Sequence[int]) -> list[int]:
+    """The slots a Store leaves its connection holding: each named slot whose key was not stored (present, or
+    being written by someone else) and each new slot the reply grants (0: none granted for that key)."""
+    return [off for off, o in zip(offsets, outcomes) if o != ReserveOutcome.RESERVED] + [off for off in refill if off]
