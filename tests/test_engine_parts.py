@@ -6,8 +6,6 @@ exact values. The Engine-level behaviour is covered by test_engine*.py; these pi
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from kvstore.engine.catalog import Catalog, EntryState
 from kvstore.engine.config import EngineConfig
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
+from kvstore.engine.engine_lock import EngineLock
 from kvstore.engine.events import EventBus
 from kvstore.engine.leases import LeaseTable
 from kvstore.engine.ram_space import RamSpace
@@ -123,7 +122,7 @@ def test_reservation_table_ends_each_reservation_once_and_quarantines_expired_sl
 def test_without_a_disk_tier_the_disk_link_says_nothing_is_on_disk_and_queues_nothing() -> None:
     p = Parts()
     link = DiskLink(None, None, cat=p.cat, ram=p.ram, leases=p.leases, counters=p.counters, events=EventBus(),
-                    lock=threading.Lock())
+                    lock=EngineLock())
     eid = p.put(b"k")
     assert link.mover is None and link.contains_many("m@1/parts", [b"k", b"q"]) == [0, 0]
     link.on_commit([eid])

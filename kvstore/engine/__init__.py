@@ -4,6 +4,7 @@ Import what you need from its module (`from kvstore.engine.engine import Engine`
 nothing, so importing one part never drags in the rest. Module map, from the top down:
 
     engine.py        Engine: the composition root, the one lock and every public operation (orchestration)
+    engine_lock.py   EngineLock: the one lock; work a call leaves for after its reply runs at the next taking
     writes.py        Writes: Reserve, Commit, Store (into spare slots); what a commit sets off (events, disk, ...)
     spares.py        SpareSlots: arena slots a same-node connection holds ahead of its puts
     lookups.py       Lookups: the steps of a Lookup across tiers (locate, RAM hits, promotions, leasing)

@@ -22,13 +22,13 @@ With no disk tier every method is a cheap no-op (or says "nothing on disk").
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kvstore.engine.catalog import DISK_DROPPED, ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
+from kvstore.engine.engine_lock import EngineLock
 from kvstore.engine.events import MOVED, REMOVED, STORED, EventBus
 from kvstore.engine.leases import LeaseTable
 from kvstore.engine.misses import DISK_RECLAIMED, MissLedger
@@ -52,7 +52,7 @@ class DiskLink:
     (which run without it: see the module docstring)."""
 
     def __init__(self, store: DiskStore | None, admission: AdmissionPolicy | None, *, cat: Catalog,
-                 ram: RamSpace, leases: LeaseTable, counters: Counters, events: EventBus, lock: threading.Lock,
+                 ram: RamSpace, leases: LeaseTable, counters: Counters, events: EventBus, lock: EngineLock,
                  arena_address: int = 0, queue_blocks: int = 4096, misses: MissLedger | None = None) -> None:
         self.store = store
         self.admission = admission or AlwaysAdmit()

@@ -34,14 +34,14 @@ their state, each "called under the engine's lock":
     misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
     views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without)
 
-Locking: one lock, `self._lock`, around every public method; no part has its own (the mover, the event bus
-and the DiskStore have theirs, always taken after this one). Every method does O(batch) Python work under it;
-the only I/O under it is disk-index reads.
+Locking: one lock, `self._lock` (engine_lock.py), around every public method; no part has its own (the mover,
+the event bus and the DiskStore have theirs, always taken after this one). Every method does O(batch) Python
+work under it; the only I/O under it is disk-index reads. A Commit or Store may leave its watermark eviction for
+after its reply (settle_later, then settle()); whoever takes the lock first runs it.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -52,6 +52,7 @@ from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import Catalog, EntryState, Namespace
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
+from kvstore.engine.engine_lock import EngineLock
 from kvstore.engine.events import REMOVED, EventBus
 from kvstore.engine.hints import Hints, parse_hint
 from kvstore.engine.key_mirror import KeyIndexMirror
@@ -103,7 +104,7 @@ class Engine:
         self.layout = layout
         self.counters = Counters()
         self.events = EventBus()
-        self._lock = threading.Lock()
+        self._lock = EngineLock()
         self._cat = cat = Catalog()
         self._names = NamespaceTable(cat, config)
         self.misses = MissLedger(config.miss_ledger_keys)
@@ -120,7 +121,7 @@ class Engine:
         self._views = Views(config, cat, self._ram, self._leases, self._reservations, disk, self.counters)
         self._spares = SpareSlots(config, self._ram)
         self._writes = Writes(config, cat, self._ram, self._reservations, self._spares, self._disk, self._hints,
-                              self.events, self.counters)
+                              self.events, self.counters, self._lock.defer)
         if disk is not None:  # known from before a restart; the next registration describes them
             self._names.recover(disk.namespaces())
 
@@ -184,9 +185,10 @@ class Engine:
         with self._lock:
             return self._writes.reserve(self._names.get(ns_name), keys, sizes)
 
-    def commit(self, reservation_id: int, checksums: Sequence[int] = ()) -> int:
+    def commit(self, reservation_id: int, checksums: Sequence[int] = (), settle_later: bool = False) -> int:
+        """`settle_later`: the watermark eviction it sets off waits for `settle` or the next call (engine_lock.py)."""
         with self._lock:
-            return self._writes.commit(reservation_id, checksums)
+            return self._writes.commit(reservation_id, checksums, settle_later)
 
     def spare(self, owner: int, size: int, count: int, tenant: str = "") -> tuple[int, list[int]]:
         """A connection's spare slots replaced by `count` for `size`-byte blocks, or none (spares.py)."""
@@ -196,12 +198,19 @@ class Engine:
             return self._spares.replace(owner, size, count, tenant)
 
     def store(self, owner: int, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int],
-              offsets: Sequence[int]) -> StoreResult:
-        """Reserve + Commit in one step of blocks the caller copied into its spare slots (writes.py)."""
+              offsets: Sequence[int], settle_later: bool = False) -> StoreResult:
+        """Reserve + Commit in one step of blocks the caller copied into its spare slots (writes.py);
+        `settle_later` as for commit."""
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
         with self._lock:
-            return self._writes.store(owner, self._names.get(ns_name), keys, sizes, offsets)
+            return self._writes.store(owner, self._names.get(ns_name), keys, sizes, offsets, settle_later)
+
+    def settle(self) -> None:
+        """Run now what a call left for after its reply (a front end calls this once the reply is sent)."""
+        if self._lock.pending:
+            with self._lock:
+                pass
 
     def drop_spares(self, owner: int) -> int:
         """`owner`'s connection closed: its spare slots go to the quarantine (freed after quarantine_s)."""

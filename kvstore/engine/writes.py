@@ -3,12 +3,13 @@
 One implementation of what a write does, whichever way it came: `plan` decides which keys need a slot (not in
 RAM, not on disk), `_committed` is everything that follows a commit (the policy, deferred hints, KV events,
 pushes to peers, disk admission, the watermarks). A Store is a Reserve and a Commit in one step, with the slots
-named by the client instead of allocated now. Called under the engine's lock.
+named by the client instead of allocated now. Called under the engine's lock. With `settle_later`, a Commit or
+Store leaves the watermark eviction to `later` (EngineLock.defer: after its reply, before any other call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvstore.engine.catalog import Catalog, Namespace
@@ -36,7 +37,8 @@ class RemoteHooks(Protocol):
 
 class Writes:
     def __init__(self, config: EngineConfig, cat: Catalog, ram: RamSpace, reservations: ReservationTable,
-                 spares: SpareSlots, disk: DiskLink, hints: Hints, events: EventBus, counters: Counters) -> None:
+                 spares: SpareSlots, disk: DiskLink, hints: Hints, events: EventBus, counters: Counters,
+                 later: Callable[[Callable[[], object]], None]) -> None:
         self._config = config
         self._cat = cat
         self._ram = ram
@@ -46,6 +48,7 @@ class Writes:
         self._hints = hints
         self._events = events
         self._counters = counters
+        self._later = later
         self.remote: RemoteHooks | None = None  # the peer tier (Engine.attach_remote)
 
     def plan(self, ns: Namespace, keys: Sequence[bytes]) -> tuple[list[int], list[int], set[int]]:
@@ -69,13 +72,13 @@ class Writes:
         rid = self._reservations.add(ns, eids)
         return ReserveResult(rid, outcomes, offsets, self._reservations.expires_in_ms)
 
-    def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
+    def commit(self, reservation_id: int, checksums: Sequence[int], settle_later: bool = False) -> int:
         ns, eids = self._reservations.take(reservation_id, len(checksums))
-        self._committed(reservation_id, ns, eids, checksums)
+        self._committed(reservation_id, ns, eids, checksums, settle_later)
         return len(eids)
 
     def store(self, owner: int, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int],
-              offsets: Sequence[int]) -> StoreResult:
+              offsets: Sequence[int], settle_later: bool = False) -> StoreResult:
         """Bind each new key to the spare slot the client copied it into, and commit them; a new spare slot for
         each one used. Counted as one Reserve and one Commit of the stored keys."""
         self._spares.check(owner, offsets, sizes, ns.tenant)
@@ -86,7 +89,7 @@ class Writes:
             return StoreResult(outcomes, 0, refill)
         eids = self._add(ns, keys, sizes, offsets, todo)
         self._spares.take(owner, [offsets[i] for i in todo])
-        self._committed(0, ns, eids, ())
+        self._committed(0, ns, eids, (), settle_later)
         keep = present.union(eids)  # the blocks just stored (or found) are not evicted for their successors' slots
         by_class: dict[int, list[int]] = {}
         for i in todo:
@@ -109,7 +112,8 @@ class Writes:
         self._counters.reserved_blocks += len(eids)
         return eids
 
-    def _committed(self, reservation_id: int, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
+    def _committed(self, reservation_id: int, ns: Namespace, eids: list[int], checksums: Sequence[int],
+                   settle_later: bool) -> None:
         self._ram.commit(ns, eids, checksums)
         self._hints.committed(eids)  # hints that reached these blocks while they were being written
         if self._events.subscribers:
@@ -117,4 +121,7 @@ class Writes:
         if self.remote is not None:  # queues pushes to owners; never blocks
             self.remote.committed(reservation_id, ns.name, [self._cat.keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
         self._disk.on_commit(eids)
-        self._ram.enforce_watermarks()
+        if settle_later:
+            self._later(self._ram.enforce_watermarks)
+        else:
+            self._ram.enforce_watermarks()

@@ -19,6 +19,9 @@ Bounds and failures:
 - Between frames the thread sleeps in recv, except while its client's frames come close together: then it
   polls for the next one for up to `spin_us` (ServerConfig.fast_spin_us; Spinner; at most one polling thread
   per 8 CPUs).
+- A Commit or Store answers before the watermark eviction it sets off: the thread runs that right after sending
+  the reply (ControlOps.settle; kvstore/engine/engine_lock.py), or any other call that takes the engine's lock
+  first runs it before its own work.
 - A frame that breaks the format gets an invalid_request error frame and the connection is closed (the stream
   may be out of step); a KVStoreError is an error frame and the connection goes on; EOF mid-frame just closes.
 """
@@ -333,6 +336,8 @@ class FastServer:
             conn.sendall(b"".join(held) if len(held) > 1 else held[0])
             held.clear()
         self._observe(name, time.perf_counter() - t0)  # after the reply: the client is not kept waiting for it
+        if not held:
+            self._ops.settle()  # what a Commit or Store left for after its reply (settle_later)
         return keep
 
     def _dispatch(self, head: fp.Header, body: bytes, owner: int) -> bytes:
@@ -349,7 +354,7 @@ class FastServer:
                                            res.offsets)
         if op == fp.COMMIT:
             rid, checksums = fp.decode_commit(body)
-            return fp.encode_count(ops.commit(rid, checksums))
+            return fp.encode_count(ops.commit(rid, checksums, settle_later=True))
         if op == fp.ABORT:
             return fp.encode_count(ops.abort(fp.decode_u64(body)))
         if op == fp.RELEASE:
@@ -378,7 +383,7 @@ class FastServer:
             slot_bytes, offsets = ops.spare(owner, *sb.decode_spare(body))
             return sb.encode_spare_reply(slot_bytes, offsets)
         if op == fp.STORE:
-            s = ops.store(owner, *sb.decode_store(body))
+            s = ops.store(owner, *sb.decode_store(body), settle_later=True)
             return sb.encode_store_reply(s.stored, s.outcomes, s.refill)
         if op == fp.ECHO:
             if len(body) > fp.MAX_ECHO:

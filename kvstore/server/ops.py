@@ -38,9 +38,10 @@ class ControlOps:
         self.windows.reserved(r.reservation_id, reserved)
         return r
 
-    def commit(self, reservation_id: int, checksums: Sequence[int]) -> int:
+    def commit(self, reservation_id: int, checksums: Sequence[int], settle_later: bool = False) -> int:
+        """`settle_later`: the caller sends the reply, then calls `settle` (the eviction waits; engine_lock.py)."""
         self.guard.reservation(reservation_id)
-        committed = self.engine.commit(reservation_id, checksums)
+        committed = self.engine.commit(reservation_id, checksums, settle_later)
         self.windows.committed(reservation_id)
         return committed
 
@@ -55,15 +56,20 @@ class ControlOps:
         return self.engine.spare(owner, size, count, self.guard.caller() or "")
 
     def store(self, owner: int, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-              offsets: Sequence[int]) -> StoreResult:
-        """Engine.store: blocks copied into `owner`'s spare slots, stored in one step."""
+              offsets: Sequence[int], settle_later: bool = False) -> StoreResult:
+        """Engine.store: blocks copied into `owner`'s spare slots, stored in one step; `settle_later` as for
+        commit."""
         self.guard.namespace(namespace)
-        r = self.engine.store(owner, namespace, keys, sizes, offsets)
+        r = self.engine.store(owner, namespace, keys, sizes, offsets, settle_later)
         self.windows.unwindowed("in", sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED))
         return r
 
     def drop_spares(self, owner: int) -> int:
         return self.engine.drop_spares(owner)
+
+    def settle(self) -> None:
+        """Engine.settle: what a Commit or Store left for after its reply (a no-op when nothing is left)."""
+        self.engine.settle()
 
     def lookup(self, namespace: str, keys: Sequence[bytes], prefix: bool, lease: bool,
                summary: bool = False) -> LookupResult:

@@ -1,0 +1,63 @@
+"""The engine's one lock, with room for work a call leaves for after its reply.
+
+Why: a Store or Commit that fills the arena past its high watermark also evicts down to the low one: on a Store
+of 16 blocks of 2 MiB, ~130 us of its ~320 us of Python in-process, more in the daemon, where the client's copy
+has just flushed the caches. Nothing in the reply depends on that eviction (the new spare slots come from the
+free space the previous eviction left), yet the client waited for it, and on a put of several parts the last
+part's reply is the put's latency. So a call may leave that work (`defer`): the front end runs it right after
+sending the reply (Engine.settle), and if any other caller takes the lock first, the lock runs it before that
+caller's own work. No call ever sees the engine between the two halves, so every other caller observes the
+same states as before (counters, key index, allocation), just later than the reply that caused them.
+
+An exception in deferred work is logged, not raised: it belongs to a call that has already answered, and
+raising it in an unrelated caller (a Lookup, the sweeper) would hand that caller someone else's error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+__all__ = ["EngineLock"]
+
+log = logging.getLogger(__name__)
+
+
+class EngineLock:
+    """`with lock:` takes the engine's lock and first runs whatever a previous holder deferred."""
+
+    __slots__ = ("_lock", "_deferred")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deferred: list[Callable[[], object]] = []
+
+    def __enter__(self) -> EngineLock:
+        self._lock.acquire()
+        if self._deferred:
+            self._run_deferred()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._lock.release()
+
+    @property
+    def pending(self) -> bool:
+        """Whether work waits for the next holder (read without the lock: a hint, settled under it)."""
+        return bool(self._deferred)
+
+    def defer(self, work: Callable[[], object]) -> None:
+        """Run `work` when the lock is next taken (the caller holds it now); once, however often it is left."""
+        if work not in self._deferred:
+            self._deferred.append(work)
+
+    def _run_deferred(self) -> None:
+        work, self._deferred = self._deferred, []
+        for fn in work:
+            try:
+                fn()
+            except Exception:
+                log.exception("work deferred past a reply failed (%r); the engine keeps serving", fn)
