@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from kvstore.client import Client
+from kvstore.fastpath.key_index import IndexView
 from kvstore.testing import DaemonProcess
 from tests.fast_helpers import keyset
 
@@ -21,8 +22,14 @@ MiB = 1 << 20
 BATCH = 4  # blocks of 1 MiB a put
 
 
-def _indexed(view, ns: str, keys: list[bytes]) -> list[bool]:  # type: ignore[no-untyped-def]
-    return [view.probe(ns, [k])[0] == 1 for k in keys]
+def _indexed(view: IndexView | None, ns: str, keys: list[bytes]) -> list[bool]:
+    assert view is not None, "the client has no key index mapped"
+    out = []
+    for k in keys:
+        got = view.probe(ns, [k])
+        assert got is not None, "the key index changed under the read (a daemon restart?)"
+        out.append(got[0] == 1)
+    return out
 
 
 def test_a_put_over_the_high_watermark_is_answered_then_evicts_with_no_other_call() -> None:
