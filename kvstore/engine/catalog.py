@@ -94,7 +94,7 @@ DISK_DROPPED = 8
 class CatalogMirror(Protocol):
     """What the catalog tells the shared key index (engine/key_mirror.py)."""
 
-    def added(self, eids: Sequence[int]) -> None: ...  # entries just made COMMITTED (visible in RAM)
+    def added(self, eids: Sequence[int], ns: Namespace | None = None) -> None: ...  # just made COMMITTED (in RAM)
     def removed(self, ns: Namespace, keys: list[bytes]) -> None: ...  # COMMITTED entries about to be unindexed
 
 
@@ -202,8 +202,9 @@ class Catalog:
         ns.index.update(zip(keys, eids))
         return eids
 
-    def mark_committed(self, eids: list[int], checksums: Sequence[int] = ()) -> int:
-        """Set entries COMMITTED, created now, with their checksums (if given, one per entry); their total size."""
+    def mark_committed(self, eids: list[int], checksums: Sequence[int] = (), ns: Namespace | None = None) -> int:
+        """Set entries COMMITTED, created now, with their checksums (if given, one per entry); their total size.
+        `ns`: their namespace, if the caller knows it (the key index then need not look it up)."""
         now = self.now()
         if len(eids) < _BATCH_MIN:
             total = 0
@@ -221,7 +222,7 @@ class Catalog:
                 self.checksum[ids] = np.array(checksums, dtype=np.uint64)
             total = sum(self.size[ids].tolist())
         if self.mirror is not None:
-            self.mirror.added(eids)
+            self.mirror.added(eids, ns)
         return total
 
     def unindex(self, eid: int) -> None:

@@ -78,7 +78,7 @@ class RamSpace:
     def commit(self, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
         """Reserved entries become COMMITTED (visible, evictable) and count toward their namespace."""
         self._touches.apply()  # the policy must see accesses and inserts in their real order
-        size = self._cat.mark_committed(eids, checksums)
+        size = self._cat.mark_committed(eids, checksums, ns)
         ns.blocks += len(eids)
         ns.bytes += size
         self._counters.committed_bytes += size
