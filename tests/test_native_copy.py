@@ -16,8 +16,8 @@ MiB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def small_thread_shares() -> object:
-    """Threads split at 512 KiB per thread here (12 MiB in production), so these small copies really run on
-    several threads and exercise the byte-range split."""
+    """Threads start at 512 KiB per thread here (12 MiB in production) and take 128 KiB chunks (1 MiB), so these
+    small copies really run on several threads and exercise the split of the byte stream into chunks."""
     old = _copy._set_min_share(512 * 1024)
     yield
     _copy._set_min_share(old)
@@ -125,6 +125,24 @@ def test_many_tiny_triples_split_across_threads() -> None:
     for threads in (1, 2, 3, 4, 64):
         dst = np.zeros(n * 64, np.uint8)
         assert copy_batch(dst, src, doff, soff, lens, threads=threads) == int(lens.sum())
+        assert np.array_equal(dst, expected), f"threads={threads}"
+
+
+def test_chunks_that_start_on_empty_ranges_and_cut_ranges_are_exact() -> None:
+    # threads take the stream in chunks of a quarter of min_share (128 KiB here): empty ranges sit exactly on
+    # chunk starts (the chunk belongs to the next non-empty range), and ranges of 3 chunks + 1 byte are cut
+    # mid-range by every chunk
+    chunk = 128 * 1024
+    lens = np.array([chunk, 0, 0, chunk - 1, 1, 0, 3 * chunk + 1, 0, chunk - 1, 0, 5 * chunk, 0], dtype=np.uint64)
+    total = int(lens.sum())
+    rng = np.random.default_rng(21)
+    src = _rand_bytes(rng, total)
+    soff = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.uint64)
+    doff = np.concatenate([[0], np.cumsum(lens[::-1])[:-1]]).astype(np.uint64)[::-1].copy()  # reversed layout
+    expected = _reference(np.zeros(total, np.uint8), src, doff, soff, lens)
+    for threads in (2, 3, 8):
+        dst = np.zeros(total, np.uint8)
+        assert copy_batch(dst, src, doff, soff, lens, threads=threads) == total
         assert np.array_equal(dst, expected), f"threads={threads}"
 
 

@@ -5,7 +5,7 @@ Moving a KV-cache block means moving many small pieces (one per layer and per K/
 blocks. Doing that with a Python loop costs microseconds per piece and holds the GIL; the C extension
 ``kvstore._native._copy`` validates a whole batch of ``(dst_offset, src_offset, length)`` triples up
 front, then copies with the GIL released (so the gRPC server and other threads keep running), optionally
-on several threads with the work split by bytes.
+on several threads that share the work in 1 MiB chunks.
 
 These wrappers only normalise the index arguments (lists, tuples, numpy arrays of any integer dtype) to
 C-contiguous ``np.uint64`` arrays; all checking happens in C. There is deliberately no pure-Python

@@ -25,9 +25,10 @@ PyDoc_STRVAR(copy_batch_doc,
 "first (dst writable -> TypeError; dtype -> TypeError; lengths, bounds, offset+length overflow ->\n"
 "ValueError naming the index and numbers), so a rejected call copies nothing. The copy itself runs\n"
 "with the GIL released, so other Python threads (e.g. the gRPC server) keep running.\n"
-"threads (clamped to 1..64) splits the work by BYTES, so one huge copy and many small ones balance\n"
-"alike; no extra threads are spawned for less than 12 MiB per thread (so never under 24 MiB total: below\n"
-"that one thread copying from cache beats two).\n"
+"threads (clamped to 1..64) share the work in 1 MiB chunks of the byte stream, so one huge copy and many\n"
+"small ones balance alike, and a thread that gets descheduled leaves its chunks to the others; no extra\n"
+"threads are spawned for less than 12 MiB per thread (so never under 24 MiB total: below that one thread\n"
+"copying from cache beats two).\n"
 "stream: -1 (auto) uses non-temporal stores for pieces >= 4 KiB of calls >= 1 MiB on x86-64; 0 never; 1 always.\n"
 "Ranges must not overlap each other across src/dst; if they do, the result is unspecified.");
 
@@ -106,7 +107,7 @@ PyDoc_STRVAR(copy_addrs_doc,
 "mmaps) for the duration of the call. This exists for the vLLM connector, which gathers one block's\n"
 "pieces from 32+ separate per-layer tensors (torch.Tensor.data_ptr(), ndarray.ctypes.data) into one\n"
 "arena slot, where no single buffer object spans all sources. Like copy_batch: GIL released during\n"
-"the copy, threads (1..64) split by bytes, no threads for less than 12 MiB per thread; stream as for\n"
+"the copy, threads (1..64) sharing it in 1 MiB chunks, no threads for less than 12 MiB per thread; stream as for\n"
 "copy_batch (non-temporal stores for large calls).");
 
 static PyObject *copy_addrs(PyObject *self, PyObject *args, PyObject *kw) {
@@ -159,7 +160,7 @@ PyDoc_STRVAR(copy_buffers_doc,
 "the buffer protocol, C-contiguous; every one is checked (ValueError naming its index) before any byte moves,\n"
 "and all stay exported until the copy ends. check_only=True checks them and copies nothing (a caller that\n"
 "copies a batch in parts checks it whole first). Like copy_addrs: GIL released during the copy, threads\n"
-"(1..64) split by bytes, no threads for less than 12 MiB per thread; stream as for copy_batch.");
+"(1..64) sharing it in 1 MiB chunks, no threads for less than 12 MiB per thread; stream as for copy_batch.");
 
 static PyObject *copy_buffers(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"addrs", "lengths", "buffers", "into_buffers", "threads", "stream", "check_only", NULL};
@@ -260,7 +261,7 @@ static PyMethodDef methods[] = {
 };
 
 PyDoc_STRVAR(module_doc,
-"Batched gather/scatter copy for KV-cache offload (C, GIL released, optional byte-balanced threads).\n\n"
+"Batched gather/scatter copy for KV-cache offload (C, GIL released, optional threads sharing it in chunks).\n\n"
 "copy_batch moves many (offset, length) byte ranges between two buffer-protocol objects in one call,\n"
 "validated up front; copy_addrs does the same for raw pointers (unchecked, for the vLLM connector).\n"
 "Use the typed wrappers in kvstore._native, which accept lists and convert to uint64 arrays.");

@@ -1,4 +1,4 @@
-/* The copy engine of kvstore._native._copy (copy.c): byte-balanced threads and streaming stores.
+/* The copy engine of kvstore._native._copy (copy.c): threads sharing a copy in chunks, and streaming stores.
  *
  * Non-temporal stores: a KV transfer is far larger than the caches and its destination is not read back soon
  * by this CPU (an arena slot, or a KV cache the GPU or a later step reads). Ordinary stores first read every
@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -28,7 +29,8 @@ static uint64_t min_share = MIN_SHARE; /* tests lower it (_set_min_share) to exe
 #define STREAM_MIN_TOTAL (1u << 20) /* streaming stores only for calls this large (auto mode) */
 #define STREAM_MIN_PIECE 4096u      /* ... and only for pieces this large */
 
-typedef struct { const job_t *jobs; size_t idx; uint64_t skip, bytes; int stream; } share_t;
+#define CHUNK_BYTES (1u << 20) /* the grain threads share a copy in (run_jobs says why) */
+static uint64_t chunk_bytes = CHUNK_BYTES; /* at most a quarter of min_share (tests' small copies still interleave) */
 
 #if HAVE_STREAM
 static int has_avx2 = -1;
@@ -72,18 +74,15 @@ static void stream_copy(char *d, const char *s, size_t n) {
 }
 #endif
 
-/* Copy `bytes` bytes of the concatenated job stream, starting `skip` bytes into jobs[idx]. */
-static void *run_share(void *arg) {
-    const share_t *s = arg;
-    size_t i = s->idx;
-    uint64_t skip = s->skip, left = s->bytes;
+/* Copy `left` bytes of the concatenated job stream, starting `skip` bytes into jobs[i]. */
+static void copy_range(const job_t *jobs, size_t i, uint64_t skip, uint64_t left, int stream) {
     while (left) {
-        const job_t *j = &s->jobs[i++];
+        const job_t *j = &jobs[i++];
         uint64_t n = j->len - skip < left ? j->len - skip : left;
         char *d = j->dst + skip;
         const char *src = j->src + skip;
 #if HAVE_STREAM
-        if (s->stream && n >= STREAM_MIN_PIECE && (d + n <= src || src + n <= d)) stream_copy(d, src, (size_t)n);
+        if (stream && n >= STREAM_MIN_PIECE && (d + n <= src || src + n <= d)) stream_copy(d, src, (size_t)n);
         else
 #endif
         /* memmove, not memcpy: same speed, and no UB if a caller overlaps src and dst of one range. */
@@ -91,36 +90,74 @@ static void *run_share(void *arg) {
         left -= n;
         skip = 0;
     }
+    (void)stream;
+}
+
+/* The shared state of one multi-threaded copy: threads take CHUNK_BYTES of the job stream at a time. */
+typedef struct {
+    const job_t *jobs;
+    const uint64_t *starts; /* starts[i]: stream offset of jobs[i] */
+    size_t n;
+    uint64_t total, chunk, next; /* next: the next chunk's index, taken with an atomic add */
+    int stream;
+} pool_t;
+
+/* The job holding stream byte `off` (< total): the last i with starts[i] <= off (an empty job shares its start
+ * with the next one, so it is never the last). */
+static size_t job_at(const uint64_t *starts, size_t n, uint64_t off) {
+    size_t lo = 0, hi = n; /* answer in [lo, hi) */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (starts[mid] <= off) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void *run_pool(void *arg) {
+    pool_t *p = arg;
+    for (;;) {
+        uint64_t begin = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED) * p->chunk;
+        if (begin >= p->total) break;
+        uint64_t end = p->total - begin > p->chunk ? begin + p->chunk : p->total;
+        size_t i = job_at(p->starts, p->n, begin);
+        copy_range(p->jobs, i, begin - p->starts[i], end - begin, p->stream);
+    }
 #if HAVE_STREAM
-    if (s->stream) _mm_sfence(); /* streamed bytes are visible before anything this thread stores next */
+    if (p->stream) _mm_sfence(); /* streamed bytes are visible before anything this thread stores next */
 #endif
     return NULL;
 }
 
-/* Runs WITHOUT the GIL. Thread t copies global bytes [t*total/T, (t+1)*total/T) of the job stream;
- * the calling thread does share 0 itself. A failed pthread_create degrades to copying inline. */
+/* Runs WITHOUT the GIL. The calling thread and T-1 new ones take chunks of chunk_bytes from the job stream
+ * until none is left. Why chunks and not one fixed share a thread: a thread descheduled for a while (the daemon
+ * committing the previous part, another process) would leave its share for last while the others idle; with
+ * chunks the running threads take over its work. A failed pthread_create (or no memory for the offsets)
+ * degrades to fewer threads, down to copying inline. */
 static void run_jobs(const job_t *jobs, size_t n, uint64_t total, int threads, int stream) {
-    share_t shares[MAX_THREADS];
     pthread_t tids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     uint64_t cap = total / min_share;
     int T = (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
-    size_t i = 0;
-    uint64_t pos = 0; /* stream offset of jobs[i] */
-    uint64_t q = total / (uint64_t)T, r = total % (uint64_t)T, prev = 0;
-    for (int t = 0; t < T; t++) {
-        uint64_t end = t + 1 == T ? total : q * (uint64_t)(t + 1) + r * (uint64_t)(t + 1) / (uint64_t)T;
-        uint64_t begin = prev;
-        while (i < n && pos + jobs[i].len <= begin) pos += jobs[i++].len; /* also skips empty jobs */
-        shares[t] = (share_t){jobs, i, begin - pos, end - begin, stream};
-        prev = end;
+    uint64_t *starts = T > 1 ? malloc(sizeof(uint64_t) * n) : NULL;
+    if (!starts) {
+        copy_range(jobs, 0, 0, total, stream);
+#if HAVE_STREAM
+        if (stream) _mm_sfence();
+#endif
+        return;
     }
-    for (int t = 1; t < T; t++) started[t] = pthread_create(&tids[t], NULL, run_share, &shares[t]) == 0;
-    run_share(&shares[0]);
-    for (int t = 1; t < T; t++) {
+    uint64_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        starts[i] = pos;
+        pos += jobs[i].len;
+    }
+    pool_t pool = {jobs, starts, n, total, chunk_bytes, 0, stream};
+    for (int t = 1; t < T; t++) started[t] = pthread_create(&tids[t], NULL, run_pool, &pool) == 0;
+    run_pool(&pool);
+    for (int t = 1; t < T; t++)
         if (started[t]) pthread_join(tids[t], NULL);
-        else run_share(&shares[t]);
-    }
+    free(starts);
 }
 
 int kvc_get_u64(PyObject *obj, const char *fn, const char *name, Py_buffer *v) {
@@ -191,5 +228,6 @@ PyObject *kvc_finish(job_t *jobs, size_t n, uint64_t total, int threads, int str
 uint64_t kvc_set_min_share(uint64_t bytes) {
     uint64_t old = min_share;
     min_share = bytes;
+    chunk_bytes = bytes / 4 < CHUNK_BYTES ? (bytes / 4 ? bytes / 4 : 1) : CHUNK_BYTES;
     return old;
 }

@@ -20,7 +20,8 @@ int kvc_parse_threads(int threads);
 /* Copy `jobs` with the GIL released, free them, and return the byte count as a Python int. stream_mode: -1 auto
  * (streaming stores for large calls), 0 never, 1 always (where the CPU can). */
 PyObject *kvc_finish(job_t *jobs, size_t n, uint64_t total, int threads, int stream_mode);
-/* Bytes per thread below which no thread is spawned; returns the previous value (tests lower it). */
+/* Bytes per thread below which no thread is spawned (the chunks threads take: at most a quarter of it); returns
+ * the previous value (tests lower it). */
 uint64_t kvc_set_min_share(uint64_t bytes);
 
 #endif
