@@ -4,9 +4,11 @@ Two ways, chosen per part (one KV cache group's keys of one request, at most max
 - through spare slots (kvstore/client/slot_bank.py): vLLM's thread takes slots the daemon granted ahead, with
   no request, and gathers into them; the commit thread stores them with one Store, which also brings the
   slots that replace them. A key the store already has is gathered for nothing and its slot kept (the Store
-  says it was present: counted as skipped). Parts of at most BANKED_KEYS keys, while the bank has slots, and
-  only where a core is free for the Store meanwhile (`_banks_pay`: a GPU copy, or a CPU copy on fewer
-  threads than the node has cores);
+  says it was present: counted as skipped). Parts of at most BANKED_KEYS keys, while the bank has slots. The
+  Store then runs in the daemon during the next step's gather; measured on 2 cores, 512-token steps of 64 MiB
+  (wait_for_save p50, spare slots vs Reserve, alternating in one process): 3.66 vs 4.04 and 4.31 vs 4.77 ms at
+  copy_threads=2 (the copy's threads share its chunks, so the Store's core is taken over, not waited for),
+  5.69 vs 6.67 ms at copy_threads=1;
 - else Reserve (one round trip on vLLM's thread for every part of a step, pipelined), a gather of the keys
   reserved (present ones are skipped), and Commit on the commit thread.
 Either way the gather is complete when save returns (CPU), or ordered before every later kernel on vLLM's
@@ -16,9 +18,7 @@ the arena. A failed save is a future miss, never a failed request.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -96,20 +96,10 @@ class Saves:
                     self.counters.add(save_failures=1)
 
     # -- through spare slots -----------------------------------------------------------------------------
-    @functools.cached_property
-    def _banks_pay(self) -> bool:
-        """Spare slots move the daemon's half of a save (the Store, with the slots it grants) off vLLM's thread
-        into the time of the next gather: a gain when a core is free to run it (the GPU copies, or the CPU copy
-        leaves a core), contention when the gather already runs on every core. Measured on 2 cores, 512-token
-        steps of 64 MiB (wait_for_save p50, spare slots vs Reserve, alternating): copy_threads=1 4.86 vs 5.44
-        ms a step, copy_threads=2 4.70 vs 4.11 ms. Decided once (after register: the layouts say the device),
-        not per part on vLLM's thread."""
-        return self.layouts[0].is_cuda or self.config.copy_threads < len(os.sched_getaffinity(0))
-
     def _take(self, group: int, part: SaveJob) -> tuple[SlotBank, Taken] | None:
         """Spare slots for every key of the part, or None (then it reserves)."""
         c = self._client()
-        if c is None or not 0 < len(part.keys) <= BANKED_KEYS or not self._banks_pay:
+        if c is None or not 0 < len(part.keys) <= BANKED_KEYS:
             return None
         bank = c.slot_bank(self.group_key_bytes(group))
         taken = bank.take(len(part.keys)) if bank is not None else None
