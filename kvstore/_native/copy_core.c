@@ -93,7 +93,7 @@ static void copy_range(const job_t *jobs, size_t i, uint64_t skip, uint64_t left
     (void)stream;
 }
 
-/* The shared state of one multi-threaded copy: threads take CHUNK_BYTES of the job stream at a time. */
+/* The shared state of one multi-threaded copy: threads take `chunk` bytes of the job stream at a time. */
 typedef struct {
     const job_t *jobs;
     const uint64_t *starts; /* starts[i]: stream offset of jobs[i] */

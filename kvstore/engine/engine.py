@@ -34,10 +34,9 @@ their state, each "called under the engine's lock":
     misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
     views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without)
 
-Locking: one lock, `self._lock` (engine_lock.py), around every public method; no part has its own (the mover,
-the event bus and the DiskStore have theirs, always taken after this one). Every method does O(batch) Python
-work under it; the only I/O under it is disk-index reads. A Commit or Store may leave its watermark eviction for
-after its reply (settle_later, then settle()); whoever takes the lock first runs it.
+Locking: one lock (engine_lock.py) around every public method, no part has its own (the mover, event bus and
+DiskStore have theirs, taken after it); O(batch) Python under it, its only I/O disk-index reads. A Commit or Store
+may leave its eviction for after its reply (settle_later, settle()): the lock's next holder runs it first.
 """
 
 from __future__ import annotations
@@ -199,8 +198,7 @@ class Engine:
 
     def store(self, owner: int, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int],
               offsets: Sequence[int], settle_later: bool = False) -> StoreResult:
-        """Reserve + Commit in one step of blocks the caller copied into its spare slots (writes.py);
-        `settle_later` as for commit."""
+        """Reserve + Commit in one step of blocks copied into the caller's spare slots (writes.py); see commit."""
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
         with self._lock:
@@ -208,9 +206,7 @@ class Engine:
 
     def settle(self) -> None:
         """Run now what a call left for after its reply (a front end calls this once the reply is sent)."""
-        if self._lock.pending:
-            with self._lock:
-                pass
+        self._lock.settle()
 
     def drop_spares(self, owner: int) -> int:
         """`owner`'s connection closed: its spare slots go to the quarantine (freed after quarantine_s)."""
@@ -445,8 +441,7 @@ class Engine:
             return self._ram.tenant_usage()
 
     def namespace_owner(self, name: str) -> tuple[str, bool] | None:
-        """(tenant, recovered) of a namespace; None when unknown. `recovered`: known only from the disk tier
-        after a restart, not yet registered again (its tenant is not known to the engine)."""
+        """(tenant, recovered) of a namespace, None if unknown; recovered: known from the disk tier only."""
         with self._lock:
             return self._names.owner(name)
 

@@ -49,6 +49,12 @@ class EngineLock:
         """Whether work waits for the next holder (read without the lock: a hint, settled under it)."""
         return bool(self._deferred)
 
+    def settle(self) -> None:
+        """Run now what a holder deferred (a no-op, without taking the lock, when nothing waits)."""
+        if self._deferred:
+            with self:
+                pass
+
     def defer(self, work: Callable[[], object]) -> None:
         """Run `work` when the lock is next taken (the caller holds it now); once, however often it is left."""
         if work not in self._deferred:
