@@ -124,6 +124,13 @@ class KVLayout:
         self.piece_offset = np.concatenate([[0], np.cumsum(self.piece_bytes)[:-1]]).astype(np.uint64)
         self.block_bytes = int(self.piece_bytes.sum())
         self.address_range = self._range()
+        # Can a plan's pieces join into longer ranges? Within a block, where one piece ends where the next
+        # begins in the cache for every block (a cross-layer layout); a single piece a block joins across
+        # consecutive blocks. Otherwise (per-layer tensors) only by an accident of addresses, and the plan
+        # skips the search: ~10 numpy passes over every piece, half of a plan's time (32 keys x 64 pieces)
+        joins = (self.piece_base[1:] == self.piece_base[:-1] + self.piece_bytes[:-1]) & (
+            self.piece_stride[1:] == self.piece_stride[:-1])
+        self._may_join = self.num_pieces == 1 or bool(joins.any())
 
     @property
     def is_cuda(self) -> bool:
@@ -152,15 +159,20 @@ class KVLayout:
         if blocks.size and (blocks.min() < -1 or blocks.max() >= self.num_blocks):
             raise LayoutError(f"block id out of range [0, {self.num_blocks}): {blocks.min()}..{blocks.max()}")
         g = blocks.shape[1]
-        keep = np.repeat((blocks >= 0).reshape(-1), self.num_pieces)  # -1: a block to leave untouched
         b = np.maximum(blocks, 0).astype(np.uint64)
         cache = self.piece_base[None, None, :] + b[:, :, None] * self.piece_stride[None, None, :]
         within = (np.arange(g, dtype=np.uint64) * np.uint64(self.block_bytes))[:, None] + self.piece_offset[None, :]
         slot = slots[:, None, None] + within[None, :, :]
         lengths = np.broadcast_to(self.piece_bytes[None, None, :], cache.shape)
-        cache, slot, lengths = cache.reshape(-1)[keep], slot.reshape(-1)[keep], lengths.reshape(-1)[keep]
+        if blocks.size and blocks.min() < 0:  # -1: a block to leave untouched
+            keep = np.repeat((blocks >= 0).reshape(-1), self.num_pieces)
+            cache, slot, lengths = cache.reshape(-1)[keep], slot.reshape(-1)[keep], lengths.reshape(-1)[keep]
+        else:
+            cache, slot, lengths = cache.reshape(-1), slot.reshape(-1), lengths.reshape(-1)
         src, dst = (cache, slot) if to_store else (slot, cache)
-        return _coalesce(dst, src, lengths)
+        if self._may_join:
+            return _coalesce(dst, src, lengths)
+        return CopyPlan(np.ascontiguousarray(dst), np.ascontiguousarray(src), np.ascontiguousarray(lengths))
 
 
 def _coalesce(dst: U64, src: U64, lengths: U64) -> CopyPlan:
