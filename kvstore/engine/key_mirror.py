@@ -61,7 +61,7 @@ class KeyIndexMirror:
         if not len(eids):
             return
         cat = self._cat
-        ids = eids if type(eids) is list else [int(e) for e in eids]
+        ids = [int(e) for e in eids]  # plain ints: the native insert takes no numpy scalars
         if ns is None:
             spaces = cat.ns[ids]
             if len(ids) > 1 and not (spaces == spaces[0]).all():  # never from one commit; one namespace at a time
