@@ -156,15 +156,16 @@ class KVLayout:
         blocks = np.asarray(block_ids, dtype=np.int64)
         if blocks.ndim != 2 or blocks.shape[0] != len(slots):
             raise LayoutError(f"block_ids must be (keys, blocks_per_key); got {blocks.shape} for {len(slots)} slots")
-        if blocks.size and (blocks.min() < -1 or blocks.max() >= self.num_blocks):
-            raise LayoutError(f"block id out of range [0, {self.num_blocks}): {blocks.min()}..{blocks.max()}")
+        lo, hi = (int(blocks.min()), int(blocks.max())) if blocks.size else (0, 0)
+        if lo < -1 or hi >= self.num_blocks:
+            raise LayoutError(f"block id out of range [0, {self.num_blocks}): {lo}..{hi}")
         g = blocks.shape[1]
         b = np.maximum(blocks, 0).astype(np.uint64)
         cache = self.piece_base[None, None, :] + b[:, :, None] * self.piece_stride[None, None, :]
         within = (np.arange(g, dtype=np.uint64) * np.uint64(self.block_bytes))[:, None] + self.piece_offset[None, :]
         slot = slots[:, None, None] + within[None, :, :]
         lengths = np.broadcast_to(self.piece_bytes[None, None, :], cache.shape)
-        if blocks.size and blocks.min() < 0:  # -1: a block to leave untouched
+        if lo < 0:  # -1: a block to leave untouched
             keep = np.repeat((blocks >= 0).reshape(-1), self.num_pieces)
             cache, slot, lengths = cache.reshape(-1)[keep], slot.reshape(-1)[keep], lengths.reshape(-1)[keep]
         else:

@@ -93,6 +93,15 @@ static void copy_range(const job_t *jobs, size_t i, uint64_t skip, uint64_t left
     (void)stream;
 }
 
+/* Ends a thread's part of a copy: streamed bytes are visible before anything this thread stores next. */
+static void end_stream(int stream) {
+#if HAVE_STREAM
+    if (stream) _mm_sfence();
+#else
+    (void)stream;
+#endif
+}
+
 /* The shared state of one multi-threaded copy: threads take `chunk` bytes of the job stream at a time. */
 typedef struct {
     const job_t *jobs;
@@ -123,9 +132,7 @@ static void *run_pool(void *arg) {
         size_t i = job_at(p->starts, p->n, begin);
         copy_range(p->jobs, i, begin - p->starts[i], end - begin, p->stream);
     }
-#if HAVE_STREAM
-    if (p->stream) _mm_sfence(); /* streamed bytes are visible before anything this thread stores next */
-#endif
+    end_stream(p->stream);
     return NULL;
 }
 
@@ -142,9 +149,7 @@ static void run_jobs(const job_t *jobs, size_t n, uint64_t total, int threads, i
     uint64_t *starts = T > 1 ? malloc(sizeof(uint64_t) * n) : NULL;
     if (!starts) {
         copy_range(jobs, 0, 0, total, stream);
-#if HAVE_STREAM
-        if (stream) _mm_sfence();
-#endif
+        end_stream(stream);
         return;
     }
     uint64_t pos = 0;
