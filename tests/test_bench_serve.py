@@ -19,7 +19,7 @@ from bench.serve.workload import PRESETS, agent_sessions, saturated, unique_prom
 def test_sessions_replay_agentx_prompt_lengths_exactly() -> None:
     w = agent_sessions("quick")
     reqs = generate(PRESETS["quick"])
-    assert w.calls == len(reqs) == 42
+    assert w.calls == len(reqs) == 62
     want: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for r in reqs:
         want.setdefault((int(r.session_id), r.agent), []).append((r.input_length, r.output_length))
@@ -43,7 +43,7 @@ def test_sessions_replay_agentx_prompt_lengths_exactly() -> None:
 def test_sessions_share_the_system_prompt_and_are_seeded() -> None:
     w, again, other = agent_sessions("quick"), agent_sessions("quick"), agent_sessions("quick", seed=1)
     firsts = [s.main.turns[0].new_tokens for s in w.sessions]
-    assert len({f[:1024] for f in firsts}) == 1 and len({f[1024:] for f in firsts}) == len(firsts)
+    assert len({f[:256] for f in firsts}) == 1 and len({f[256:] for f in firsts}) == len(firsts)
     assert w == again and w != other
     assert all(3 <= tok < 8192 for f in firsts for tok in f)
     assert [s.main.turns[0].think_s for s in w.sessions] == [0.0] * len(w.sessions)
@@ -116,3 +116,43 @@ def test_scrape_sums_label_sets_or_splits_by_one(metrics_url: str) -> None:
     assert scrape(metrics_url, ("kvstore_hit_bytes_total",), by_label="tier") == {
         "kvstore_hit_bytes_total[tier=ram]": 4096.0, "kvstore_hit_bytes_total[tier=disk]": 1000.0}
     assert delta({"x": 1.0}, {"x": 3.0, "y": 2.0}) == {"x": 2.0, "y": 2.0}
+
+
+def test_dtype_follows_the_cpus_native_bf16(tmp_path) -> None:
+    from bench.serve.model import cpu_dtype, kv_bytes_per_token
+
+    def cpu(flags: str) -> str:
+        p = tmp_path / "cpuinfo"
+        p.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: fpu sse2 {flags}\n\nprocessor\t: 1\n")
+        return cpu_dtype(str(p))
+    assert cpu("avx2 fma") == "float32"
+    assert cpu("avx2 avx512f avx512_bf16") == "bfloat16"
+    assert cpu("avx2 amx_bf16 amx_tile") == "bfloat16"
+    assert cpu("avx512f avx512_bf16x") == "float32"  # whole flags only
+    assert cpu_dtype(str(tmp_path / "missing")) == "bfloat16"
+    # 4 layers x K and V x 4 KV heads x 128 dims: 2 bytes each in bf16, 4 in float32
+    assert (kv_bytes_per_token(4), kv_bytes_per_token(4, "float32")) == (8192, 16384)
+
+
+def test_kv_memory_is_a_share_of_the_live_context_but_holds_one_sequence() -> None:
+    from bench.serve.run import live_tokens, sizes_for
+    from bench.serve.workload import Agent, Session, Turn, Workload
+
+    def agent(*steps: tuple[int, int]) -> Agent:
+        return Agent(0, tuple(Turn((5,) * new, out, 0.0) for new, out in steps))
+    # prompts 1000, 1000+16+200=1216 -> mean 1108; and 3000 -> 3000, twice
+    w = Workload("t", (Session(0, 0.0, agent((1000, 16), (200, 16)), ()), Session(1, 5.0, agent((3000, 8),), ()),
+                       Session(2, 6.0, agent((3000, 8),), ())), 3008)
+    assert live_tokens(w) == 1108 + 3000 + 3000
+    big = sizes_for(w, 4, 1.0, "float32")
+    assert (big.max_model_len, big.kv_blocks, big.dtype, big.eager) == (4096, 7108 // 64, "float32", True)
+    small = sizes_for(w, 4, 0.25)
+    assert small.kv_blocks == 4096 // 64 + 1  # never less than one max_model_len sequence (plus one block)
+    assert big.limit_blocks == 2 * (1000 + 16 + 200 + 16 + 3008 + 3008) // 64
+
+
+def test_report_means_from_vllm_histograms() -> None:
+    from bench.serve.report import _mean
+    c = {"vllm:request_queue_time_seconds_sum": 6.0, "vllm:request_queue_time_seconds_count": 4.0}
+    assert _mean(c, "vllm:request_queue_time_seconds") == 1.5
+    assert _mean(c, "vllm:request_prefill_time_seconds") is None

@@ -62,6 +62,8 @@ class Sizes:
     arena_bytes: str  # (b), (d) and LMCache's L1
     small_arena_bytes: str  # (c): smaller than the working set
     disk_bytes: str  # (c)
+    dtype: str = "bfloat16"  # the model's and so the KV's (model.cpu_dtype)
+    eager: bool = True  # --enforce-eager: boots in ~30 s instead of ~60 (no torch.compile), prefill as fast
 
 
 class Servers:
@@ -96,8 +98,9 @@ class Servers:
         cores = os.cpu_count() or 1
         env = {"VLLM_CPU_OMP_THREADS_BIND": "1" if name in ("A2", "B2") and cores > 1 else "0",
                # whole GiB that hold the overridden block count (the CPU backend sizes its pool from this)
-               "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-blocks * 64 * kv_bytes_per_token(s.layers) // (1 << 30))))}
-        return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python, env)
+               "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-blocks * 64 * kv_bytes_per_token(s.layers, s.dtype) // (1 << 30))))}
+        return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python, env,
+                        ["--enforce-eager"] if s.eager else [], dtype=s.dtype)
 
     def ensure(self, names: tuple[str, ...] | list[str]) -> None:
         """Boot the named vLLM servers that are not running, all at once, and wait until each is healthy.

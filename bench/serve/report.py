@@ -36,8 +36,20 @@ def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
             "prompt_tokens": prompt, "cached_tokens": cached, "prefill_tokens": prompt - cached,
             "vllm_local_hit_tokens": c.vllm.get("vllm:prefix_cache_hits_total", 0.0),
             "vllm_external_hit_tokens": c.vllm.get("vllm:external_prefix_cache_hits_total", 0.0),
+            "queue_s_mean": _mean(c.vllm, "vllm:request_queue_time_seconds"),
+            "prefill_s_mean": _mean(c.vllm, "vllm:request_prefill_time_seconds"),
             "store_served_tokens": {(k if k != "peer_tokens" else "from peers"): round(v if k == "peer_tokens" else v / bpt)
                                     for k, v in c.store_served_bytes.items() if v}}
+
+
+def _mean(counters: dict[str, float], histogram: str) -> float | None:
+    """A vLLM histogram's mean over the pass (its _sum and _count deltas), None when nothing was recorded."""
+    n = counters.get(histogram + "_count", 0.0)
+    return counters.get(histogram + "_sum", 0.0) / n if n else None
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def mismatches(ref: RunResult, other: RunResult) -> int:
@@ -51,12 +63,13 @@ def print_report(runs: dict[str, ConfigRun], sums: dict[str, dict[str, Any]], ba
     for k, s in sums.items():
         hits = ", ".join(f"{t} {int(v)}" for t, v in sorted(s["store_served_tokens"].items())) or "-"
         rows.append((k, s["label"], s["calls"], f"{s['ttft_p50_s']:.3f}", f"{s['ttft_p90_s']:.3f}",
-                     f"{s['ttft_p99_s']:.3f}", f"{s['session_s_mean']:.1f}", f"{s['output_tok_s']:.1f}",
+                     f"{s['ttft_p99_s']:.3f}", _s(s["queue_s_mean"]), _s(s["prefill_s_mean"]),
+                     f"{s['session_s_mean']:.1f}", f"{s['output_tok_s']:.1f}",
                      s["prefill_tokens"], f"{s['cached_tokens'] / max(1, s['prompt_tokens']):.0%}", hits,
                      bad.get(k, 0)))
     print_table("agent sessions through vLLM's OpenAI server (TTFT: agentic pass; tok/s: saturated pass)",
-                ("cfg", "configuration", "calls", "TTFT p50 s", "p90", "p99", "session s", "out tok/s",
-                 "prefill tok", "cached", "store served tokens", "mismatch"), rows)
+                ("cfg", "configuration", "calls", "TTFT p50 s", "p90", "p99", "queued s", "prefill s", "session s",
+                 "out tok/s", "prefill tok", "cached", "store served tokens", "mismatch"), rows)
 
 
 def _by_turn(calls: tuple[CallResult, ...]) -> tuple[list[int], list[float]]:

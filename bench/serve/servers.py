@@ -51,6 +51,7 @@ class VllmSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)  # e.g. --enforce-eager: boots without compiling
     port: int = 0
+    dtype: str = "bfloat16"
 
     @property
     def url(self) -> str:
@@ -65,7 +66,7 @@ def start_vllm(spec: VllmSpec, log_dir: str) -> Proc:
                          f"sequence: use at least {need}")
     argv = [spec.python or vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
             "--port", str(spec.port), "--model", spec.model_dir, "--served-model-name", SERVED_NAME,
-            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--block-size",
+            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", spec.dtype, "--block-size",
             str(BLOCK_SIZE), "--max-model-len", str(spec.max_model_len), "--enable-prompt-tokens-details",
             "--num-gpu-blocks-override", str(spec.kv_blocks), "--seed", "0"]
     if spec.kv_transfer is not None:
