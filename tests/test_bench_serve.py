@@ -88,6 +88,9 @@ def test_json_line_ratios() -> None:
     assert out["throughput_vs_limit"] == 1.2 and out["prefill_tokens_saved_share"] == 0.6
     assert out["zero_reuse_overhead"] == 0.02 and out["mismatched_turns"] == 0
     assert out["ttft_p50_speedup_peer"] is None and out["ttft_p50_vs_lmcache"] is None
+    # with per-round pairs, the overhead is 1 - the median pair's ratio, not the ratio of the medians
+    paired = json_line(sums, {}, {"without": 50.0, "with_connector": 49.0, "paired_ratio": 0.995}, {})
+    assert paired["zero_reuse_overhead"] == 0.005
 
 
 @pytest.fixture()

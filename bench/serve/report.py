@@ -140,7 +140,8 @@ def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: di
         out["prefill_tokens_saved_share"] = round(1 - sums["b"]["prefill_tokens"] / max(1, sums["a"]["prefill_tokens"]), 3)
     if no_reuse:
         out["no_reuse_tok_s"] = no_reuse
-        out["zero_reuse_overhead"] = round(1 - no_reuse["with_connector"] / no_reuse["without"], 4)
+        ratio = no_reuse.get("paired_ratio", no_reuse["with_connector"] / no_reuse["without"])
+        out["zero_reuse_overhead"] = round(1 - ratio, 4)
     return out
 
 

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     w = agent_sessions("quick" if args.quick else "full", seed=args.seed)
     sat = saturated(agent_sessions("quick" if args.quick else "full", seed=args.seed + 1))
     # a fresh prompt set per round (the same for both servers in a round): a repeat would hit the store
-    nr = [unique_prompts(args.no_reuse_prompts, args.no_reuse_tokens, 16, seed=args.seed + 2 + r) for r in range(2)]
+    nr = [unique_prompts(args.no_reuse_prompts, args.no_reuse_tokens, 16, seed=args.seed + 2 + r)
+          for r in range(args.no_reuse_rounds)]
     dtype = cpu_dtype() if args.dtype == "auto" else args.dtype
     sz = sizes_for(w, args.layers, args.kv_share, dtype, eager=not args.compile)
     work = tempfile.mkdtemp(prefix="kvstore-serve-")
@@ -121,8 +122,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, float]:
-    """Unique prompts on A (no connector) and B (kvstore), alternating, a new prompt set each round; output
-    tokens/s, the median of the rounds (the first in the order A, B; the next B, A: neither always goes first)."""
+    """Unique prompts on A (no connector) and B (kvstore), alternating, a new prompt set each round (the first
+    in the order A, B; the next B, A: neither always goes first); output tokens/s, the median of the rounds per
+    side, and the median of each round's with / without ratio (`paired_ratio`): a pair runs back to back, so a
+    machine that speeds up or slows down over the run moves both sides of a pair alike."""
     servers.ensure(["A", "B"])
     got: dict[str, list[float]] = {"without": [], "with_connector": []}
     for i, nr in enumerate(rounds):
@@ -131,7 +134,9 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, f
             reset_all(servers.urls((name,)))
             r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
             got[label].append(r.output_tokens / r.wall_s)
-    return {k: round(statistics.median(v), 2) for k, v in got.items()}
+    out = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    out["paired_ratio"] = round(statistics.median(w / o for w, o in zip(got["with_connector"], got["without"])), 4)
+    return out
 
 
 def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, float] | None, sz: Sizes,
@@ -143,8 +148,10 @@ def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict
            for k, r in runs.items() if r is not ref} if ref else {}
     print_report(runs, sums, bad)
     if no_reuse:
-        print(f"no-reuse workload ({args.no_reuse_prompts} unique prompts of {args.no_reuse_tokens} tokens): "
-              f"{no_reuse['without']:.1f} tok/s without the connector, {no_reuse['with_connector']:.1f} with")
+        print(f"no-reuse workload ({args.no_reuse_rounds} rounds of {args.no_reuse_prompts} unique prompts of "
+              f"{args.no_reuse_tokens} tokens): {no_reuse['without']:.1f} tok/s without the connector, "
+              f"{no_reuse['with_connector']:.1f} with (medians); with / without per round, median "
+              f"{no_reuse['paired_ratio']:.3f}")
     if not args.no_plots and runs:
         for p in plot(runs, args.out):
             print("plot:", p)
@@ -182,7 +189,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="let vLLM torch.compile the model (default: --enforce-eager; boots in half the time, "
                          "same prefill speed on CPU)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-reuse-prompts", type=int, default=12, help="prompts per no-reuse round (two rounds)")
+    ap.add_argument("--no-reuse-prompts", type=int, default=6, help="prompts per no-reuse round (default 6)")
+    ap.add_argument("--no-reuse-rounds", type=int, default=4,
+                    help="no-reuse rounds, each on both servers back to back (default 4)")
     ap.add_argument("--no-reuse-tokens", type=int, default=1024)
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
@@ -204,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"--configs: unknown {unknown}; choose from {','.join(ORDER)}")
     if not 0 < args.kv_share <= 1:
         _parser().error("--kv-share: use a share in (0, 1]")
+    if args.no_reuse_rounds < 1 or args.no_reuse_prompts < 1:
+        _parser().error("--no-reuse-rounds and --no-reuse-prompts: use at least 1")
     args.configs = chosen
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
