@@ -98,7 +98,8 @@ class Servers:
         cores = os.cpu_count() or 1
         env = {"VLLM_CPU_OMP_THREADS_BIND": "1" if name in ("A2", "B2") and cores > 1 else "0",
                # whole GiB that hold the overridden block count (the CPU backend sizes its pool from this)
-               "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-blocks * 64 * kv_bytes_per_token(s.layers, s.dtype) // (1 << 30))))}
+               "VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-blocks * 64 * kv_bytes_per_token(s.layers, s.dtype)
+                                                     // (1 << 30))))}
         return VllmSpec(f"vllm-{name}", self.model_dir, blocks, s.max_model_len, transfer, python, env,
                         ["--enforce-eager"] if s.eager else [], dtype=s.dtype)
 
