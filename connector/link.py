@@ -5,6 +5,11 @@ connector never lets a kvstore exception escape into vLLM's scheduler or model r
 lazily, and after a failure stays "down" for ``retry_s`` (no RPC, no timeout paid per request) before trying
 again; every call returns None while down. Namespaces are registered on first use and again after a daemon
 restart (the daemon forgets them; UnknownNamespaceError triggers one re-register + retry).
+
+An UNAVAILABLE error does not always mean the daemon is gone: after a restart the client reconnects on its own,
+and only what was bound to the old connection fails (a save's spare slots went with it). So before pausing, the
+link asks the daemon for one empty round trip; if it answers, that one call is lost and the next goes through
+(pausing there cost every load and save of the next retry_s after each daemon restart).
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ class StoreLink:
                     self._ensure(c, name)
                 return fn(c)
         except KVStoreError as exc:
-            if exc.grpc_code == "UNAVAILABLE":
+            if exc.grpc_code == "UNAVAILABLE" and not _answers(c):
                 self.mark_down(exc)
             else:
                 self.failures += 1
@@ -107,3 +112,12 @@ class StoreLink:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+def _answers(c: Client) -> bool:
+    """Whether the daemon answers an empty round trip now (the client reconnects to a restarted one itself)."""
+    try:
+        c.echo()
+        return True
+    except Exception:  # noqa: BLE001 - any failure here means: treat the store as down
+        return False

@@ -9,6 +9,7 @@ requests each makes, exactly.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -103,3 +104,27 @@ def test_a_cpu_copy_on_every_core_saves_through_spare_slots_too(daemon: DaemonPr
     assert delta == {"reserve_calls": 1, "fast_requests": 1}  # one Store (counted as a Reserve), no Reserve
     assert a.worker.link.client.slot_bank(KEY_BYTES).status() == {"pool": 64, "out": 0, "epoch": 1}  # type: ignore[union-attr]
     a.close()
+
+
+def test_a_daemon_restart_costs_the_save_in_flight_and_nothing_after(tmp_path) -> None:
+    """The save whose spare slots went with the old daemon is lost; the link must not then pause (retry_s) as if
+    the store were down: the very next save is stored in the new daemon."""
+    d = DaemonProcess(workdir=str(tmp_path), arena_bytes="64MiB", max_block_bytes="4MiB")
+    d.start()
+    try:
+        a = Side(d.address, make_caches(26), copy_threads=1)
+        a.prefill(Req("before", prompt_tokens(40, start=310)), list(range(10)))  # 5 keys; the bank holds slots
+        d.stop(signal.SIGKILL)
+        d.start()
+        during = Req("during", prompt_tokens(40, start=410))
+        a.prefill(during, list(range(10, 20)))
+        after = Req("after", prompt_tokens(40, start=610))
+        a.prefill(after, list(range(20, 30)))
+        assert _stored(d.address, _keys(after)) == [block_bytes_of(a.caches, 20 + 2 * k)
+                                                    + block_bytes_of(a.caches, 21 + 2 * k) for k in range(5)]
+        assert _stored(d.address, _keys(during)) == [None] * 5  # those slots were the old daemon's
+        t = a.worker.counters.totals
+        assert (t["saved_blocks"], t["save_failures"]) == (10, 1)
+        a.close()
+    finally:
+        d.close()
