@@ -159,3 +159,28 @@ def test_report_means_from_vllm_histograms() -> None:
     c = {"vllm:request_queue_time_seconds_sum": 6.0, "vllm:request_queue_time_seconds_count": 4.0}
     assert _mean(c, "vllm:request_queue_time_seconds") == 1.5
     assert _mean(c, "vllm:request_prefill_time_seconds") is None
+
+
+def test_summary_splits_the_saturated_pass_and_counts_preemptions() -> None:
+    from bench.serve.measure import ConfigRun
+    from bench.serve.report import summarize
+
+    def call(turn: int, prompt: int, cached: int) -> CallResult:
+        return CallResult(0, 0, turn, 0, 0.0, 0.1 * (turn + 1), 1.0, prompt, cached, (1, 2, 3))
+    agentic = RunResult((call(0, 640, 0), call(1, 700, 640)), 10.0, {0: 9.0})
+    sat = RunResult((call(0, 640, 0), call(1, 700, 576), call(2, 760, 0)), 3.0, {0: 3.0})
+    run = ConfigRun("b", "x", agentic, sat, {"vllm:num_preemptions_total": 2.0},
+                    {"vllm:num_preemptions_total": 3.0, "vllm:request_queue_time_seconds_sum": 1.5,
+                     "vllm:request_queue_time_seconds_count": 3.0})
+    s = summarize(run, 1024)
+    assert (s["prefill_tokens"], s["saturated_prefill_tokens"], s["preemptions"]) == (700, 640 + 124 + 760, 5.0)
+    assert (s["output_tok_s"], s["saturated_queue_s_mean"], s["saturated_prefill_s_mean"]) == (3.0, 0.5, None)
+
+
+def test_default_layers_follow_the_dtype() -> None:
+    from bench.serve.run import _parser, default_layers
+    assert (default_layers("bfloat16"), default_layers("float32")) == (8, 4)
+    assert _parser().parse_args([]).layers == 0  # 0: chosen once the dtype is known
+    with pytest.raises(SystemExit):
+        from bench.serve.run import main
+        main(["--layers", "-1"])

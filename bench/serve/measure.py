@@ -25,6 +25,7 @@ class ConfigRun:
     agentic: RunResult
     saturated: RunResult | None
     vllm: dict[str, float] = field(default_factory=dict)  # counter deltas over the agentic pass, all servers
+    saturated_vllm: dict[str, float] = field(default_factory=dict)  # the same over the saturated pass
     store_served_bytes: dict[str, float] = field(default_factory=dict)  # by tier, agentic pass
 
 
@@ -67,8 +68,10 @@ def measure_config(key: str, label: str, urls: list[str], store_metrics: list[st
     v0, s0 = _vllm_counters(urls), _store_counters(store_metrics)
     a = run_workload(agentic, urls, route, tick=tick)
     v1, s1 = _vllm_counters(urls), _store_counters(store_metrics)
-    sat = None
+    sat, sat_counters = None, {}
     if saturated is not None:
         reset_all(urls)
+        v2 = _vllm_counters(urls)
         sat = run_workload(saturated, urls, route, tick=tick)
-    return ConfigRun(key, label, a, sat, delta(v0, v1), delta(s0, s1))
+        sat_counters = delta(v2, _vllm_counters(urls))
+    return ConfigRun(key, label, a, sat, delta(v0, v1), delta(s0, s1), sat_counters)

@@ -33,6 +33,12 @@ def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
             "ttft_p99_s": _q(ttft, 0.99), "session_s_mean": statistics.fmean(c.agentic.session_s.values()),
             "agentic_wall_s": c.agentic.wall_s, "output_tok_s": _tok_s(c.saturated),
             "saturated_wall_s": c.saturated.wall_s if c.saturated else float("nan"),
+            "saturated_prefill_tokens": (sum(x.prompt_tokens - x.cached_tokens for x in c.saturated.calls)
+                                         if c.saturated else None),
+            "saturated_queue_s_mean": _mean(c.saturated_vllm, "vllm:request_queue_time_seconds"),
+            "saturated_prefill_s_mean": _mean(c.saturated_vllm, "vllm:request_prefill_time_seconds"),
+            "preemptions": c.vllm.get("vllm:num_preemptions_total", 0.0)
+            + c.saturated_vllm.get("vllm:num_preemptions_total", 0.0),
             "prompt_tokens": prompt, "cached_tokens": cached, "prefill_tokens": prompt - cached,
             "vllm_local_hit_tokens": c.vllm.get("vllm:prefix_cache_hits_total", 0.0),
             "vllm_external_hit_tokens": c.vllm.get("vllm:external_prefix_cache_hits_total", 0.0),
@@ -70,6 +76,11 @@ def print_report(runs: dict[str, ConfigRun], sums: dict[str, dict[str, Any]], ba
     print_table("agent sessions through vLLM's OpenAI server (TTFT: agentic pass; tok/s: saturated pass)",
                 ("cfg", "configuration", "calls", "TTFT p50 s", "p90", "p99", "queued s", "prefill s", "session s",
                  "out tok/s", "prefill tok", "cached", "store served tokens", "mismatch"), rows)
+    print_table("where the saturated pass's time goes (every session at once, no think time)",
+                ("cfg", "wall s", "out tok/s", "prefill tok", "queued s", "prefill s", "preemptions"),
+                [(k, f"{s['saturated_wall_s']:.1f}", f"{s['output_tok_s']:.1f}", s["saturated_prefill_tokens"],
+                  _s(s["saturated_queue_s_mean"]), _s(s["saturated_prefill_s_mean"]), int(s["preemptions"]))
+                 for k, s in sums.items()])
 
 
 def _by_turn(calls: tuple[CallResult, ...]) -> tuple[list[int], list[float]]:

@@ -12,11 +12,12 @@ _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+
 
 # vLLM v1 counters: tokens (prompts, local prefix-cache hits, the KV connector's hits, generated tokens) and the
 # request histograms' sums and counts (seconds a request waited to be scheduled, seconds in prefill): where a
-# configuration's TTFT goes
+# configuration's TTFT goes; preemptions (a running request's blocks taken back for lack of KV memory)
 VLLM_COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total",
                  "vllm:external_prefix_cache_hits_total", "vllm:generation_tokens_total",
                  "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
-                 "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count")
+                 "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
+                 "vllm:num_preemptions_total")
 
 
 def scrape(url: str, names: tuple[str, ...] | None = None, by_label: str | None = None,
