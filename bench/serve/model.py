@@ -4,7 +4,9 @@ Why this shape: prefill must be expensive next to loading the prompt's KV, as it
 (a 70B prefill costs ~1 ms per token; loading its KV from host memory ~0.05 ms). On this machine's CPU a
 1024-wide Llama with grouped-query attention (4 KV heads of 128) has the same kind of ratio: its prefill runs
 at ~500-2,000 tokens a second while a token's KV is 4 KiB per layer in bf16 (8 in float32). Fewer layers make
-every run quicker without changing that ratio much (both sides scale with the layer count).
+a run quicker, and both sides scale with the layer count, but a turn also has fixed costs (HTTP, scheduling, a
+decode step): with 4 layers in native bf16 prefill ran at ~2,800 tokens/s and a cached turn's TTFT was half
+fixed cost, so bench.serve takes 8 layers where bf16 is native, 4 in float32 (run.default_layers).
 
 The dtype follows the CPU: bf16 where it computes bf16 natively (AVX512-BF16 or AMX), float32 elsewhere. On an
 AVX2-only CPU bf16 is emulated: a 2K-token prefill of the 4-layer model took 20 s in bf16 and 3.8 s in float32

@@ -130,7 +130,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3)
 
 
-def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: dict[str, float] | None,
+def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: dict[str, Any] | None,
               meta: dict[str, Any]) -> dict[str, Any]:
     def get(k: str, f: str) -> float | None:
         return sums[k][f] if k in sums else None

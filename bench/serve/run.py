@@ -18,7 +18,7 @@ from bench._common import progress
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
-from bench.serve.measure import ConfigRun, measure_config, reset_all
+from bench.serve.measure import ConfigRun, measure_config, reset_all, warm_up
 from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
 from bench.serve.servers import vllm_python
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); logs {log_dir}", flush=True)
     servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python())
     runs: dict[str, ConfigRun] = {}
-    no_reuse: dict[str, float] | None = None
+    no_reuse: dict[str, Any] | None = None
     total = len(keys) * (w.calls + sat.calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
     ok = False
     try:
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _finish(args, runs, no_reuse, sz, w, sat, servers.boot_s, time.monotonic() - t_start)
 
 
-def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, float]:
+def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, Any]:
     """Unique prompts on A (no connector) and B (kvstore), alternating, a new prompt set each round (the first
     in the order A, B; the next B, A: neither always goes first); output tokens/s, the median of the rounds per
     side, and the median of each round's with / without ratio (`paired_ratio`): a pair runs back to back, so a
@@ -140,15 +140,20 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, f
     for i, nr in enumerate(rounds):
         order = (("A", "without"), ("B", "with_connector"))
         for name, label in (order if i % 2 == 0 else order[::-1]):
+            # an untimed request first: a server that sat idle while the other ran was measured 15-20 % slower
+            # than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it was
+            warm_up(servers.urls((name,)))
             reset_all(servers.urls((name,)))
             r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
             got[label].append(r.output_tokens / r.wall_s)
-    out = {k: round(statistics.median(v), 2) for k, v in got.items()}
-    out["paired_ratio"] = round(statistics.median(w / o for w, o in zip(got["with_connector"], got["without"])), 4)
+    out: dict[str, Any] = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    ratios = [round(w / o, 4) for w, o in zip(got["with_connector"], got["without"])]
+    out["paired_ratio"] = round(statistics.median(ratios), 4)
+    out["round_ratios"] = ratios  # in round order; the first server of a round alternates, starting with A
     return out
 
 
-def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, float] | None, sz: Sizes,
+def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, Any] | None, sz: Sizes,
             w: Workload, sat: Workload, boot_s: dict[str, float], wall_s: float) -> dict[str, Any]:
     sums = {k: summarize(r, kv_bytes_per_token(sz.layers, sz.dtype)) for k, r in runs.items()}
     ref = next(iter(runs.values()), None)
