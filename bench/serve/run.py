@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -131,26 +132,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, Any]:
-    """Unique prompts on A (no connector) and B (kvstore), alternating, a new prompt set each round (the first
-    in the order A, B; the next B, A: neither always goes first); output tokens/s, the median of the rounds per
-    side, and the median of each round's with / without ratio (`paired_ratio`): a pair runs back to back, so a
-    machine that speeds up or slows down over the run moves both sides of a pair alike."""
+    """Unique prompts on A (no connector) and B (kvstore), a new prompt set each round, the order alternating
+    (A, B; then B, A); output tokens/s, the median of the rounds per side, and `paired_ratio` (crossover_ratio).
+    A round's two runs go back to back, so a machine that speeds up or slows down over the run moves both
+    alike."""
     servers.ensure(["A", "B"])
     got: dict[str, list[float]] = {"without": [], "with_connector": []}
     for i, nr in enumerate(rounds):
         order = (("A", "without"), ("B", "with_connector"))
         for name, label in (order if i % 2 == 0 else order[::-1]):
             # an untimed request first: a server that sat idle while the other ran was measured 15-20 % slower
-            # than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it was
+            # than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it was;
+            # what is left of the position effect, the crossover cancels
             warm_up(servers.urls((name,)))
             reset_all(servers.urls((name,)))
             r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
             got[label].append(r.output_tokens / r.wall_s)
     out: dict[str, Any] = {k: round(statistics.median(v), 2) for k, v in got.items()}
     ratios = [round(w / o, 4) for w, o in zip(got["with_connector"], got["without"])]
-    out["paired_ratio"] = round(statistics.median(ratios), 4)
+    out["paired_ratio"] = crossover_ratio(ratios)
     out["round_ratios"] = ratios  # in round order; the first server of a round alternates, starting with A
     return out
+
+
+def crossover_ratio(ratios: list[float]) -> float:
+    """with / without from rounds run A, B then B, A (a crossover): the median over each A-B / B-A pair of rounds
+    of their geometric mean. Why pairs: the second run of a round was measured slower whichever server it was
+    (ratios 0.65 A first, 1.92 B first in one run; 15-20 % either way in others), and a pair holds each server
+    once in each position, so that cancels. An odd last round counts alone."""
+    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
+    if len(ratios) % 2:
+        pairs.append(ratios[-1])
+    return round(statistics.median(pairs), 4)
 
 
 def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, Any] | None, sz: Sizes,
@@ -207,7 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-reuse-prompts", type=int, default=6, help="prompts per no-reuse round (default 6)")
     ap.add_argument("--no-reuse-rounds", type=int, default=4,
-                    help="no-reuse rounds, each on both servers back to back (default 4)")
+                    help="no-reuse rounds, each on both servers back to back, A first then B first (default 4: "
+                         "two crossover pairs)")
     ap.add_argument("--no-reuse-tokens", type=int, default=1024)
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
