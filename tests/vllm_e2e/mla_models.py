@@ -76,8 +76,11 @@ def serve(model_dir: str, address: str | None) -> None:
             "kv_connector": "KVStoreConnector", "kv_connector_module_path": "connector.vllm_connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"address": address, "blocks_per_key": 1}}
+    # the reference CPU MLA backend on every CPU: where the CPU has AMX, vLLM would pick its AMX MLA backend,
+    # which takes bf16 weights only and keeps prefix caching on (this test's premise is the CPU path without it)
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", block_size=BLOCK_SIZE, max_model_len=2048,
-              kv_cache_memory_bytes=KV_BYTES, enforce_eager=True, distributed_executor_backend="uni", seed=0, **kw)
+              kv_cache_memory_bytes=KV_BYTES, enforce_eager=True, distributed_executor_backend="uni", seed=0,
+              attention_backend="CPU_MLA", **kw)
     engine = llm.llm_engine
     core = engine.engine_core.engine_core
     groups = [{"kind": type(g.kv_cache_spec).__name__, "block_size": g.kv_cache_spec.block_size,
