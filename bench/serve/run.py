@@ -46,10 +46,11 @@ def sizes_for(w: Workload, layers: int, kv_share: float, dtype: str = "bfloat16"
 
 
 def default_layers(dtype: str) -> int:
-    """The issue's 8-layer model where bf16 is native (its prefill then runs ~1,000-1,400 tokens/s on an AMX CPU: a 2K-token
-    prompt costs ~1.4 s, the cost a store saves); 4 layers in float32, where an AVX2-only CPU prefills 8 layers
-    at ~225 tokens/s and a quick run would take about an hour. With 4 layers in bf16 on an AMX CPU prefill is so
-    cheap (~2,800 tokens/s) that HTTP, scheduling and the first decode step are half of a cached turn's TTFT."""
+    """The issue's 8-layer model where bf16 is native (an AMX CPU prefills it at ~1,000-1,400 tokens/s: a
+    2K-token prompt costs ~1.5 s, the cost a store saves); 4 layers in float32, where an AVX2-only CPU prefills
+    8 layers at ~225 tokens/s and a quick run would take about an hour. With 4 layers in bf16 on an AMX CPU
+    prefill is so cheap (~2,800 tokens/s) that HTTP, scheduling and the first decode step are half of a cached
+    turn's TTFT."""
     return 8 if dtype == "bfloat16" else 4
 
 
@@ -206,8 +207,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--configs", default="", help=f"comma-separated subset of {','.join(ORDER)} (default: all; "
                                                    "(e) is left out with a note when .venv-lmcache is missing)")
     ap.add_argument("--layers", type=int, default=0,
-                    help="model layers (prefill cost; default: 8 in bfloat16, 4 in float32, whose prefill is ~6x "
-                         "slower on CPUs without native bf16)")
+                    help="model layers (prefill cost; default: 8 where the CPU computes bf16 natively, 4 in float32 "
+                         "elsewhere, where 8 would make a quick run take about an hour)")
     ap.add_argument("--kv-share", type=float, default=0.5,
                     help="share of the context the sessions keep live at once that vLLM's KV memory holds "
                          "(default 0.5; never less than one sequence of max_model_len)")
