@@ -133,6 +133,9 @@ def test_etcd_down_nodes_keep_serving_and_rejoin(cluster: Cluster) -> None:
     assert all(cluster.counters(n)["etcd_errors"] > 0 for n in "abc")
 
 
+WRITES = 400  # the kill test's background puts of 64 KiB: 25 MiB at most, over at least 1.6 s
+
+
 def test_kill_9_mid_transfer(cluster: Cluster) -> None:
     """Runs last in this module: b dies with -9 while a keeps putting (pushing) and c keeps reading."""
     ns = f"kill-{time.monotonic_ns()}"
@@ -149,11 +152,15 @@ def test_kill_9_mid_transfer(cluster: Cluster) -> None:
     errors: list[BaseException] = []
 
     def writer() -> None:
+        # paced and bounded: WRITES x 64 KiB stay well inside a's 64 MiB arena, so the blocks read back below
+        # are never evicted by this traffic (unpaced, a fast CPU put the whole arena through in under a second
+        # and a's own blocks were gone before c asked for them)
         i = 0
         try:
-            while not stop.is_set():
+            while not stop.is_set() and i < WRITES:
                 a.put_many(ns, [b"w%05d" % i], [bytes([i % 256]) * 65536])
                 i += 1
+                time.sleep(0.004)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
