@@ -42,12 +42,13 @@ def reset_all(urls: list[str]) -> None:
 
 
 def warm_up(urls: list[str]) -> None:
-    """One short untimed request to each server, so no configuration's first calls pay for a server's first
-    use (a connector's first contact with its daemon, an engine that sat idle while the others ran: measured
-    15-20 % slower on the no-reuse prompts). Its tokens are new each time (nothing hits) and unrelated to every
-    workload's."""
+    """One short untimed request to each server, then every prefix cache reset: no measured pass pays for a
+    server's first use (a connector's first contact with its daemon, an engine that sat idle while the others
+    ran: measured 15-20 % slower on the no-reuse prompts), and none starts with anything cached. The warm-up's
+    tokens are new each time (nothing hits) and unrelated to every workload's."""
     for u in urls:
         run_workload(unique_prompts(1, 256, 2, seed=WARM_SEED + next(_warm_ups)), [u])
+    reset_all(urls)
 
 
 def _vllm_counters(urls: list[str]) -> dict[str, float]:
@@ -78,15 +79,13 @@ def measure_config(key: str, label: str, urls: list[str], store_metrics: list[st
                    saturated: Workload | None, tick: Callable[[], None]) -> ConfigRun:
     route = round_robin if len(urls) > 1 else None
     warm_up(urls)
-    reset_all(urls)
     v0, s0 = _vllm_counters(urls), _store_counters(store_metrics)
     a = run_workload(agentic, urls, route, tick=tick)
     v1, s1 = _vllm_counters(urls), _store_counters(store_metrics)
     sat, sat_counters = None, {}
     if saturated is not None:
-        reset_all(urls)
-        v2 = _vllm_counters(urls)
+        reset_all(urls)  # counters do not move with a reset: the saturated pass counts from v1
         sat = run_workload(saturated, urls, route, tick=tick)
-        sat_counters = delta(v2, _vllm_counters(urls))
+        sat_counters = delta(v1, _vllm_counters(urls))
     return ConfigRun(key, label, a, sat, vllm=delta(v0, v1), saturated_vllm=sat_counters,
                      store_served_bytes=delta(s0, s1))

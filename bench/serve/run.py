@@ -19,7 +19,7 @@ from bench._common import progress
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
-from bench.serve.measure import ConfigRun, measure_config, reset_all, warm_up
+from bench.serve.measure import ConfigRun, measure_config, warm_up
 from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
 from bench.serve.servers import vllm_python
@@ -146,7 +146,6 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, A
             # than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it was;
             # what is left of the position effect, the crossover cancels
             warm_up(servers.urls((name,)))
-            reset_all(servers.urls((name,)))
             r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
             got[label].append(r.output_tokens / r.wall_s)
     out: dict[str, Any] = {k: round(statistics.median(v), 2) for k, v in got.items()}
