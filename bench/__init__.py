@@ -26,5 +26,6 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     _common.py           timing with warm-up and medians, throughput, tables, progress
     replay/              `python -m bench.replay`: trace replay against an exact offline simulation
     serve/               `python -m bench.serve`: agent sessions through real vLLM servers
+    serve_hooks.py       `python -m bench.serve_hooks`: the connector's hooks timed in-process on prompts that miss
     soak/                `python -m bench.soak`: the chaos soak
 """

@@ -351,3 +351,46 @@ def test_random_alloc_free_matches_reference_intervals(ops: list[tuple[str, int]
     for off in list(live):
         a.free(off)
     assert (a.allocated_bytes, a.usage(), a.free_slabs) == (0, [], N_SLABS)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_allocate_many_and_free_many_end_where_one_at_a_time_ends(seed: int) -> None:
+    """allocate_many(size, n) hands out exactly the slots n `allocate` calls would, in that order, and stops where
+    they would return None; free_many is `free` of each. Two allocators driven side by side through random
+    interleavings (sizes of several classes, two domains, partial and exhausted arenas) stay identical."""
+    import random
+    rng = random.Random(seed)
+    one, many = SlabAllocator(4096, 64 << 20, 4 << 20), SlabAllocator(4096, 64 << 20, 4 << 20)
+    held_one: list[int] = []
+    held_many: list[int] = []
+    for _ in range(300):
+        if held_one and rng.random() < 0.4:
+            k = rng.randrange(len(held_one))
+            n = rng.randint(1, min(6, len(held_one) - k))
+            for off in held_one[k:k + n]:
+                one.free(off)
+            many.free_many(held_many[k:k + n])
+            del held_one[k:k + n], held_many[k:k + n]
+        else:
+            size, n = rng.choice([4096, 5000, 65536, 1 << 20, 2 << 20, 3 << 20]), rng.randint(1, 9)
+            domain = rng.choice(["", "tenant-a"])
+            got: list[int] = []
+            while len(got) < n and (off := one.allocate(size, domain)) is not None:
+                got.append(off)
+            assert many.allocate_many(size, n, domain) == got
+            held_one += got
+            held_many += got
+        assert (many.allocated_bytes, many.usage(), many.free_slabs, many.domain_slabs()) == \
+            (one.allocated_bytes, one.usage(), one.free_slabs, one.domain_slabs())
+    assert held_one == held_many
+
+
+def test_free_many_stops_at_the_first_bad_offset_having_freed_the_ones_before() -> None:
+    a = SlabAllocator(4096, 16 << 20, 1 << 20)
+    got = a.allocate_many(65536, 3)
+    assert got == [4096, 4096 + 65536, 4096 + 2 * 65536] and a.allocated_bytes == 3 * 65536
+    with pytest.raises(ValueError, match="not an allocated slot"):
+        a.free_many([got[0], got[0] + 1, got[1]])
+    assert a.allocated_bytes == 2 * 65536
+    a.free_many(got[1:])
+    assert a.allocated_bytes == 0 and a.free_slabs == a.n_slabs

@@ -140,6 +140,7 @@ def test_arena_and_stream_transfers(make_daemon) -> None:
         assert c.mode == leased.mode == "arena" and c.probe_path == "index"
         c.register_namespace(NS)
         c.put_many(NS, keys, [b"a" * size] * 5)          # arena in through spare slots: 5 blocks' bytes, no window
+        c.stats()  # the Store's keys are bound after its reply (engine/writes.py): indexed once Stats has the lock
         assert all(c.get_many(NS, keys))                  # arena out from the index: 5 blocks' bytes, no window
         c.stats()                                         # (waits for the get's one-way HITS)
         m = _scrape(d)

@@ -111,3 +111,39 @@ def test_lru_access_many_of_a_chain_moves_it_to_the_head_in_read_order() -> None
     p.on_access_many([0, 1, 9, 8, 7, 6, 5, 4, 3, 2, 0, 1, 2, 3, 4, 5, 6, 7])  # scattered -> per-id path
     assert _lru_order(p) == [7, 6, 5, 4, 3, 2, 1, 0, 8, 9]
     assert p.choose_victim(lambda e: e != 9) == 8  # 9 is the least recent but held
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_insert_many_ends_where_each_insert_in_order_ends(name: str, seed: int) -> None:
+    """on_insert_many(ids, fingerprints) is on_insert of each in order, for every policy (LRU links them in one
+    loop, the others take the base loop): same state, same victims; through the hint wrapper too."""
+    from kvstore.policies.hinted import with_hints
+    rng = random.Random(seed)
+    one, many = make_policy(name), with_hints(make_policy(name))
+    next_id = 0
+    for _ in range(40):
+        n = rng.choice([1, 2, 5, 16, 33])
+        ids = list(range(next_id, next_id + n))
+        rng.shuffle(ids)
+        next_id += n + rng.randint(0, 3000)  # gaps: the link arrays grow inside a batch
+        prints = [rng.getrandbits(62) for _ in ids] if many.wants_fingerprints else None
+        for i, eid in enumerate(ids):
+            one.on_insert(eid, prints[i] if prints else 0)
+        many.on_insert_many(ids, prints)
+        if rng.random() < 0.3:
+            k = rng.randint(1, 8)
+            assert [one.choose_victim(lambda e: True) for _ in range(k)] == \
+                [many.choose_victim(lambda e: True) for _ in range(k)]
+    assert _state(one) == _state(many.inner)  # type: ignore[attr-defined]  # with_hints gives a HintedPolicy
+    assert _drain(one, lambda e: e % 3 != 0) == _drain(many, lambda e: e % 3 != 0)
+
+
+def test_lru_insert_many_refuses_a_tracked_or_repeated_id_and_changes_nothing() -> None:
+    p = LRUPolicy()
+    p.on_insert_many([4, 2, 7])
+    assert _lru_order(p) == [7, 2, 4] and len(p) == 3
+    for bad in ([9, 2], [9, 9], [-1, 5]):
+        with pytest.raises(ValueError):
+            p.on_insert_many(bad)
+        assert _lru_order(p) == [7, 2, 4] and len(p) == 3

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvstore.errors import ConfigError, KVStoreError
@@ -34,6 +34,7 @@ from kvstore.errors import ConfigError, KVStoreError
 __all__ = ["SlabAllocator", "size_classes", "ClassUsage"]
 
 PAGE = 4096
+_SIZE_MEMO = 1024  # distinct block sizes whose class is remembered
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +99,9 @@ class SlabAllocator:
         self._bind = bind
         self.binds = 0          # empty slabs moved to another domain
         self.bind_failures = 0
+        # size -> class index, filled as sizes are seen: a put names a handful of block sizes, and each of its
+        # blocks asks for its class two or three times (allocate, the spare-slot checks, the eviction's count)
+        self._class_by_size: dict[int, int] = {}
         self._class_slabs = [0] * len(self.classes)
         self._class_used = [0] * len(self.classes)
         self.allocated_bytes = 0
@@ -126,39 +130,56 @@ class SlabAllocator:
 
     def class_of(self, size: int) -> int:
         """Index of the smallest class that fits `size` bytes (caller has checked size <= slab_bytes)."""
-        return bisect.bisect_left(self.classes, size)
+        cls = self._class_by_size.get(size)
+        if cls is None:
+            cls = bisect.bisect_left(self.classes, size)
+            if len(self._class_by_size) < _SIZE_MEMO:  # bounded: a client naming every size cannot grow it
+                self._class_by_size[size] = cls
+        return cls
 
     def slot_bytes(self, size: int) -> int:
         return self.classes[self.class_of(size)]
 
+    def allocate_many(self, size: int, count: int, domain: str = "") -> list[int]:
+        """Up to `count` slots for `size` bytes, the ones `allocate` of each would give, in that order, until
+        none is left: fewer when the arena has no more free (the caller evicts and asks for the rest). Each
+        slab is filled as far as it goes before the next is taken, with its lookups done once."""
+        cls = self.class_of(size)
+        slot_bytes, per_slab, key = self.classes[cls], self._slots_per_slab[cls], (domain, cls)
+        partial = self._partial.get(key)
+        out: list[int] = []
+        while len(out) < count:
+            if partial:
+                idx = partial.popitem()[0]
+                slab = self._slabs[idx]
+            else:
+                got = self._claim(domain)
+                if got is None:
+                    break
+                idx, slab = got, self._slabs[got]
+                slab.cls, slab.used, slab.bump = cls, 0, 0
+                self._class_slabs[cls] += 1
+                partial = self._partial.setdefault(key, {})
+            start = self.base + idx * self.slab_bytes
+            while len(out) < count and slab.used < per_slab:
+                if slab.free:
+                    slot = slab.free.popitem()[0]
+                else:
+                    slot = slab.bump
+                    slab.bump += 1
+                slab.used += 1
+                out.append(start + slot * slot_bytes)
+            if slab.used < per_slab:
+                partial[idx] = None
+        self._class_used[cls] += len(out)
+        self.allocated_bytes += len(out) * slot_bytes
+        return out
+
     def allocate(self, size: int, domain: str = "") -> int | None:
         """Offset of a free slot for `size` bytes in a slab of `domain`, or None when neither a slot nor an
         empty slab is left (or the empty slab's memory could not be moved to `domain`)."""
-        cls = self.class_of(size)
-        partial = self._partial.get((domain, cls))
-        if partial:
-            idx = partial.popitem()[0]  # put back below unless this slot fills the slab
-        else:
-            got = self._claim(domain)
-            if got is None:
-                return None
-            idx = got
-            slab = self._slabs[idx]
-            slab.cls, slab.used, slab.bump = cls, 0, 0
-            self._class_slabs[cls] += 1
-            partial = self._partial.setdefault((domain, cls), {})
-        slab = self._slabs[idx]
-        if slab.free:
-            slot = slab.free.popitem()[0]
-        else:
-            slot = slab.bump
-            slab.bump += 1
-        slab.used += 1
-        if slab.used < self._slots_per_slab[cls]:
-            partial[idx] = None
-        self._class_used[cls] += 1
-        self.allocated_bytes += self.classes[cls]
-        return self.base + idx * self.slab_bytes + slot * self.classes[cls]
+        got = self.allocate_many(size, 1, domain)
+        return got[0] if got else None
 
     def _claim(self, domain: str) -> int | None:
         """An empty slab for `domain`: one of its own, else one moved from the pool or the richest domain."""
@@ -184,28 +205,37 @@ class SlabAllocator:
         return idx
 
     def free(self, offset: int) -> None:
-        idx, within = divmod(offset - self.base, self.slab_bytes)
-        # Range-check idx: a negative one would silently index the slabs from the end.
-        slab = self._slabs[idx] if 0 <= idx < len(self._slabs) else None
-        cls = slab.cls if slab is not None else -1
-        slot_size = self.classes[cls] if cls >= 0 else 0
-        if (slab is None or cls < 0 or within % slot_size or within // slot_size >= slab.bump
-                or within // slot_size in slab.free):
-            raise ValueError(f"free of offset {offset} that is not an allocated slot")
-        per_slab = self._slots_per_slab[cls]
-        was_full = slab.used == per_slab
-        slab.used -= 1
-        self._class_used[cls] -= 1
-        self.allocated_bytes -= slot_size
-        if slab.used == 0:
-            self._partial.get((slab.domain, cls), {}).pop(idx, None)
-            slab.cls, slab.bump, slab.free = -1, 0, {}
-            self._class_slabs[cls] -= 1
-            self._free.setdefault(slab.domain, []).append(idx)
-            return
-        slab.free[within // slot_size] = None
-        if was_full:
-            self._partial.setdefault((slab.domain, cls), {})[idx] = None
+        self.free_many((offset,))
+
+    def free_many(self, offsets: Iterable[int]) -> None:
+        """Give back each slot (ValueError at the first that is not an allocated slot; those before it are
+        freed). One call for an eviction's victims: the per-slot work with its lookups bound once."""
+        base, slab_bytes, slabs, classes = self.base, self.slab_bytes, self._slabs, self.classes
+        n_slabs, per_slab_of, class_used = len(slabs), self._slots_per_slab, self._class_used
+        for offset in offsets:
+            idx, within = divmod(offset - base, slab_bytes)
+            # Range-check idx: a negative one would silently index the slabs from the end.
+            slab = slabs[idx] if 0 <= idx < n_slabs else None
+            if slab is None or slab.cls < 0:
+                raise ValueError(f"free of offset {offset} that is not an allocated slot")
+            cls = slab.cls
+            slot_size = classes[cls]
+            slot, rem = divmod(within, slot_size)
+            if rem or slot >= slab.bump or slot in slab.free:
+                raise ValueError(f"free of offset {offset} that is not an allocated slot")
+            was_full = slab.used == per_slab_of[cls]
+            slab.used -= 1
+            class_used[cls] -= 1
+            self.allocated_bytes -= slot_size
+            if slab.used == 0:
+                self._partial.get((slab.domain, cls), {}).pop(idx, None)
+                slab.cls, slab.bump, slab.free = -1, 0, {}
+                self._class_slabs[cls] -= 1
+                self._free.setdefault(slab.domain, []).append(idx)
+                continue
+            slab.free[slot] = None
+            if was_full:
+                self._partial.setdefault((slab.domain, cls), {})[idx] = None
 
     def assigned_bytes(self) -> int:
         """Bytes of slabs that belong to some class (the denominator of fragmentation)."""

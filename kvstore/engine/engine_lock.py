@@ -4,9 +4,11 @@ Why: a Store or Commit that fills the arena past its high watermark also evicts 
 of 16 blocks of 2 MiB, ~130 us of its ~320 us of Python in-process, more in the daemon, where the client's copy
 has just flushed the caches. Nothing in the reply depends on that eviction (the new spare slots come from the
 free space the previous eviction left), yet the client waited for it, and on a put of several parts the last
-part's reply is the put's latency. So a call may leave that work (`defer`): the front end runs it right after
-sending the reply (Engine.settle), and if any other caller takes the lock first, the lock runs it before that
-caller's own work. No call ever sees the engine between the two halves, so every other caller observes the
+part's reply is the put's latency. The same holds for most of a Store's own work: its reply carries the
+outcomes and the new spare slots, not the binding of its keys to their slots (the catalog, the policy, the key
+index, events), which is done after it too (writes.py). So a call may leave that work (`defer`): the front end
+runs it right after sending the reply (Engine.settle), and if any other caller takes the lock first, the lock
+runs it before that caller's own work. No call ever sees the engine between the two halves, so every other caller observes the
 same states as before (counters, key index, allocation), just later than the reply that caused them.
 
 An exception in deferred work is logged, not raised: it belongs to a call that has already answered, and

@@ -71,9 +71,19 @@ class RamSpace:
     def insert(self, ns: Namespace, eids: Sequence[int]) -> None:
         """Entries that just became COMMITTED join the policy (after the hits recorded before them)."""
         self._touches.apply()
-        on_insert, keys, ns_id = self.policy.on_insert, self._cat.keys, ns.id
-        for eid in eids:
-            on_insert(eid, hash(keys[eid]) ^ ns_id)
+        self._policy_insert(ns, eids)
+
+    def _policy_insert(self, ns: Namespace, eids: Sequence[int]) -> None:
+        """The policy tracks `eids` (in order), with a fingerprint of each key only if it uses them."""
+        policy = self.policy
+        if len(eids) == 1:
+            eid = eids[0]
+            policy.on_insert(eid, hash(self._cat.keys[eid]) ^ ns.id if policy.wants_fingerprints else 0)
+        elif policy.wants_fingerprints:
+            keys, ns_id = self._cat.keys, ns.id
+            policy.on_insert_many(eids, [hash(keys[eid]) ^ ns_id for eid in eids])
+        else:
+            policy.on_insert_many(eids)
 
     def commit(self, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
         """Reserved entries become COMMITTED (visible, evictable) and count toward their namespace."""
@@ -82,13 +92,12 @@ class RamSpace:
         ns.blocks += len(eids)
         ns.bytes += size
         self._counters.committed_bytes += size
-        on_insert, keys, ns_id = self.policy.on_insert, self._cat.keys, ns.id
-        for eid in eids:
-            on_insert(eid, hash(keys[eid]) ^ ns_id)
+        self._policy_insert(ns, eids)
         ns.puts += len(eids)
         self._counters.committed_blocks += len(eids)
         if len(self._misses):
-            self._misses.stored(ns_id, [keys[eid] for eid in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
+            keys = self._cat.keys
+            self._misses.stored(ns.id, [keys[eid] for eid in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
 
     def generations(self, offsets: np.ndarray) -> np.ndarray:
         """The current generation of the slots at `offsets` (int64 array)."""
@@ -134,6 +143,23 @@ class RamSpace:
             off = self.allocator.allocate(size, domain)
         return off
 
+    def allocate_many(self, size: int, count: int, keep: set[int], tenant: str | None = None) -> list[int] | None:
+        """`count` slots of `size` (`allocate` of each), all or none: the free ones in one allocator call, then
+        one eviction a slot; None, with the ones found given back, when the rest cannot be made free."""
+        if count == 1:  # a single put's one new spare slot: no list of lists
+            off = self.allocate(size, keep, tenant)
+            return None if off is None else [off]
+        domain = (tenant or "") if self._config.isolate_tenants else ""
+        out = self.allocator.allocate_many(size, count, domain)
+        while len(out) < count:
+            off = self.allocate(size, keep, tenant)
+            if off is None:
+                for got in out:
+                    self.free_slot(got)
+                return None
+            out.append(off)
+        return out
+
     def full_message(self, wanted: int) -> str:
         alloc = self.allocator
         return (
@@ -152,9 +178,16 @@ class RamSpace:
         target = cfg.low_watermark * alloc.capacity
         if self._quotas is None:  # choose every victim first (the policy forgets each), then one evict_many
             excess, victims = alloc.allocated_bytes - target, []
-            while excess > 0 and (victim := self._choose_victim(self.evictable)) is not None:
+            self._touches.apply()  # once: choosing victims records no hits
+            choose, evictable, sizes = self.policy.choose_victim, self.evictable, self._cat.size
+            slot_of: dict[int, int] = {}  # block size -> slot bytes: victims come in few sizes
+            while excess > 0 and (victim := choose(evictable)) is not None:
                 victims.append(victim)
-                excess -= alloc.slot_bytes(int(self._cat.size[victim]))
+                size = int(sizes[victim])
+                slot = slot_of.get(size)
+                if slot is None:
+                    slot = slot_of[size] = alloc.slot_bytes(size)
+                excess -= slot
             self.evict_many(victims)
             return
         while alloc.allocated_bytes > target:  # quotas: whose blocks may go depends on the usage after each one
@@ -212,9 +245,7 @@ class RamSpace:
             cat.unindex_many(ns, group, keys)
             offsets = cat.offset[group]
             self._gens[self._gen_index.of_many(offsets.astype(np.int64))] += 1  # distinct slots: no np.add.at
-            free = self.allocator.free
-            for off in offsets.tolist():
-                free(off)
+            self.allocator.free_many(offsets.tolist())
             cat.drop_many(group)
             counters.evictions += len(group)
             counters.evicted_bytes += sum(sizes)

@@ -74,14 +74,9 @@ class SpareSlots:
         if len(owned) + count > MAX_PER_OWNER or self.bytes + count * cls > self._ram.allocator.capacity // SHARE_DIVISOR:
             return cls, []
         keep_set = keep if isinstance(keep, set) else set(keep)
-        out: list[int] = []
-        for _ in range(count):
-            off = self._ram.allocate(size, keep_set, tenant)
-            if off is None:
-                for got in out:
-                    self._ram.free_slot(got)
-                return cls, []
-            out.append(off)
+        out = self._ram.allocate_many(size, count, keep_set, tenant)
+        if out is None:
+            return cls, []
         domain = self._domain(tenant)
         for off in out:
             owned[off] = (cls, domain)
@@ -98,12 +93,16 @@ class SpareSlots:
             raise InvalidRequestError("the same spare slot named twice in one Store")
         owned = self._owned.get(owner, {})
         domain = self._domain(tenant)
+        classes: dict[int, int] = {}  # size -> its slot bytes, once per distinct size of the Store
         for off, size in zip(offsets, sizes):
             slot = owned.get(off)
             if slot is None:
                 raise InvalidRequestError(f"offset {off} is not a spare slot of this connection: ask for spare slots "
                                           "(they belong to the connection they were given to)")
-            if self._ram.slot_bytes(size) != slot[0]:
+            cls = classes.get(size)
+            if cls is None:
+                cls = classes[size] = self._ram.slot_bytes(size)
+            if cls != slot[0]:
                 raise InvalidRequestError(f"a block of {size} bytes does not fit the size class of spare slot {off} "
                                           f"({slot[0]} bytes): use a slot granted for this block size")
             if slot[1] != domain:

@@ -3,8 +3,11 @@
 One implementation of what a write does, whichever way it came: `plan` decides which keys need a slot (not in
 RAM, not on disk), `_committed` is everything that follows a commit (the policy, deferred hints, KV events,
 pushes to peers, disk admission, the watermarks). A Store is a Reserve and a Commit in one step, with the slots
-named by the client instead of allocated now. Called under the engine's lock. With `settle_later`, a Commit or
-Store leaves the watermark eviction to `later` (EngineLock.defer: after its reply, before any other call).
+named by the client instead of allocated now. Called under the engine's lock. With `settle_later`, a Commit
+leaves the watermark eviction to `later` (EngineLock.defer: after its reply, before any other call), and a Store
+leaves all of what its reply does not carry: the reply needs the outcomes, the slots taken and the new spare
+slots, while binding the keys to their slots (the catalog, the policy, the key index, events, the disk tier and
+the eviction) is the larger half of its work, and no other call can see the engine before it is done.
 """
 
 from __future__ import annotations
@@ -87,19 +90,32 @@ class Writes:
         refill = [0] * len(keys)
         if not todo:
             return StoreResult(outcomes, 0, refill)
-        eids = self._add(ns, keys, sizes, offsets, todo)
         self._spares.take(owner, [offsets[i] for i in todo])
-        self._committed(0, ns, eids, (), settle_later)
-        keep = present.union(eids)  # the blocks just stored (or found) are not evicted for their successors' slots
-        by_class: dict[int, list[int]] = {}
+        keep = present  # blocks found are not evicted for their successors' slots (ALREADY_PRESENT stays true)
+        if settle_later:  # the new entries exist once `later` runs, so this grant cannot evict them either
+            self._later(lambda: self._bind(ns, keys, sizes, offsets, todo))
+        else:
+            keep = present.union(self._bind(ns, keys, sizes, offsets, todo))
+        by_size: dict[int, list[int]] = {}
         for i in todo:
-            by_class.setdefault(self._ram.slot_bytes(sizes[i]), []).append(i)
+            by_size.setdefault(sizes[i], []).append(i)
+        by_class: dict[int, list[int]] = {}  # sizes of one slot class share its grant
+        for size, group in by_size.items():
+            by_class.setdefault(self._ram.slot_bytes(size), []).extend(group)
         for group in by_class.values():  # one grant a size class; one a slot only when that is refused
             got = self._spares.grant(owner, sizes[group[0]], len(group), ns.tenant, keep)[1]
             for j, i in enumerate(group):
                 one = got[j:j + 1] if got else self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
                 refill[i] = one[0] if one else 0
         return StoreResult(outcomes, len(todo), refill)
+
+    def _bind(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
+              todo: list[int]) -> list[int]:
+        """A Store's keys[todo] become COMMITTED entries at their slots (after its reply, when deferred: then
+        its eviction runs here too, as nothing is left for after it)."""
+        eids = self._add(ns, keys, sizes, offsets, todo)
+        self._committed(0, ns, eids, (), False)
+        return eids
 
     def _add(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
              todo: list[int]) -> list[int]:

@@ -88,6 +88,20 @@ class EvictionPolicy(abc.ABC):
     def on_insert(self, eid: int, fingerprint: int = 0) -> None:
         """Start tracking a newly committed entry."""
 
+    def on_insert_many(self, eids: Sequence[int], fingerprints: Sequence[int] | None = None) -> None:
+        """``on_insert`` of each id in order (``fingerprints``: one each, None when the policy wants none, see
+        ``wants_fingerprints``); a policy may do it in one step (a Store commits its blocks together)."""
+        on_insert = self.on_insert
+        if fingerprints is None:
+            for eid in eids:
+                on_insert(eid)
+        else:
+            for eid, fp in zip(eids, fingerprints):
+                on_insert(eid, fp)
+
+    #: Whether ``on_insert`` uses its fingerprint: the engine hashes each key only for a policy that does.
+    wants_fingerprints: bool = True
+
     @abc.abstractmethod
     def on_access(self, eid: int) -> None:
         """Record a hit."""

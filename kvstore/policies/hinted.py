@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class HintedPolicy(EvictionPolicy):
         self._retain_until = 0.0  # latest deadline ever set: past it no entry is retained (the fast path)
         # the hot paths go straight to the wrapped policy (no extra Python frame per hit or insert)
         self.on_insert = inner.on_insert  # type: ignore[method-assign]
+        self.on_insert_many = inner.on_insert_many  # type: ignore[method-assign]
+        self.wants_fingerprints = inner.wants_fingerprints
         self.on_access = inner.on_access  # type: ignore[method-assign]
         self.on_access_many = inner.on_access_many  # type: ignore[method-assign]
         self.on_access_batches = inner.on_access_batches  # type: ignore[method-assign]
@@ -110,6 +112,9 @@ class HintedPolicy(EvictionPolicy):
     # -- EvictionPolicy ---------------------------------------------------------------------------------
     def on_insert(self, eid: int, fingerprint: int = 0) -> None:  # replaced per instance (see __init__)
         self.inner.on_insert(eid, fingerprint)
+
+    def on_insert_many(self, eids: Sequence[int], fingerprints: Sequence[int] | None = None) -> None:  # replaced per instance
+        self.inner.on_insert_many(eids, fingerprints)
 
     def on_access(self, eid: int) -> None:  # replaced per instance (see __init__)
         self.inner.on_access(eid)

@@ -105,6 +105,37 @@ class LRUPolicy(EvictionPolicy):
         self._push_head(eid)
         self._count += 1
 
+    wants_fingerprints = False
+
+    def on_insert_many(self, eids: Sequence[int], fingerprints: Sequence[int] | None = None) -> None:
+        """``on_insert`` of each in order: the checks for all first (nothing changes when one fails), then the
+        links in one loop."""
+        if len(eids) < 2:
+            for eid in eids:
+                self.on_insert(eid)
+            return
+        for eid in eids:
+            check_new_eid(eid)
+        top = max(eids)
+        if top >= len(self._prev):
+            extra = grown_capacity(len(self._prev), top) - len(self._prev)
+            self._prev.extend(array("i", [_UNTRACKED]) * extra)
+            self._next.extend(array("i", [_NIL]) * extra)
+        prev, nxt = self._prev, self._next
+        if len(set(eids)) != len(eids) or any(prev[eid] != _UNTRACKED for eid in eids):
+            raise ValueError(f"an entry of {list(eids)[:8]} is already tracked (or named twice)")
+        head = self._head
+        for eid in eids:
+            prev[eid] = _NIL
+            nxt[eid] = head
+            if head != _NIL:
+                prev[head] = eid
+            else:
+                self._tail = eid
+            head = eid
+        self._head = head
+        self._count += len(eids)
+
     def on_access(self, eid: int) -> None:
         """Move ``eid`` to the most-recent end."""
         if self._tracked(eid) and eid != self._head:
