@@ -86,7 +86,8 @@ def test_every_call_after_a_put_sees_its_keys_although_they_are_bound_after_the_
         buf = np.empty(64 << 10, np.uint8)
         for r in range(200):
             batch = keyset(f"read{r}", 3)
-            assert writer.put_many(ns, batch, [np.full(64 << 10, (r + j) % 251, np.uint8) for j in range(3)]).stored == 3
+            values = [np.full(64 << 10, (r + j) % 251, np.uint8) for j in range(3)]
+            assert writer.put_many(ns, batch, values).stored == 3
             assert reader.probe_prefix(ns, batch) == (3, True)
             assert reader.exists(ns, batch) == [True, True, True]
             assert reader.get_into(ns, batch[2], buf) == 64 << 10 and (buf == (r + 2) % 251).all()

@@ -8,8 +8,8 @@ part's reply is the put's latency. The same holds for most of a Store's own work
 outcomes and the new spare slots, not the binding of its keys to their slots (the catalog, the policy, the key
 index, events), which is done after it too (writes.py). So a call may leave that work (`defer`): the front end
 runs it right after sending the reply (Engine.settle), and if any other caller takes the lock first, the lock
-runs it before that caller's own work. No call ever sees the engine between the two halves, so every other caller observes the
-same states as before (counters, key index, allocation), just later than the reply that caused them.
+runs it before that caller's own work. No call ever sees the engine between the two halves, so every other
+caller observes the same states as before (counters, key index, allocation), just later than the reply that caused them.
 
 An exception in deferred work is logged, not raised: it belongs to a call that has already answered, and
 raising it in an unrelated caller (a Lookup, the sweeper) would hand that caller someone else's error.

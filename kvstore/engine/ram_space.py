@@ -75,15 +75,8 @@ class RamSpace:
 
     def _policy_insert(self, ns: Namespace, eids: Sequence[int]) -> None:
         """The policy tracks `eids` (in order), with a fingerprint of each key only if it uses them."""
-        policy = self.policy
-        if len(eids) == 1:
-            eid = eids[0]
-            policy.on_insert(eid, hash(self._cat.keys[eid]) ^ ns.id if policy.wants_fingerprints else 0)
-        elif policy.wants_fingerprints:
-            keys, ns_id = self._cat.keys, ns.id
-            policy.on_insert_many(eids, [hash(keys[eid]) ^ ns_id for eid in eids])
-        else:
-            policy.on_insert_many(eids)
+        policy, keys = self.policy, self._cat.keys
+        policy.on_insert_many(eids, [hash(keys[e]) ^ ns.id for e in eids] if policy.wants_fingerprints else None)
 
     def commit(self, ns: Namespace, eids: list[int], checksums: Sequence[int]) -> None:
         """Reserved entries become COMMITTED (visible, evictable) and count toward their namespace."""
@@ -97,7 +90,7 @@ class RamSpace:
         self._counters.committed_blocks += len(eids)
         if len(self._misses):
             keys = self._cat.keys
-            self._misses.stored(ns.id, [keys[eid] for eid in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
+            self._misses.stored(ns.id, [keys[e] for e in eids])  # type: ignore[misc]  # a live entry's key is set (None only once dropped)
 
     def generations(self, offsets: np.ndarray) -> np.ndarray:
         """The current generation of the slots at `offsets` (int64 array)."""
@@ -129,7 +122,7 @@ class RamSpace:
         With isolate_tenants the slot comes from a slab bound to the tenant's own memory file (arena/backing.py),
         so only that tenant's processes can map it; evicting another tenant's blocks helps only once one of its
         slabs is empty and can move."""
-        domain = (tenant or "") if self._config.isolate_tenants else ""
+        domain = self.domain(tenant)
         off = self.allocator.allocate(size, domain)
         if off is not None:
             return off
@@ -143,14 +136,14 @@ class RamSpace:
             off = self.allocator.allocate(size, domain)
         return off
 
+    def domain(self, tenant: str | None) -> str:
+        """The memory file a tenant's slots come from: its own with isolate_tenants, else the shared one."""
+        return (tenant or "") if self._config.isolate_tenants else ""
+
     def allocate_many(self, size: int, count: int, keep: set[int], tenant: str | None = None) -> list[int] | None:
         """`count` slots of `size` (`allocate` of each), all or none: the free ones in one allocator call, then
         one eviction a slot; None, with the ones found given back, when the rest cannot be made free."""
-        if count == 1:  # a single put's one new spare slot: no list of lists
-            off = self.allocate(size, keep, tenant)
-            return None if off is None else [off]
-        domain = (tenant or "") if self._config.isolate_tenants else ""
-        out = self.allocator.allocate_many(size, count, domain)
+        out = self.allocator.allocate_many(size, count, self.domain(tenant))
         while len(out) < count:
             off = self.allocate(size, keep, tenant)
             if off is None:
@@ -180,14 +173,9 @@ class RamSpace:
             excess, victims = alloc.allocated_bytes - target, []
             self._touches.apply()  # once: choosing victims records no hits
             choose, evictable, sizes = self.policy.choose_victim, self.evictable, self._cat.size
-            slot_of: dict[int, int] = {}  # block size -> slot bytes: victims come in few sizes
             while excess > 0 and (victim := choose(evictable)) is not None:
                 victims.append(victim)
-                size = int(sizes[victim])
-                slot = slot_of.get(size)
-                if slot is None:
-                    slot = slot_of[size] = alloc.slot_bytes(size)
-                excess -= slot
+                excess -= alloc.slot_bytes(int(sizes[victim]))
             self.evict_many(victims)
             return
         while alloc.allocated_bytes > target:  # quotas: whose blocks may go depends on the usage after each one

@@ -53,7 +53,7 @@ class SpareSlots:
         self.slots = 0      # spare slots held by connections now
 
     def _domain(self, tenant: str) -> str:
-        return tenant if self._config.isolate_tenants else ""
+        return self._ram.domain(tenant)
 
     def replace(self, owner: int, size: int, count: int, tenant: str) -> tuple[int, list[int]]:
         """Free the owner's spare slots (its thread waits for this answer: it copies into none of them), then
@@ -93,16 +93,12 @@ class SpareSlots:
             raise InvalidRequestError("the same spare slot named twice in one Store")
         owned = self._owned.get(owner, {})
         domain = self._domain(tenant)
-        classes: dict[int, int] = {}  # size -> its slot bytes, once per distinct size of the Store
         for off, size in zip(offsets, sizes):
             slot = owned.get(off)
             if slot is None:
                 raise InvalidRequestError(f"offset {off} is not a spare slot of this connection: ask for spare slots "
                                           "(they belong to the connection they were given to)")
-            cls = classes.get(size)
-            if cls is None:
-                cls = classes[size] = self._ram.slot_bytes(size)
-            if cls != slot[0]:
+            if self._ram.slot_bytes(size) != slot[0]:
                 raise InvalidRequestError(f"a block of {size} bytes does not fit the size class of spare slot {off} "
                                           f"({slot[0]} bytes): use a slot granted for this block size")
             if slot[1] != domain:

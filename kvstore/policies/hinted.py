@@ -113,7 +113,8 @@ class HintedPolicy(EvictionPolicy):
     def on_insert(self, eid: int, fingerprint: int = 0) -> None:  # replaced per instance (see __init__)
         self.inner.on_insert(eid, fingerprint)
 
-    def on_insert_many(self, eids: Sequence[int], fingerprints: Sequence[int] | None = None) -> None:  # replaced per instance
+    def on_insert_many(self, eids: Sequence[int],
+                       fingerprints: Sequence[int] | None = None) -> None:  # replaced per instance (see __init__)
         self.inner.on_insert_many(eids, fingerprints)
 
     def on_access(self, eid: int) -> None:  # replaced per instance (see __init__)
