@@ -86,6 +86,8 @@ class DaemonProcess:
         self.workdir = workdir or self._tmp.name  # type: ignore[union-attr]  # _tmp is made when workdir is None
         self.port = free_port()
         self.metrics_port = free_port()
+        while self.metrics_port == self.port:  # both are only free, not bound, until the daemon binds them
+            self.metrics_port = free_port()
         self.node_id = str(options.pop("node_id", f"t{uuid.uuid4().hex[:10]}"))
         self.arena_name = str(options.pop("arena_name", f"/kvstore-{self.node_id}"))
         self.socket_path = os.path.join(self.workdir, "kvstore.sock")
