@@ -9,6 +9,7 @@ Modules, one concern each:
     __main__.py      `python -m bench.serve` (run.py's CLI)
     run.py           the composition root and the CLI: sizes, workload, servers, configurations in order, report
     configs.py       the configurations compared, and the servers each one needs
+    rounds.py        repeated rounds: the order reversed each round, ratios paired within a round
     model.py         the dummy-weight model directory (nothing is downloaded)
     procs.py         child processes with logs, health waits that fail fast, and a guaranteed stop
     servers.py       the command lines of vLLM's OpenAI server, kvstore-server and LMCache's server

@@ -143,9 +143,8 @@ class Servers:
         self.daemons[i] = start_kvstore(work, arena, disk, **opts)
 
     def set_store(self, mode: str) -> None:
-        """Daemon 0 (and 1 for the peer tier) in `mode`, fresh; the connectors reconnect to them."""
-        if mode == self.daemon_mode and 0 in self.daemons:
-            return
+        """Daemon 0 (and 1 for the peer tier) in `mode`, fresh (also in the mode it had: a configuration measured
+        again in a later round starts from an empty store too); the connectors reconnect to them."""
         for i in sorted(self.daemons):
             self.daemons.pop(i).stop()
         self._start_daemon(0, mode)

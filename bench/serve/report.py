@@ -64,7 +64,7 @@ def mismatches(ref: RunResult, other: RunResult) -> int:
     return sum(1 for x in other.calls if want.get((x.sid, x.agent, x.turn)) != x.output_ids)
 
 
-def print_report(runs: dict[str, ConfigRun], sums: dict[str, dict[str, Any]], bad: dict[str, int]) -> None:
+def print_report(sums: dict[str, dict[str, Any]], bad: dict[str, int]) -> None:
     rows = []
     for k, s in sums.items():
         hits = ", ".join(f"{t} {int(v)}" for t, v in sorted(s["store_served_tokens"].items())) or "-"
@@ -92,8 +92,9 @@ def _by_turn(calls: tuple[CallResult, ...]) -> tuple[list[int], list[float]]:
     return ks, [statistics.median(turns[k]) for k in ks]
 
 
-def plot(runs: dict[str, ConfigRun], out_dir: str) -> list[str]:
-    """ttft_by_turn.png (median TTFT of the main agents' k-th turn) and ttft_cdf.png; the paths written."""
+def plot(runs: dict[str, list[ConfigRun]], out_dir: str) -> list[str]:
+    """ttft_by_turn.png (median TTFT of the main agents' k-th turn) and ttft_cdf.png, every round's calls of a
+    configuration together; the paths written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -101,9 +102,9 @@ def plot(runs: dict[str, ConfigRun], out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "serve_ttft_by_turn.png"), os.path.join(out_dir, "serve_ttft_cdf.png")]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for k, r in runs.items():
-        xs, ys = _by_turn(r.agentic.calls)
-        ax.plot(xs, ys, marker="o", label=f"({k}) {r.label}")
+    for k, rs in runs.items():
+        xs, ys = _by_turn(tuple(x for r in rs for x in r.agentic.calls))
+        ax.plot(xs, ys, marker="o", label=f"({k}) {rs[0].label}")
     ax.set(xlabel="turn of the main agent", ylabel="median TTFT (s)", yscale="log",
            title="Time to first token by turn: the context grows, the store keeps it")
     ax.grid(True, which="both", alpha=0.3)
@@ -112,9 +113,9 @@ def plot(runs: dict[str, ConfigRun], out_dir: str) -> list[str]:
     fig.savefig(paths[0], dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for k, r in runs.items():
-        ttfts = sorted(x.ttft_s for x in r.agentic.calls)
-        ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=f"({k}) {r.label}")
+    for k, rs in runs.items():
+        ttfts = sorted(x.ttft_s for r in rs for x in r.agentic.calls)
+        ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=f"({k}) {rs[0].label}")
     ax.set(xlabel="TTFT (s)", ylabel="share of calls", xscale="log", title="TTFT distribution, every call")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -156,19 +157,22 @@ def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: di
     return out
 
 
-def write_calls(runs: dict[str, ConfigRun], out_dir: str) -> str:
-    """Every call of every configuration and pass, one JSON object per line (serve_calls.jsonl): where a
+def write_calls(runs: dict[str, list[ConfigRun]], out_dir: str) -> str:
+    """Every call of every configuration, round and pass, one JSON object per line (serve_calls.jsonl): where a
     configuration's time went, call by call (TTFT against cached tokens, server, send time)."""
     import json
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "serve_calls.jsonl")
     with open(path, "w") as f:
-        for k, r in runs.items():
-            for name, rr in (("agentic", r.agentic), ("saturated", r.saturated)):
-                for x in rr.calls if rr else ():
-                    f.write(json.dumps({"config": k, "pass": name, "session": x.sid, "agent": x.agent,
-                                        "turn": x.turn, "server": x.server, "sent_s": round(x.sent_s, 4),
-                                        "ttft_s": round(x.ttft_s, 4), "total_s": round(x.total_s, 4),
-                                        "prompt_tokens": x.prompt_tokens, "cached_tokens": x.cached_tokens}) + "\n")
+        for k, rs in runs.items():
+            for rnd, r in enumerate(rs):
+                for name, rr in (("agentic", r.agentic), ("saturated", r.saturated)):
+                    for x in rr.calls if rr else ():
+                        f.write(json.dumps({"config": k, "round": rnd, "pass": name, "session": x.sid,
+                                            "agent": x.agent, "turn": x.turn, "server": x.server,
+                                            "sent_s": round(x.sent_s, 4),
+                                            "ttft_s": round(x.ttft_s, 4), "total_s": round(x.total_s, 4),
+                                            "prompt_tokens": x.prompt_tokens,
+                                            "cached_tokens": x.cached_tokens}) + "\n")
     return path

@@ -15,13 +15,14 @@ import tempfile
 import time
 from typing import Any
 
-from bench._common import progress
+from bench._common import print_table, progress
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, warm_up
 from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
+from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, rooms, round_seed, schedule
 from bench.serve.servers import vllm_python
 from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
 
@@ -72,10 +73,11 @@ def _final_tokens(a: Any) -> int:
     return sum(len(t.new_tokens) + t.output_tokens for t in a.turns)
 
 
-def _plan_boot(keys: list[str], i: int, running: set[str]) -> list[str]:
-    """The servers of config i, plus those of later configs while fewer than MAX_SERVERS run (boots overlap)."""
-    want = list(CONFIGS[keys[i]].servers)
-    for k in keys[i + 1:]:
+def _plan_boot(seq: list[str], i: int, running: set[str]) -> list[str]:
+    """The servers of configuration seq[i], plus those of the next ones while fewer than MAX_SERVERS would run
+    (boots overlap)."""
+    want = list(CONFIGS[seq[i]].servers)
+    for k in seq[i + 1:]:
         for s in CONFIGS[k].servers:
             if s not in want and len(running | set(want)) < MAX_SERVERS:
                 want.append(s)
@@ -85,8 +87,12 @@ def _plan_boot(keys: list[str], i: int, running: set[str]) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     keys = [k for k in ORDER if k in args.configs]
-    w = agent_sessions("quick" if args.quick else "full", seed=args.seed)
-    sat = saturated(agent_sessions("quick" if args.quick else "full", seed=args.seed + 1))
+    plan = schedule(keys, args.rounds)
+    seq = [k for _, k in plan]
+    preset = "quick" if args.quick else "full"
+    ws = [agent_sessions(preset, seed=round_seed(args.seed, r)) for r in range(args.rounds)]
+    sats = [saturated(agent_sessions(preset, seed=round_seed(args.seed, r) + 1)) for r in range(args.rounds)]
+    w = ws[0]  # every round's sessions have the same shapes (agentx's seed), only the token ids differ
     # a fresh prompt set per round (the same for both servers in a round): a repeat would hit the store
     nr = [unique_prompts(args.no_reuse_prompts, args.no_reuse_tokens, 16, seed=args.seed + 2 + r)
           for r in range(args.no_reuse_rounds)]
@@ -101,26 +107,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{live_tokens(w)} tokens live at once; model {args.layers} layers in {dtype}"
           f"{', eager' if sz.eager else ''}; "
           f"vLLM KV {sz.kv_blocks} blocks of 64 (limit config {sz.limit_blocks}); store RAM {sz.arena_bytes} "
-          f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); logs {log_dir}", flush=True)
+          f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); {args.rounds} round(s); logs {log_dir}",
+          flush=True)
     servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python())
-    runs: dict[str, ConfigRun] = {}
+    runs: dict[str, list[ConfigRun]] = {k: [] for k in keys}
     no_reuse: dict[str, Any] | None = None
-    total = len(keys) * (w.calls + sat.calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
+    total = len(plan) * (w.calls + sats[0].calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
     ok = False
     try:
         with progress(total) as bar:
-            for i, k in enumerate(keys):
+            for i, (r, k) in enumerate(plan):
                 cfg = CONFIGS[k]
                 bar.step(f"booting {'/'.join(cfg.servers)}")
+                want = _plan_boot(seq, i, set(servers.procs))
+                servers.drop(rooms(seq, i, set(servers.procs), want, MAX_SERVERS))
                 if cfg.store:
                     servers.set_store(cfg.store)
-                servers.ensure(_plan_boot(keys, i, set(servers.procs)))
-                bar.step(f"({k}) {cfg.label}")
-                runs[k] = measure_config(k, cfg.label, servers.urls(cfg.servers),
-                                         servers.metrics_urls() if cfg.store else [], w, sat, bar.advance)
-                if k == "b" and "a" in keys:
+                servers.ensure(want)
+                bar.step(f"({k}) {cfg.label}" + (f", round {r + 1} of {args.rounds}" if args.rounds > 1 else ""))
+                runs[k].append(measure_config(k, cfg.label, servers.urls(cfg.servers),
+                                              servers.metrics_urls() if cfg.store else [], ws[r], sats[r],
+                                              bar.advance))
+                if k == "b" and "a" in keys and no_reuse is None:
                     no_reuse = _no_reuse(servers, nr, bar)
-                later = {s for kk in keys[i + 1:] for s in CONFIGS[kk].servers}
+                later = {s for kk in seq[i + 1:] for s in CONFIGS[kk].servers}
                 servers.drop([s for s in list(servers.procs) if s not in later])
         ok = True
     finally:
@@ -129,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
         elif not ok:
             print(f"the run failed: server logs and the model are kept in {work}", file=sys.stderr)
-    return _finish(args, runs, no_reuse, sz, w, sat, servers.boot_s, time.monotonic() - t_start)
+    return _finish(args, runs, no_reuse, sz, w, sats[0], servers.boot_s, time.monotonic() - t_start)
 
 
 def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, Any]:
@@ -166,14 +176,20 @@ def crossover_ratio(ratios: list[float]) -> float:
     return round(statistics.median(pairs), 4)
 
 
-def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict[str, Any] | None, sz: Sizes,
-            w: Workload, sat: Workload, boot_s: dict[str, float], wall_s: float) -> dict[str, Any]:
-    sums = {k: summarize(r, kv_bytes_per_token(sz.layers, sz.dtype)) for k, r in runs.items()}
-    ref = next(iter(runs.values()), None)
-    bad = {k: mismatches(ref.agentic, r.agentic) + (mismatches(ref.saturated, r.saturated)
-                                                    if ref.saturated and r.saturated else 0)
-           for k, r in runs.items() if r is not ref} if ref else {}
-    print_report(runs, sums, bad)
+def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse: dict[str, Any] | None,
+            sz: Sizes, w: Workload, sat: Workload, boot_s: dict[str, float], wall_s: float) -> dict[str, Any]:
+    """The report of every round: each configuration's figures the median over its rounds, each ratio paired
+    within a round (rounds.py); the greedy output of each configuration checked against the first
+    configuration's in the same round (the same token ids)."""
+    runs = {k: rs for k, rs in runs.items() if rs}
+    bpt = kv_bytes_per_token(sz.layers, sz.dtype)
+    n = min((len(rs) for rs in runs.values()), default=0)
+    per_round = [{k: summarize(rs[r], bpt) for k, rs in runs.items()} for r in range(n)]
+    ref = next(iter(runs), None)
+    bad = {k: sum(_mismatched(runs[ref][r], rs[r]) for r in range(n))
+           for k, rs in runs.items() if ref is not None and k != ref}
+    sums = {k: median_summary([p[k] for p in per_round]) for k in runs}
+    print_report(sums, bad)
     if no_reuse:
         print(f"no-reuse workload ({args.no_reuse_rounds} rounds of {args.no_reuse_prompts} unique prompts of "
               f"{args.no_reuse_tokens} tokens): {no_reuse['without']:.1f} tok/s without the connector, "
@@ -186,12 +202,25 @@ def _finish(args: argparse.Namespace, runs: dict[str, ConfigRun], no_reuse: dict
         print("calls:", write_calls(runs, args.out))
     meta = {"quick": args.quick, "layers": sz.layers, "dtype": sz.dtype, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
-            "store_ram": sz.arena_bytes, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
+            "store_ram": sz.arena_bytes, "rounds": n, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
             "wall_s": round(wall_s, 1)}
     out = json_line(sums, bad, no_reuse, meta)
+    if n > 1:  # the ratios paired within rounds, then the crossover median (rounds.py)
+        by_round = paired_ratios([json_line(p, {}, None, {}) for p in per_round])
+        print_table("ratios by round (each within its round; the JSON's: the median over crossover pairs)",
+                    ("ratio", *(f"round {r + 1}" for r in range(n)), "paired"),
+                    [(name, *(f"{x:.3f}" for x in xs), f"{crossover_ratio(xs):.3f}") for name, xs in by_round.items()])
+        out.update({name: crossover_ratio(xs) for name, xs in by_round.items()})
+        out["ratios_by_round"] = by_round
     out["details"] = {k: {f: (round(v, 4) if isinstance(v, float) else v) for f, v in s.items() if f != "label"}
                       for k, s in sums.items()}
     return out
+
+
+def _mismatched(ref: ConfigRun, other: ConfigRun) -> int:
+    """Calls of both passes whose greedy output differs from the reference configuration's (the same round)."""
+    sat = mismatches(ref.saturated, other.saturated) if ref.saturated and other.saturated else 0
+    return mismatches(ref.agentic, other.agentic) + sat
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -218,6 +247,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="let vLLM torch.compile the model (default: --enforce-eager; boots in half the time, "
                          "same prefill speed on CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every configuration this many times, the order reversed each round (a b f, then "
+                         "f b a), with new token ids each round; figures are medians over rounds and each ratio is "
+                         "paired within a round (default 1; 3 or more where one run's ratios drift with the machine)")
     ap.add_argument("--no-reuse-prompts", type=int, default=6, help="prompts per no-reuse round (default 6)")
     ap.add_argument("--no-reuse-rounds", type=int, default=4,
                     help="no-reuse rounds, each on both servers back to back, A first then B first (default 4: "
@@ -247,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("--kv-share: use a share in (0, 1]")
     if args.no_reuse_rounds < 1 or args.no_reuse_prompts < 1:
         _parser().error("--no-reuse-rounds and --no-reuse-prompts: use at least 1")
+    if not 1 <= args.rounds <= 20:
+        _parser().error("--rounds: use 1 to 20")
+    if args.no_reuse_rounds > SEED_STEP - 3:  # its seeds would reach the next round's sessions'
+        _parser().error(f"--no-reuse-rounds: use at most {SEED_STEP - 3}")
     args.configs = chosen
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
