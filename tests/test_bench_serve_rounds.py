@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, rooms, round_seed, schedule
+from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, make_room, round_seed, schedule
 from bench.serve.run import _parser, crossover_ratio, main
 
 
@@ -22,13 +22,13 @@ def test_round_seeds_are_apart_from_each_other_and_from_the_no_reuse_prompts() -
 def test_room_is_made_by_stopping_the_server_needed_again_latest() -> None:
     seq = ["a", "b", "f", "e", "a"]
     # e needs E; A, B, F run; at most 3: B and F are never needed again, A is (the last a): B goes
-    assert rooms(seq, 3, {"A", "B", "F"}, ["E"], 3) == ["B"]
+    assert make_room(seq, 3, {"A", "B", "F"}, ["E"], 3) == ["B"]
     # room for two: F goes too (not needed again either: a tie, broken by name)
-    assert rooms(seq, 3, {"A", "B", "F"}, ["E"], 2) == ["B", "F"]
+    assert make_room(seq, 3, {"A", "B", "F"}, ["E"], 2) == ["B", "F"]
     # nothing to stop while the boot fits
-    assert rooms(seq, 3, {"A", "B"}, ["E"], 4) == []
+    assert make_room(seq, 3, {"A", "B"}, ["E"], 4) == []
     # a server the configuration itself uses never goes, even over the limit
-    assert rooms(["d", "a"], 0, {"B", "B2", "A"}, ["B", "B2"], 1) == ["A"]
+    assert make_room(["d", "a"], 0, {"B", "B2", "A"}, ["B", "B2"], 1) == ["A"]
 
 
 def test_median_summary_takes_each_figure_over_the_rounds() -> None:

@@ -74,7 +74,6 @@ class Servers:
         self.specs: dict[str, VllmSpec] = {}
         self.procs: dict[str, Proc] = {}
         self.daemons: dict[int, DaemonProcess] = {}
-        self.daemon_mode = ""
         self.lmcache: LmcacheServer | None = None
         self.etcd = None  # kvstore.testing.EtcdProcess while (d) runs
         self.boot_s: dict[str, float] = {}
@@ -150,7 +149,6 @@ class Servers:
         self._start_daemon(0, mode)
         if mode == "peer":
             self._start_daemon(1, mode)
-        self.daemon_mode = mode
 
     def metrics_urls(self) -> list[str]:
         return [d.metrics_url + "/metrics" for _, d in sorted(self.daemons.items())]

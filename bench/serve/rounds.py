@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.serve.configs import CONFIGS
 
-__all__ = ["SEED_STEP", "RATIOS", "schedule", "round_seed", "rooms", "median_summary", "paired_ratios"]
+__all__ = ["SEED_STEP", "RATIOS", "schedule", "round_seed", "make_room", "median_summary", "paired_ratios"]
 
 SEED_STEP = 1000  # round r's token seeds start at seed + r * SEED_STEP (a round uses seed .. seed + 2 + rounds)
 RATIOS = ("ttft_p50_speedup", "ttft_p50_speedup_disk", "ttft_p50_speedup_peer", "throughput_ratio",
@@ -34,7 +34,7 @@ def schedule(keys: list[str], rounds: int) -> list[tuple[int, str]]:
     return [(r, k) for r in range(rounds) for k in (keys if r % 2 == 0 else keys[::-1])]
 
 
-def rooms(seq: list[str], i: int, running: set[str], want: list[str], most: int) -> list[str]:
+def make_room(seq: list[str], i: int, running: set[str], want: list[str], most: int) -> list[str]:
     """Running servers to stop before configuration seq[i] boots `want`, so that at most `most` run: those
     seq[i] does not use, the one needed again latest (or never) first (Belady's choice: a boot costs a minute)."""
     need = set(CONFIGS[seq[i]].servers)

@@ -22,7 +22,7 @@ from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, warm_up
 from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
-from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, rooms, round_seed, schedule
+from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, make_room, round_seed, schedule
 from bench.serve.servers import vllm_python
 from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cfg = CONFIGS[k]
                 bar.step(f"booting {'/'.join(cfg.servers)}")
                 want = _plan_boot(seq, i, set(servers.procs))
-                servers.drop(rooms(seq, i, set(servers.procs), want, MAX_SERVERS))
+                servers.drop(make_room(seq, i, set(servers.procs), want, MAX_SERVERS))
                 if cfg.store:
                     servers.set_store(cfg.store)
                 servers.ensure(want)
