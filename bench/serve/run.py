@@ -252,9 +252,10 @@ def _parser() -> argparse.ArgumentParser:
                          "f b a), with new token ids each round; figures are medians over rounds and each ratio is "
                          "paired within a round (default 1; 3 or more where one run's ratios drift with the machine)")
     ap.add_argument("--no-reuse-prompts", type=int, default=6, help="prompts per no-reuse round (default 6)")
-    ap.add_argument("--no-reuse-rounds", type=int, default=4,
-                    help="no-reuse rounds, each on both servers back to back, A first then B first (default 4: "
-                         "two crossover pairs)")
+    ap.add_argument("--no-reuse-rounds", type=int, default=6,
+                    help="no-reuse rounds, each on both servers back to back, A first then B first (default 6: "
+                         "three crossover pairs, so that the median sets aside one pair gone astray; with two, one "
+                         "round at 0.52 took a full run's figure from ~1.03 to 0.90)")
     ap.add_argument("--no-reuse-tokens", type=int, default=1024)
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
