@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         servers.stop()
         if ok:  # the model, the daemons' files and (without --log-dir) the logs
             shutil.rmtree(work, ignore_errors=True)
-        elif not ok:
+        else:
             print(f"the run failed: server logs and the model are kept in {work}", file=sys.stderr)
     return _finish(args, runs, no_reuse, sz, w, sats[0], servers.boot_s, time.monotonic() - t_start)
 
