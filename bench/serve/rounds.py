@@ -4,7 +4,7 @@ Why: on this VM one configuration's TTFT p50 and throughput were measured moving
 median round 2.5 s in one process, 4.4 s in another; b 0.084-0.179 s), so a ratio of two configurations run
 minutes apart carries that drift. With rounds, each ratio is taken inside a round (the two configurations ran
 close together), the order alternates (a b f, then f b a: neither is always first or last), and the figure
-reported is the median over crossover pairs of rounds (run.crossover_ratio), as the no-reuse run does.
+reported is the median over crossover pairs of rounds (crossover_ratio), as the no-reuse run does.
 
 Round r sends sessions of the same shapes (prompt lengths, forks, think times: agentx's own seed) with new token
 ids, so nothing vLLM or a store kept from an earlier round can hit; the kvstore daemons start fresh for every
@@ -13,12 +13,14 @@ configuration anyway, LMCache's server and vLLM's prefix caches do not.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
 from bench.serve.configs import CONFIGS
 
-__all__ = ["SEED_STEP", "RATIOS", "schedule", "round_seed", "make_room", "median_summary", "paired_ratios"]
+__all__ = ["SEED_STEP", "RATIOS", "crossover_ratio", "schedule", "round_seed", "make_room", "median_summary",
+           "paired_ratios"]
 
 SEED_STEP = 1000  # round r's token seeds start at seed + r * SEED_STEP (a round uses seed .. seed + 2 + rounds)
 RATIOS = ("ttft_p50_speedup", "ttft_p50_speedup_disk", "ttft_p50_speedup_peer", "throughput_ratio",
@@ -71,3 +73,14 @@ def paired_ratios(per_round: list[dict[str, Any]]) -> dict[str, list[float]]:
     round could not form (a configuration left out) is left out."""
     return {name: [line[name] for line in per_round] for name in RATIOS
             if all(line.get(name) is not None for line in per_round)}
+
+
+def crossover_ratio(ratios: list[float]) -> float:
+    """with / without from rounds run A, B then B, A (a crossover): the median over each A-B / B-A pair of rounds
+    of their geometric mean. Why pairs: the second run of a round was measured slower whichever server it was
+    (ratios 0.65 A first, 1.92 B first in one run; 15-20 % either way in others), and a pair holds each server
+    once in each position, so that cancels. An odd last round counts alone."""
+    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
+    if len(ratios) % 2:
+        pairs.append(ratios[-1])
+    return round(statistics.median(pairs), 4)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -22,7 +21,8 @@ from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, warm_up
 from bench.serve.model import cpu_dtype, kv_bytes_per_token, write_model
 from bench.serve.report import json_line, mismatches, plot, print_report, summarize, write_calls
-from bench.serve.rounds import SEED_STEP, median_summary, paired_ratios, make_room, round_seed, schedule
+from bench.serve.rounds import (SEED_STEP, crossover_ratio, make_room, median_summary, paired_ratios, round_seed,
+                                schedule)
 from bench.serve.servers import vllm_python
 from bench.serve.workload import Workload, agent_sessions, saturated, unique_prompts
 
@@ -163,17 +163,6 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, A
     out["paired_ratio"] = crossover_ratio(ratios)
     out["round_ratios"] = ratios  # in round order; the first server of a round alternates, starting with A
     return out
-
-
-def crossover_ratio(ratios: list[float]) -> float:
-    """with / without from rounds run A, B then B, A (a crossover): the median over each A-B / B-A pair of rounds
-    of their geometric mean. Why pairs: the second run of a round was measured slower whichever server it was
-    (ratios 0.65 A first, 1.92 B first in one run; 15-20 % either way in others), and a pair holds each server
-    once in each position, so that cancels. An odd last round counts alone."""
-    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
-    if len(ratios) % 2:
-        pairs.append(ratios[-1])
-    return round(statistics.median(pairs), 4)
 
 
 def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse: dict[str, Any] | None,
