@@ -43,7 +43,7 @@ from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
 from connector.prom import KVStorePromMetrics
 from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.stats import ConnectorCounters, miss_summary
+from connector.stats import ConnectorCounters, miss_summary, timed
 from connector.worker import WorkerSide
 from kvstore.errors import ConfigError
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
@@ -305,38 +305,47 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return False  # a best-effort cache: a dropped save is a future miss
 
     # -- scheduler side ----------------------------------------------------------------------------------
+    # Every hook vLLM's threads wait for is timed (connector/stats.py: timed): its cost shows in the counters.
+    @timed("scheduler_hook_seconds")
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         assert self._sched is not None
         return self._sched.num_new_matched_tokens(request, num_computed_tokens)
 
+    @timed("scheduler_hook_seconds")
     def on_new_request(self, request: Request) -> None:
         assert self._sched is not None
         self._sched.track(request)
 
+    @timed("scheduler_hook_seconds")
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self._sched is not None
         ids = _tables(blocks.get_block_ids()) if num_external_tokens > 0 else []
         self._sched.after_alloc(request, ids, num_external_tokens)
 
+    @timed("scheduler_hook_seconds")
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._sched is not None
         return KVStoreMetadata(self._sched.build(_scheduled(scheduler_output), scheduler_output.finished_req_ids))
 
+    @timed("scheduler_hook_seconds")
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self._sched is not None
         self._sched.on_worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids,
                                      getattr(connector_output, "failed_recving", None) or ())
 
+    @timed("scheduler_hook_seconds")
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
         return self._sched.request_finished(request), None
 
+    @timed("scheduler_hook_seconds")
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         """SupportsHMA's request_finished (vLLM calls this one for a connector that supports HMA)."""
         assert self._sched is not None
         return self._sched.request_finished(request), None
 
+    @timed("scheduler_hook_seconds")
     def take_events(self) -> Iterable[KVCacheEvent]:
         """BlockStored for every stored block issued since the last call (hashes are our stable keys)."""
         if self._sched is None:
@@ -350,6 +359,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         self._worker.register(kv_caches, self._kv_cache_config.num_blocks)
 
+    @timed("worker_hook_seconds")
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
         plan = self._plan()
@@ -362,16 +372,19 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return None  # one stored block spans all layers: gathered once in wait_for_save
 
+    @timed("worker_hook_seconds")
     def wait_for_save(self) -> None:
         assert self._worker is not None
         if self.has_connector_metadata():
             self._worker.save(self._plan().saves)
 
+    @timed("worker_hook_seconds")
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self._worker is not None
         sent, recv = self._worker.finished(set(finished_req_ids))
         return sent or None, recv or None
 
+    @timed("worker_hook_seconds")
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """get_finished, plus the requests whose asynchronous load failed as a whole (models with several KV cache
         groups: vLLM takes no block ids from them; see WorkerSide.transfer_results)."""
@@ -379,6 +392,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         sent, recv, failed = self._worker.transfer_results(set(finished_req_ids))
         return KVConnectorTransferResults(finished_sending=sent, finished_recving=recv, failed_recving=failed)
 
+    @timed("worker_hook_seconds")
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.load_errors() if self._worker is not None else set()
 

@@ -20,5 +20,6 @@ Modules, one concern each:
     driver.py        sessions in flight: think times, turns one after another, forks
     measure.py       one configuration measured: prefix cache reset, counters around both passes
     scrape.py        counters from Prometheus text, differenced around a run
+    costs.py         the connector's cost where nothing hits, measured directly: hook time, daemon CPU
     report.py        the table, the plots, the greedy-output check and the JSON line
 """

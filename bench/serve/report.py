@@ -154,6 +154,9 @@ def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: di
         out["no_reuse_tok_s"] = no_reuse
         ratio = no_reuse.get("paired_ratio", no_reuse["with_connector"] / no_reuse["without"])
         out["zero_reuse_overhead"] = round(1 - ratio, 4)
+        if "costs" in no_reuse:  # the same cost measured directly: hook time and daemon CPU over B's time
+            out["zero_reuse_hook_share"] = no_reuse["costs"]["hook_share"]
+            out["zero_reuse_daemon_cpu_share"] = no_reuse["costs"]["daemon_cpu_share"]
     return out
 
 

@@ -4,6 +4,7 @@ the no-reuse run, the report. Every server it starts is stopped at the end, on f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from typing import Any
 
 from bench._common import print_table, progress
 from bench.serve.configs import CONFIGS, Servers, Sizes
+from bench.serve.costs import CostMeter
 from bench.serve.lmcache import lmcache_venv
 from bench.serve.driver import run_workload
 from bench.serve.measure import ConfigRun, measure_config, warm_up
@@ -149,19 +151,24 @@ def _no_reuse(servers: Servers, rounds: list[Workload], bar: Any) -> dict[str, A
     alike."""
     servers.ensure(["A", "B"])
     got: dict[str, list[float]] = {"without": [], "with_connector": []}
+    daemon = servers.daemons[0].proc
+    assert daemon is not None
+    meter = CostMeter(servers.urls(("B",))[0] + "/metrics", daemon.pid)
     for i, nr in enumerate(rounds):
         order = (("A", "without"), ("B", "with_connector"))
         for name, label in (order if i % 2 == 0 else order[::-1]):
-            # an untimed request first: a server that sat idle while the other ran was measured 15-20 % slower
-            # than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it was;
-            # what is left of the position effect, the crossover cancels
-            warm_up(servers.urls((name,)))
-            r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
+            with meter.inside() if name == "B" else contextlib.nullcontext():
+                # an untimed request first: a server that sat idle while the other ran was measured 15-20 %
+                # slower than one that had just run (ratios 0.73-0.83 A first, 1.17-1.20 B first), whichever it
+                # was; what is left of the position effect, the crossover cancels
+                warm_up(servers.urls((name,)))
+                r = run_workload(nr, servers.urls((name,)), tick=bar.advance)
             got[label].append(r.output_tokens / r.wall_s)
     out: dict[str, Any] = {k: round(statistics.median(v), 2) for k, v in got.items()}
     ratios = [round(w / o, 4) for w, o in zip(got["with_connector"], got["without"])]
     out["paired_ratio"] = crossover_ratio(ratios)
     out["round_ratios"] = ratios  # in round order; the first server of a round alternates, starting with A
+    out["costs"] = meter.result()  # the connector's own time on B, exact (bench/serve/costs.py)
     return out
 
 
@@ -184,6 +191,11 @@ def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse
               f"{args.no_reuse_tokens} tokens): {no_reuse['without']:.1f} tok/s without the connector, "
               f"{no_reuse['with_connector']:.1f} with (medians); with / without per round, median "
               f"{no_reuse['paired_ratio']:.3f}")
+        c = no_reuse["costs"]
+        print(f"  measured directly on the connector's server ({c['wall_s']:.0f} s on those rounds): vLLM's threads "
+              f"inside the connector's hooks {100 * c['hook_share']:.2f} % of that time (scheduler "
+              f"{c['scheduler_hook_s']:.2f} s, worker {c['worker_hook_s']:.2f} s), the daemon's CPU "
+              f"{100 * c['daemon_cpu_share']:.2f} % of one core")
     if not args.no_plots and runs:
         for p in plot(runs, args.out):
             print("plot:", p)

@@ -87,3 +87,7 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
     assert served == {"ram": 256 + 384, "disk": 0, "peer": 0}
     assert metrics[("vllm:kvstore_hit_tokens_total", "")] == 256 + 384
     assert ("vllm:kvstore_misses_total", "never_stored") in metrics
+    # the time vLLM's threads spent in the connector's hooks (connector/stats.py timed): some, and far less than
+    # the three turns took (bench.serve's no-reuse rounds divide it by the server's time)
+    hooks = [metrics[(f"vllm:kvstore_{side}_hook_seconds_total", "")] for side in ("scheduler", "worker")]
+    assert all(0 < h < 5.0 for h in hooks), hooks
