@@ -41,7 +41,7 @@ import hashlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ TP_NAMESPACES = [LOOKUP_NS[:-1] + str(r) for r in range(8)]  # a TP 8 model's ra
 COLD_GAP_S = 0.02        # idle time before each cold call: one vLLM step under load
 HOT_BLOCK = (20, 4)      # consecutive calls per case and round, of which the first are untimed
 COLD = ("uds rtt", "uds echo", "fast echo", "fast lookup", "grpc lookup", "fast probe")
+NEW_KEYS = [hashlib.blake2b(f"never-stored/{i}".encode(), digest_size=16).digest() for i in range(4)]
 _BLOCK = 16 << 10        # the stored chain's block size (a Lookup's cost does not depend on it)
 
 # What one call of each case makes the daemon count, exactly.
@@ -75,6 +76,8 @@ EFFECTS: dict[str, dict[str, int]] = {
     "uds rtt": {}, "uds echo": {},
     "fast lookup daemon": {"lookup_calls": 1, "fast_requests": 1},
     "fast probe": {"lookup_calls": 1, "fast_requests": 1}, "fast probe daemon": {"lookup_calls": 1, "fast_requests": 1},
+    "fast probe new4": {"lookup_calls": 1, "fast_requests": 1},        # a HITS carrying the 4 missing keys
+    "fast probe new4 daemon": {"lookup_calls": 1, "fast_requests": 1},
     "fast probe x8": {"lookup_calls": 8, "fast_requests": 8},
     "fast probe x8 seq": {"lookup_calls": 8, "fast_requests": 8},
 }
@@ -152,6 +155,10 @@ class Cases:
                 made["fast lookup daemon"] = Case(self._lookup(self.no_index, False))
                 made["fast probe"] = Case(self._probe(c))
                 made["fast probe daemon"] = Case(self._probe(self.no_index))
+                # an agent's next turn: the stored chain, then 4 blocks never stored (a RAM-only daemon's index
+                # is authoritative: the client answers the miss too, and sends its effects one way)
+                made["fast probe new4"] = Case(self._probe(c, NEW_KEYS))
+                made["fast probe new4 daemon"] = Case(self._probe(self.no_index, NEW_KEYS))
                 made["fast probe x8"] = Case(self._probe8(c, pipelined=True))
                 made["fast probe x8 seq"] = Case(self._probe8(c, pipelined=False))
             made[f"{p} reserve+commit"] = self._reserve_commit(c)
@@ -183,8 +190,8 @@ class Cases:
             return r
         return go
 
-    def _probe(self, c: Client) -> Callable[[object], None]:
-        keys, want = self.keys, (len(self.keys), True)
+    def _probe(self, c: Client, new: Sequence[bytes] = ()) -> Callable[[object], None]:
+        keys, want = self.keys + list(new), (len(self.keys), True)
 
         def go(_: object) -> None:
             got = c.probe_prefix(LOOKUP_NS, keys)
@@ -254,6 +261,7 @@ FIELD = {"uds rtt": "uds_rtt", "uds echo": "uds_echo", "fast echo": "fast_echo",
          "grpc reserve+commit": "grpc_reserve_commit", "fast probe": "fast_probe280",
          "fast lookup daemon": "fast_lookup280_daemon",
          "fast probe daemon": "fast_probe280_daemon", "fast probe x8": "fast_probe280x8",
+         "fast probe new4": "fast_probe280_new4", "fast probe new4 daemon": "fast_probe280_new4_daemon",
          "fast probe x8 seq": "fast_probe280x8_seq"}
 LABELS = {
     "uds rtt": "limit: raw unix socket, Lookup-sized frames", "uds echo": "limit: raw unix socket, empty frames",
@@ -265,6 +273,8 @@ LABELS = {
     "fast reserve+commit": "fast Reserve + Commit (1 x 4 KiB, no copy)",
     "grpc reserve+commit": "gRPC Reserve + Commit (1 x 4 KiB, no copy)",
     "fast probe": "fast probe 280 (shared key index)", "fast probe daemon": "fast probe 280 (index off)",
+    "fast probe new4": "fast probe 280 + 4 new (shared key index)",
+    "fast probe new4 daemon": "fast probe 280 + 4 new (index off)",
     "fast probe x8": "fast probe 280 x 8 namespaces (TP 8), pipelined",
     "fast probe x8 seq": "fast probe 280 x 8 namespaces, one after another",
 }
@@ -289,6 +299,7 @@ def fields(hot: dict[str, Samples], cold: dict[str, Samples]) -> dict[str, Any]:
         out[f"grpc_lookup280_vs_fast{suffix}"] = round(res["grpc lookup"].p50 / res["fast lookup"].p50, 3)
     out["lookup_ratio"] = round(hot["fast lookup"].p50 / hot["fast echo"].p50, 3)
     out["probe_index_vs_daemon"] = round(hot["fast probe"].p50 / hot["fast probe daemon"].p50, 3)
+    out["probe_new4_index_vs_daemon"] = round(hot["fast probe new4"].p50 / hot["fast probe new4 daemon"].p50, 3)
     out["lookup_index_vs_daemon"] = round(hot["fast lookup"].p50 / hot["fast lookup daemon"].p50, 3)
     out["tp8_probe_vs_seq"] = round(hot["fast probe x8"].p50 / hot["fast probe x8 seq"].p50, 3)
     out["tp8_probe_vs_lookup"] = round(hot["fast probe x8"].p50 / hot["fast lookup"].p50, 3)

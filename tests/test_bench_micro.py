@@ -80,14 +80,15 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
     assert set(calls) == set(control_plane.EFFECTS)
     for name, n in calls.items():
         assert n == HOT_CALLS + (COLD_CALLS if name in cold else 0), name
-    # what the daemon counted over the control section: 7 Lookup cases (5 Lookups, 2 probes; 3 of them cold too)
+    # what the daemon counted over the control section: 9 Lookup cases (5 Lookups, 4 probes; 3 of them cold too)
     # and 2 TP 8 probes of 8 each, 2 Reserve+Commit, and on the fast path: echo 1, lookup 1 (answered from the key index: HITS),
     # lookup with the index off 1, lookup lease 2 (its Release), lease+release 2, reserve+commit 2, probe 1
-    # (answered from the key index: a one-way HITS), probe with the index off 1 (a LOOKUP), each TP 8 probe 8; and
-    # the Echo that makes sure the last HITS are counted
-    assert checks["lookup_calls"] == (7 + 16) * HOT_CALLS + 3 * COLD_CALLS
+    # (answered from the key index: a one-way HITS), probe with the index off 1 (a LOOKUP), the same two with 4 new
+    # keys after the chain 1 each (the daemon has RAM only, so its index answers the miss too: a HITS), each TP 8
+    # probe 8; and the Echo that makes sure the last HITS are counted
+    assert checks["lookup_calls"] == (9 + 16) * HOT_CALLS + 3 * COLD_CALLS
     assert checks["reserve_calls"] == checks["committed_blocks"] == 2 * HOT_CALLS
-    assert checks["fast_requests"] == (11 + 16) * HOT_CALLS + 3 * COLD_CALLS + 1
+    assert checks["fast_requests"] == (13 + 16) * HOT_CALLS + 3 * COLD_CALLS + 1
     assert out["fast_probe280x8_us_p50"] > 0 and out["fast_probe280x8_seq_us_p50"] > 0
     # the ratio is of the unrounded p50s, the fields are rounded to 0.1 us
     assert out["tp8_probe_vs_seq"] == pytest.approx(out["fast_probe280x8_us_p50"] / out["fast_probe280x8_seq_us_p50"],

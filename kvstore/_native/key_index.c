@@ -12,7 +12,7 @@
  * Layout (little-endian, in a memfd the daemon hands out read-only):
  *
  *     header (64 B): u64 magic | u64 capacity (slots, a power of two) | u64 seq | u64 count | u64 incarnation |
- *                    24 B reserved
+ *                    u64 authority | u64 deferred | u64 bound
  *     slots[capacity] (48 B each): u64 h1 | u32 h2 | u32 entry id | u32 serial | u32 0 | u64 size |
  *                                  u64 arena offset | u64 checksum                          (h1 == 0: empty)
  *
@@ -25,7 +25,14 @@
  * even after; a reader takes `seq` before and after its whole batch and retries the batch when it moved (at most
  * MAX_TRIES times, then it returns None and the client asks the daemon). The writer never trusts the header
  * (the capacity comes from its own argument); a reader checks the header against the mapping's size, and every
- * probe loop is bounded by the capacity, so a torn read can never run past the table or forever. */
+ * probe loop is bounded by the capacity, so a torn read can never run past the table or forever.
+ *
+ * When a key is NOT here, may a client say "not stored" without asking? Only where the table holds every key a
+ * Lookup would find: `authority` is 1 when the daemon has no other tier (no disk, no peers) and the table has
+ * never had to skip a key (0 for good after the first). And only when no Store has answered its client before
+ * its keys were indexed: the daemon counts such binds (`deferred`, before the reply) and finishes them
+ * (`bound`, after their keys are written); a reader that finds them equal before its probe and `deferred`
+ * unchanged after it has seen every key whose Store had answered (kvstore/fastpath/key_index.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -39,7 +46,8 @@
 #define P1 0x9E3779B185EBCA87ULL
 #define P2 0xC2B2AE3D27D4EB4FULL
 
-typedef struct { uint64_t magic, capacity, seq, count, incarnation, reserved[3]; } header_t;
+typedef struct { uint64_t magic, capacity, seq, count, incarnation, words[3]; } header_t;
+enum { AUTHORITY, DEFERRED, BOUND, N_WORDS }; /* header_t.words */
 typedef struct { uint64_t h1; uint32_t h2, eid, serial, pad; uint64_t size, offset, checksum; } slot_t;
 typedef struct { uint32_t eid, serial; uint64_t size, offset, checksum; } entry_t; /* what a slot says of a key */
 typedef struct { uint64_t a, b; } state_t;
@@ -416,8 +424,8 @@ static PyObject *index_entries(PyObject *self, PyObject *args) {
     return read_keys(args, "y*s#O:entries", 1);
 }
 
-static PyObject *index_seq(PyObject *self, PyObject *arg) {
-    (void)self;
+/* `read(h)` on the checked header of the table `arg`, after every load the caller made before (acquire). */
+static PyObject *read_header(PyObject *arg, PyObject *(*read)(const header_t *)) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -425,11 +433,55 @@ static PyObject *index_seq(PyObject *self, PyObject *arg) {
     uint64_t capacity = 0;
     const header_t *h = reader_table(&view, &capacity);
     if (h) {
-        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* after every load the caller made since its read */
-        result = PyLong_FromUnsignedLongLong(__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE));
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        result = read(h);
     }
     PyBuffer_Release(&view);
     return result;
+}
+
+static PyObject *seq_of(const header_t *h) {
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE));
+}
+
+static PyObject *index_seq(PyObject *self, PyObject *arg) {
+    (void)self;
+    return read_header(arg, seq_of);
+}
+
+/* The header's words (authority, deferred, bound): the writer stores one (release: after everything it wrote
+ * before), a reader loads all three (acquire) in the order the soundness argument above needs: deferred, then
+ * bound, then authority. */
+static PyObject *index_set_word(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    unsigned long long capacity, value;
+    int which;
+    if (!PyArg_ParseTuple(args, "w*KiK:set_word", &view, &capacity, &which, &value))
+        return NULL;
+    PyObject *result = NULL;
+    if (which < 0 || which >= N_WORDS)
+        PyErr_Format(PyExc_ValueError, "header word %d does not exist (0 to %d)", which, N_WORDS - 1);
+    else if (get_table(&view, capacity) == 0) {
+        header_t *h = (header_t *)view.buf;
+        __atomic_store_n(&h->words[which], (uint64_t)value, __ATOMIC_RELEASE);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *words_of(const header_t *h) {
+    uint64_t deferred = __atomic_load_n(&h->words[DEFERRED], __ATOMIC_ACQUIRE);
+    uint64_t bound = __atomic_load_n(&h->words[BOUND], __ATOMIC_ACQUIRE);
+    uint64_t authority = __atomic_load_n(&h->words[AUTHORITY], __ATOMIC_ACQUIRE);
+    return Py_BuildValue("(KKK)", (unsigned long long)authority, (unsigned long long)deferred,
+                         (unsigned long long)bound);
+}
+
+static PyObject *index_words(PyObject *self, PyObject *arg) {
+    (void)self;
+    return read_header(arg, words_of);
 }
 
 /* ---- the daemon's check of what a client found --------------------------------------------------------- */
@@ -488,6 +540,10 @@ static PyMethodDef methods[] = {
      "None: probe with every column, and the table's sequence number the batch was read under (seq() equal to it "
      "later: no entry changed in between)."},
     {"seq", index_seq, METH_O, "seq(table) -> int: the table's sequence number now (odd: a write is under way)."},
+    {"set_word", index_set_word, METH_VARARGS,
+     "set_word(table, capacity, which, value): store header word `which` (0 authority, 1 deferred, 2 bound)."},
+    {"words", index_words, METH_O,
+     "words(table) -> (authority, deferred, bound): the header words, deferred read first, authority last."},
     {"check", index_check, METH_VARARGS,
      "check(ids, serials, state, ns, serial, n_entries, ns_id, committed) -> int: how many leading (id, serial) "
      "pairs (u32 buffers) name an entry below n_entries whose state is `committed`, namespace `ns_id` and serial "

@@ -8,8 +8,9 @@ KVStoreError classes, so Client never cares which one it holds.
 
 FastControl reads the tenant's shared key index first (shared_index.py): a Lookup without lease whose every key
 the index holds in RAM is answered here, with no round trip, and its effects sent one way (HITS); so is a get's
-(`lookup_here`); others send entry ids instead of keys where the index has them (PROBE, LOOKUP_IDS). `settle`
-waits for the one-way sends. Puts go through the connection's spare slots where they can (`store`, spare_puts.py).
+(`lookup_here`), and a prefix probe that stops short where the index is authoritative (a daemon with RAM only,
+key_index.py: the index's absence of a key is then the daemon's answer); others send entry ids instead of keys
+where the index has them (PROBE, LOOKUP_IDS). `settle` waits for the one-way sends. Puts go through the connection's spare slots where they can (`store`, spare_puts.py).
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from kvstore.client.slot_bank import SlotBank
 from kvstore.client.types import Lease, Reservation
 from kvstore.errors import KVStoreError
 from kvstore.fastpath import protocol as fp
-from kvstore.fastpath.key_index import Entries, IndexView
+from kvstore.fastpath.key_index import Entries, IndexView, MissState
 from kvstore.vocab import Tier
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
 
 
 ReserveRequest = tuple[str, Sequence[bytes], Sequence[int]]  # (namespace, keys, sizes)
-_RAM = int(Tier.RAM)
+_RAM, _NONE = int(Tier.RAM), int(Tier.NONE)
+_COUNTING = fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY  # a scheduler's prefix probe: no lease, counts only
 
 
 class ControlPlane(Protocol):
@@ -136,6 +138,9 @@ class FastControl:
         # (incarnation, arena offsets) -> the slots' generations in that daemon's arena, or None when it is not
         # mapped (the Client sets it): a Lookup without lease answered here needs them
         self.generations: Callable[[int, np.ndarray], np.ndarray | None] | None = None
+        # namespace -> the daemon incarnation that answered a probe in it: one that exists and this client may
+        # read, so an authoritative index's miss of its first key is an answer there (_misses_here)
+        self._known: dict[str, int] = {}
 
     def reserve(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> Reservation:
         try:
@@ -284,9 +289,14 @@ class FastControl:
         entries and looks up the rest (Engine.probe), all namespaces in one round trip."""
         assert self.index is not None
         keys = keys if isinstance(keys, list) else list(keys)
+        before = view.miss_state()  # before the probes: see _misses_here
         founds = [view.probe(ns, keys) for ns in namespaces]
         if keys and all(f is not None and f[0] == len(keys) for f in founds):
-            here = self._count_here(view, namespaces, founds, fp.LOOKUP_PREFIX | fp.LOOKUP_SUMMARY)
+            here = self._count_here(view, namespaces, founds, _COUNTING)
+            if here is not None:
+                return here
+        elif keys and before.settled and all(f is not None for f in founds):
+            here = self._misses_here(view, namespaces, founds, keys, before)
             if here is not None:
                 return here
         bodies = []
@@ -301,14 +311,38 @@ class FastControl:
                 raise reply
             num_prefix, present, tiers, incarnation = decoded_reply(fp.decode_probe_reply, reply)
             self.index.seen(view, incarnation)
+            self._known[ns] = incarnation
             out.append(Lease(ns, num_prefix, present, [], [], [], [], 0, incarnation, tiers))
+        return out
+
+    def _misses_here(self, view: IndexView, namespaces: Sequence[str], founds: Sequence[Any], keys: list[bytes],
+                     before: MissState) -> list[Lease] | None:
+        """Prefix probes that stop short, answered from an authoritative index (key_index.py): the leading keys
+        it holds, then a miss, exactly the PROBE's answer had the daemon been asked when the index was read.
+        The PROBE's effects go one way (HITS naming the entries found and carrying the keys after them: the
+        daemon counts and explains the miss as it would have). None: ask the daemon, when the index may have
+        missed a key a Store had already answered for (a binding deferred meanwhile, `before.still`), or when a
+        namespace's first key is absent and the daemon never answered this client in that namespace (it may
+        not exist, or not be this tenant's: the daemon's refusal is the answer then)."""
+        incarnation = view.incarnation
+        if not before.still(view.miss_state()) or any(
+                f[0] == 0 and self._known.get(ns) != incarnation for ns, f in zip(namespaces, founds)):
+            return None
+        sent = self._sent_hits(view, [(ns, f[1], f[2], keys[f[0]:]) for ns, f in zip(namespaces, founds)],
+                               _COUNTING)
+        if sent is None:
+            return None
+        out = []
+        for ns, (n, _, _) in zip(namespaces, founds):
+            short = [False] if n < len(keys) else []
+            out.append(Lease(ns, n, [True] * n + short, [], [], [], [], 0, sent, [_RAM] * n + [_NONE] * len(short)))
         return out
 
     def _count_here(self, view: IndexView, namespaces: Sequence[str], founds: Sequence[Any],
                     flags: int) -> list[Lease] | None:
         """Counting Lookups (no lease, no hit columns: the scheduler's probe) whose every key the shared key index
         holds in RAM, answered from the index alone: no round trip. None: ask the daemon (see _sent_hits)."""
-        incarnation = self._sent_hits(view, [(ns, f[1], f[2]) for ns, f in zip(namespaces, founds)], flags)
+        incarnation = self._sent_hits(view, [(ns, f[1], f[2], ()) for ns, f in zip(namespaces, founds)], flags)
         if incarnation is None:
             return None
         n = founds[0][0]
@@ -323,21 +357,24 @@ class FastControl:
         gens = generations(view.incarnation, e.offsets.astype(np.int64)) if generations is not None else None
         if gens is None or not view.unchanged(e.seq):
             return None
-        incarnation = self._sent_hits(view, [(namespace, e.ids, e.serials)], flags)
+        incarnation = self._sent_hits(view, [(namespace, e.ids, e.serials, ())], flags)
         if incarnation is None:
             return None
         n = e.n
         return Lease(namespace, n, [True] * n, e.offsets.tolist(), e.sizes.tolist(), gens.tolist(),
                      e.checksums.tolist(), 0, incarnation, [_RAM] * n)
 
-    def _sent_hits(self, view: IndexView, found: Sequence[tuple[str, bytes, bytes]], flags: int) -> int | None:
+    def _sent_hits(self, view: IndexView, found: Sequence[tuple[str, bytes, bytes, Sequence[bytes]]],
+                   flags: int) -> int | None:
         """Send the effects of Lookups answered here (policy touches, counters) one way, as HITS naming the
-        entries (ns, ids, serials) found: the daemon checks them and applies what holds, as for a PROBE. The
-        send is also the check of the answer's source: the daemon's incarnation when it is the table's, else
-        None (the table belongs to a daemon that is gone, or the connection was closed: ask the daemon)."""
+        entries (ns, ids, serials) found and the keys after them (a probe that stopped short): the daemon checks
+        the entries and applies what holds, as for a PROBE. The send is also the check of the answer's source:
+        the daemon's incarnation when it is the table's, else None (the table belongs to a daemon that is gone,
+        or the connection was closed: ask the daemon)."""
         assert self.index is not None
         incarnation = self.channel.send_one_way(
-            [(fp.HITS, fp.encode_probe(ns, ids, serials, ()), flags) for ns, ids, serials in found], view.incarnation)
+            [(fp.HITS, fp.encode_probe(ns, ids, serials, tail), flags) for ns, ids, serials, tail in found],
+            view.incarnation)
         if incarnation is not None and incarnation != view.incarnation:
             self.index.seen(view, incarnation)
         return incarnation if incarnation == view.incarnation else None

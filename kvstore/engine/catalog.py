@@ -96,6 +96,8 @@ class CatalogMirror(Protocol):
 
     def added(self, eids: Sequence[int], ns: Namespace | None = None) -> None: ...  # just made COMMITTED (in RAM)
     def removed(self, ns: Namespace, keys: list[bytes]) -> None: ...  # COMMITTED entries about to be unindexed
+    def bind_deferred(self) -> None: ...  # a Store answers before its keys are indexed (engine/writes.py)
+    def bind_done(self) -> None: ...  # and they are now
 
 
 class Catalog:

@@ -285,10 +285,12 @@ class Engine:
             raise InvalidRequestError(f"{len(ids)} entry ids with {len(serials)} serials")
         check_count("keys", len(ids) + more_keys, self.config.max_batch_keys)
 
-    def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool) -> KeyIndexMirror:
-        """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored."""
+    def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool,
+                         authoritative: bool = False) -> KeyIndexMirror:
+        """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored.
+        `authoritative`: RAM is the only tier (no disk, no peers), so a key absent from a table is absent."""
         with self._lock:
-            mirror = KeyIndexMirror(self._cat, entries, incarnation, per_tenant)
+            mirror = KeyIndexMirror(self._cat, entries, incarnation, per_tenant, authoritative)
             self._cat.mirror = mirror
             return mirror
 

@@ -9,6 +9,11 @@ moved to the new tenant's table before the next change is written.
 
 Tables are created on first use, by the engine (a write) or by the same-node socket (a client asking for its
 tenant's table), hence the lock around the dict.
+
+Whether a key's absence from a table is an answer (key_index.py): `authoritative` says the daemon has RAM only
+(no disk tier, no peers); a table that once had to skip a key stops being so for good. `bind_deferred` and
+`bind_done` bracket a Store whose keys are indexed after its reply (engine/writes.py), in every table: a
+client then asks the daemon about absent keys until the binding is done.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ _GATHER_MIN = 8  # from this many ids on, one numpy gather a column beats a scal
 
 
 class KeyIndexMirror:
-    def __init__(self, cat: Catalog, entries: int, incarnation: int, per_tenant: bool) -> None:
+    def __init__(self, cat: Catalog, entries: int, incarnation: int, per_tenant: bool,
+                 authoritative: bool = False) -> None:
         """`entries`: how many keys one tenant's table indexes at most (beyond, keys stay unindexed and clients
-        ask the daemon for them)."""
+        ask the daemon for them). `authoritative`: RAM is the daemon's only tier (see the module docstring)."""
         self._cat = cat
         self._capacity = capacity_for(entries)
         self._incarnation = incarnation
@@ -38,6 +44,8 @@ class KeyIndexMirror:
         self._lock = threading.Lock()
         self._domain_of: dict[int, str] = {}  # namespace id -> the table its keys are in
         self.unindexed = 0  # keys the tables had no room for (counted, not an error)
+        self._authoritative = authoritative
+        self._deferred = self._bound = 0  # Stores bound after their reply: begun, done (every table shows both)
 
     def domain(self, tenant: str) -> str:
         """The table a caller of `tenant` reads (and a namespace of that tenant is written to)."""
@@ -48,6 +56,8 @@ class KeyIndexMirror:
             t = self._tables.get(domain)
             if t is None:
                 t = self._tables[domain] = IndexTable(domain or "shared", self._capacity, self._incarnation)
+                t.set_binds(self._deferred, self._bound)
+                t.set_authority(self._authoritative)
             return t
 
     def reader_fd(self, tenant: str) -> int:
@@ -74,8 +84,27 @@ class KeyIndexMirror:
             cols = [[int(col[e]) for e in ids] for col in (cat.serial, cat.size, cat.offset, cat.checksum)]
         else:
             cols = [col[ids].tolist() for col in (cat.serial, cat.size, cat.offset, cat.checksum)]
-        written = self._table_of(ns).insert(ns.name, keys, ids, *cols)  # type: ignore[arg-type]  # committed entries have keys
-        self.unindexed += len(ids) - written
+        table = self._table_of(ns)
+        written = table.insert(ns.name, keys, ids, *cols)  # type: ignore[arg-type]  # committed entries have keys
+        if written < len(ids):
+            self.unindexed += len(ids) - written
+            table.set_authority(False)  # for good: a skipped key may stay in RAM for as long as it likes
+
+    def bind_deferred(self) -> None:
+        """A Store is about to answer before its keys are indexed (under the engine's lock, before the reply)."""
+        self._deferred += 1
+        self._publish_binds()
+
+    def bind_done(self) -> None:
+        """That Store's keys are indexed now (or its binding failed: nothing of it will be found either way)."""
+        self._bound += 1
+        self._publish_binds()
+
+    def _publish_binds(self) -> None:
+        with self._lock:
+            tables = list(self._tables.values())
+        for t in tables:
+            t.set_binds(self._deferred, self._bound)
 
     def removed(self, ns: Namespace, keys: list[bytes]) -> None:
         self._table_of(ns).remove(ns.name, keys)

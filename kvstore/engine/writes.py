@@ -93,7 +93,7 @@ class Writes:
         self._spares.take(owner, [offsets[i] for i in todo])
         keep = present  # blocks found are not evicted for their successors' slots (ALREADY_PRESENT stays true)
         if settle_later:  # the new entries exist once `later` runs, so this grant cannot evict them either
-            self._later(lambda: self._bind(ns, keys, sizes, offsets, todo))
+            self._bind_after_reply(ns, keys, sizes, offsets, todo)
         else:
             keep = present.union(self._bind(ns, keys, sizes, offsets, todo))
         by_class: dict[int, list[int]] = {}
@@ -105,6 +105,23 @@ class Writes:
                 one = got[j:j + 1] if got else self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
                 refill[i] = one[0] if one else 0
         return StoreResult(outcomes, len(todo), refill)
+
+    def _bind_after_reply(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
+                          todo: list[int]) -> None:
+        """`_bind` once the reply is out; the shared key index hears of it first, so that until the keys are
+        there no client takes their absence for an answer (key_mirror.py)."""
+        mirror = self._cat.mirror
+        if mirror is None:
+            self._later(lambda: self._bind(ns, keys, sizes, offsets, todo))
+            return
+        mirror.bind_deferred()
+
+        def bind() -> None:
+            try:
+                self._bind(ns, keys, sizes, offsets, todo)
+            finally:
+                mirror.bind_done()
+        self._later(bind)
 
     def _bind(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
               todo: list[int]) -> list[int]:

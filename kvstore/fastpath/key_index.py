@@ -18,6 +18,14 @@ work and the key bytes on the wire. A key missing from the table (never indexed,
 writer in the way) only makes the daemon look it up the usual way. A counting Lookup whose every key is in the
 table is answered by the client alone (client/control.py: no round trip); the daemon still checks the ids it
 is then sent one way, and counts and touches only the entries that hold.
+
+What a key's absence means: usually nothing (it may be on disk, at a peer, or skipped by a full table). But a
+daemon with RAM only whose table never skipped a key sets the header's `authority`, and then absence is an
+answer too, once no Store has answered its client before indexing its keys: the daemon counts those binds
+(`deferred` before the reply, `bound` once the keys are written), and a client that reads them equal before
+its probe and `deferred` unchanged after it has seen every key a Lookup would have found (`MissState`). A
+counting Lookup that stops short is then answered by the client as well, its effects (the hits, the miss
+counted and explained) sent one way.
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ import numpy as np
 
 import kvstore._native._keyindex as _keyindex
 
-__all__ = ["IndexTable", "IndexView", "Entries", "HEADER", "capacity_for"]
+__all__ = ["IndexTable", "IndexView", "Entries", "MissState", "HEADER", "capacity_for"]
 
-HEADER = struct.Struct("<QQQQQ")  # magic, capacity, seq, count, incarnation (key_index.c: 64 bytes with padding)
+HEADER = struct.Struct("<QQQQQ")  # magic, capacity, seq, count, incarnation; then the words (key_index.c)
+AUTHORITY, DEFERRED, BOUND = 0, 1, 2  # the header words after HEADER (key_index.c), set by `set_word`
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 # Both sides map the whole table up front (the daemon allocates every page first). A key hashes to a random
 # slot, so a table touched as used takes a page fault on most new keys until every page has been hit once:
@@ -75,6 +84,16 @@ class IndexTable:
             raise
         HEADER.pack_into(self._mm, 0, _keyindex.MAGIC, capacity, 0, 0, incarnation)
 
+    def set_authority(self, authoritative: bool) -> None:
+        """Whether a key's absence here is an answer (RAM is the daemon's only tier, no key was ever skipped)."""
+        _keyindex.set_word(self._mm, self.capacity, AUTHORITY, int(authoritative))
+
+    def set_binds(self, deferred: int, bound: int) -> None:
+        """The daemon's count of Stores answered before their keys were indexed, and of those since indexed
+        (`deferred` before the reply goes out, `bound` after the keys are written)."""
+        _keyindex.set_word(self._mm, self.capacity, BOUND, bound)
+        _keyindex.set_word(self._mm, self.capacity, DEFERRED, deferred)
+
     def insert(self, namespace: str, keys: list[bytes], eids: list[int], serials: list[int],
                sizes: list[int] | None = None, offsets: list[int] | None = None,
                checksums: list[int] | None = None) -> int:
@@ -99,6 +118,25 @@ class IndexTable:
     def close(self) -> None:
         self._mm.close()
         os.close(self._fd)
+
+
+@dataclass(frozen=True)
+class MissState:
+    """The header words a reader takes before its probe (IndexView.miss_state)."""
+
+    authority: int
+    deferred: int
+    bound: int
+
+    @property
+    def settled(self) -> bool:
+        """A key's absence is an answer now: authoritative, and every bind answered early is done."""
+        return bool(self.authority) and self.deferred == self.bound
+
+    def still(self, after: MissState) -> bool:
+        """Nothing that could add a key unseen happened between this read and `after` (read after the probe):
+        no Store deferred its binding, the table stayed authoritative."""
+        return after.deferred == self.deferred and after.authority == self.authority
 
 
 @dataclass(frozen=True)
@@ -148,6 +186,10 @@ class IndexView:
         n, ids, serials, sizes, offsets, checksums, seq = got
         return Entries(n, ids, serials, np.frombuffer(sizes, "<u8"), np.frombuffer(offsets, "<u8"),
                        np.frombuffer(checksums, "<u8"), seq)
+
+    def miss_state(self) -> MissState:
+        """`deferred`, then `bound`, then `authority`, as the writer's order needs (key_index.c)."""
+        return MissState(*_keyindex.words(self._mm))
 
     def unchanged(self, seq: int) -> bool:
         """Whether the daemon has written nothing to the table since a read made under `seq`."""

@@ -40,9 +40,11 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     LOOKUP_IDS  req  flags as LOOKUP; the PROBE body with no keys: every key of a Lookup found in the index
              rep  as LOOKUP when every entry still holds; an empty body when one does not (nothing was done:
                   the client sends the LOOKUP with its keys)
-    HITS     req  as LOOKUP_IDS; no reply: the effects (touches, counters) of a Lookup without lease the client
-                  answered from the index itself (every key in it); the daemon checks the ids, logs a refusal.
-                  Flag HITS_READ: the client also copied the blocks out (a get): their bytes count as read
+    HITS     req  as PROBE; no reply: the effects (touches, counters, the miss and its cause) of a Lookup without
+                  lease the client answered from the index itself: every key in it (no keys after the ids), or,
+                  where the index is authoritative, the prefix it holds followed by the keys it lacks (a PROBE's
+                  effects); the daemon checks the ids, logs a refusal.
+                  Flag HITS_READ (ids only): the client also copied the blocks out (a get): their bytes count as read
     SPARE, STORE  slots held ahead of a connection's puts, and a put into them in one request: spare_bodies.py
 
 Every length and count is checked against the frame before anything is allocated; a frame that breaks the format

@@ -375,9 +375,11 @@ class FastServer:
             return fp.encode_probe_reply(r.num_prefix, r.tiers, self._incarnation)
         if op == fp.HITS:  # a Lookup the client answered from the index: its effects, no reply
             ns, ids, serials, keys = fp.decode_probe(body)
-            if keys or not len(ids):
-                raise fp.FrameError(f"a hits note names {len(ids)} entries and carries {len(keys)} keys")
-            ops.probe(ns, ids, serials, (), read=bool(head.flags & fp.HITS_READ))
+            read = bool(head.flags & fp.HITS_READ)
+            if (not len(ids) and not keys) or (read and keys):
+                raise fp.FrameError(f"a hits note names {len(ids)} entries and carries {len(keys)} keys"
+                                    + (" with HITS_READ (ids only)" if read and keys else ""))
+            ops.probe(ns, ids, serials, keys, read=read)
             return b""
         if op == fp.SPARE:
             slot_bytes, offsets = ops.spare(owner, *sb.decode_spare(body))

@@ -170,8 +170,10 @@ class Daemon:
         auth = self.auth
         tenant_of = (lambda token: auth.tokens.tenant_of(token)) if auth is not None else None
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        # a key absent from RAM is absent only where RAM is the only tier: no disk tier, no peers
         self.key_index = (self.engine.attach_key_index(self.cfg.key_index_entries, self.info.incarnation,
-                                                       per_tenant=self.tokens is not None)
+                                                       per_tenant=self.tokens is not None,
+                                                       authoritative=self.disk is None and self.peers is None)
                           if self.cfg.key_index_entries else None)
         fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
                           observe, spin_us=self.cfg.fast_spin_us, key_index=self.key_index)

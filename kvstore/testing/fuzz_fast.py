@@ -152,7 +152,9 @@ class FastFuzzer:
                 ids = b"".join(src.int(0, 2**32 - 1 if src.int(0, 3) == 0 else 64).to_bytes(4, "little")
                                for _ in range(m))
                 serials = b"".join(src.int(0, 2**32 - 1).to_bytes(4, "little") for _ in range(m))
-                return fp.encode_probe(ns(), ids, serials, keys() if op == fp.PROBE else ())
+                # a HITS may carry the keys after its entries too (a short probe answered from the index)
+                tail = op == fp.PROBE or (op == fp.HITS and src.int(0, 1) == 1)
+                return fp.encode_probe(ns(), ids, serials, keys() if tail else ())
         except fp.FrameError:
             pass
         return src.bytes(64)
