@@ -15,7 +15,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.engine.misses import COUNTER_OF
-from kvstore.errors import KVStoreError, UnknownNamespaceError
+from kvstore.errors import InvalidRequestError, KVStoreError, UnknownNamespaceError
 from kvstore.fastpath.key_index import IndexView, MissState
 from kvstore.testing import DaemonProcess
 from tests.engine_helpers import NS, KiB, MiB, make_rig
@@ -96,6 +96,17 @@ def test_a_namespace_never_answered_in_is_asked_about(tmp_path: Path, ram_only: 
             bob.probe_prefix_tiers([A_NS], keys)  # alice's namespace: the daemon refuses, not a local miss
         assert bob.probe_prefix_tiers([B_NS], keys) == (0, [])
         assert alice.probe_prefix_tiers([A_NS], keys) == (2, [1, 1])
+
+
+def test_a_key_the_daemon_would_refuse_gets_its_refusal(ram_only: DaemonProcess) -> None:
+    keys = keyset("refused", 3)
+    with Client(ram_only.address, control="fast") as c:
+        c.register_namespace("mx/refused")
+        c.put_many("mx/refused", keys[:2], [b"r" * 100] * 2)
+        assert c.probe_prefix_tiers(["mx/refused"], keys) == (2, [1, 1])  # answered here: authoritative
+        for bad in (b"", b"k" * 65):  # keys are 1..64 bytes (kvstore.validation): the daemon says so, not a miss
+            with pytest.raises(InvalidRequestError, match="keys must be 1..64 bytes"):
+                c.probe_prefix_tiers(["mx/refused"], keys[:2] + [bad])
 
 
 def test_a_daemon_with_a_disk_tier_has_no_authority(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ FastControl reads the tenant's shared key index first (shared_index.py): a Looku
 the index holds in RAM is answered here, with no round trip, and its effects sent one way (HITS); so is a get's
 (`lookup_here`), and a prefix probe that stops short where the index is authoritative (a daemon with RAM only,
 key_index.py: the index's absence of a key is then the daemon's answer); others send entry ids instead of keys
-where the index has them (PROBE, LOOKUP_IDS). `settle` waits for the one-way sends. Puts go through the connection's spare slots where they can (`store`, spare_puts.py).
+where the index has them (PROBE, LOOKUP_IDS). `settle` waits for the one-way sends. Puts go through the
+connection's spare slots where they can (`store`, spare_puts.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from kvstore.client.types import Lease, Reservation
 from kvstore.errors import KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.key_index import Entries, IndexView, MissState
+from kvstore.validation import check_keys
 from kvstore.vocab import Tier
 
 __all__ = ["ControlPlane", "GrpcControl", "FastControl"]
@@ -323,10 +325,15 @@ class FastControl:
         daemon counts and explains the miss as it would have). None: ask the daemon, when the index may have
         missed a key a Store had already answered for (a binding deferred meanwhile, `before.still`), or when a
         namespace's first key is absent and the daemon never answered this client in that namespace (it may
-        not exist, or not be this tenant's: the daemon's refusal is the answer then)."""
+        not exist, or not be this tenant's: the daemon's refusal is the answer then), or when a key the index
+        lacks is one the daemon would refuse (its error is the answer: check_keys, the engine's own check)."""
         incarnation = view.incarnation
         if not before.still(view.miss_state()) or any(
                 f[0] == 0 and self._known.get(ns) != incarnation for ns, f in zip(namespaces, founds)):
+            return None
+        try:
+            check_keys(keys[min(f[0] for f in founds):], self.channel.max_batch_keys)
+        except KVStoreError:
             return None
         sent = self._sent_hits(view, [(ns, f[1], f[2], keys[f[0]:]) for ns, f in zip(namespaces, founds)],
                                _COUNTING)
