@@ -9,10 +9,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pytest
+
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess
 
-__all__ = ["keyset", "moved", "churning", "counting"]
+__all__ = ["keyset", "moved", "churning", "counting", "no_index_client", "two_chains"]
 
 
 def keyset(tag: str, n: int) -> list[bytes]:
@@ -61,3 +64,19 @@ def counting(obj: Any, name: str) -> list[bool]:
         return out
     setattr(obj, name, counted)
     return answered
+
+
+def no_index_client(address: str, monkeypatch: pytest.MonkeyPatch, **kw: object) -> Client:
+    """A fast-path client with the shared key index turned off: every probe asks the daemon (the reference)."""
+    with monkeypatch.context() as m:
+        m.setenv("KVSTORE_KEY_INDEX", "0")
+        return Client(address, control="fast", **kw)  # type: ignore[arg-type]
+
+
+def two_chains(daemon: DaemonProcess, names: tuple[str, str], keys: Sequence[bytes]) -> None:
+    """keys[:280] stored in the first namespace, keys[:100] in the second (4 KiB blocks of 1s and 2s)."""
+    with daemon.client() as writer:
+        for ns in names:
+            writer.register_namespace(ns)
+        writer.put_many(names[0], keys[:280], [np.full(4096, 1, np.uint8)] * 280)
+        writer.put_many(names[1], keys[:100], [np.full(4096, 2, np.uint8)] * 100)

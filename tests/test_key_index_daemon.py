@@ -29,16 +29,10 @@ from kvstore.fastpath.key_index import IndexView
 from kvstore.server.config import load_config
 from kvstore.testing import DaemonProcess, wait_until
 from kvstore.vocab import Tier
-from tests.fast_helpers import churning, counting, keyset
+from tests.fast_helpers import churning, counting, keyset, no_index_client, two_chains
 from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
 
 COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", "hit_keys_disk", "hit_keys_peer")
-
-
-def no_index_client(address: str, monkeypatch: pytest.MonkeyPatch, **kw: object) -> Client:
-    with monkeypatch.context() as m:
-        m.setenv("KVSTORE_KEY_INDEX", "0")
-        return Client(address, control="fast", **kw)  # type: ignore[arg-type]
 
 
 def moved(c: Client, run) -> tuple[object, dict[str, int]]:  # type: ignore[no-untyped-def]
@@ -60,11 +54,7 @@ def daemon():
 def test_probes_through_the_index_answer_and_count_as_probes_without_it(daemon: DaemonProcess,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     keys = keyset("chain", 300)
-    with daemon.client() as writer:
-        writer.register_namespace("ix/a")
-        writer.register_namespace("ix/b")
-        writer.put_many("ix/a", keys[:280], [np.full(4096, 1, np.uint8)] * 280)
-        writer.put_many("ix/b", keys[:100], [np.full(4096, 2, np.uint8)] * 100)
+    two_chains(daemon, ("ix/a", "ix/b"), keys)
     with Client(daemon.address, control="fast") as fast, no_index_client(daemon.address, monkeypatch) as plain:
         assert (fast.probe_path, plain.probe_path) == ("index", "daemon")
         chains = {"all held": keys[:280], "held, then new": keys, "new first": keys[290:] + keys[:10],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kvstore.client import Client
@@ -19,17 +18,11 @@ from kvstore.errors import InvalidRequestError, KVStoreError, UnknownNamespaceEr
 from kvstore.fastpath.key_index import IndexView, MissState
 from kvstore.testing import DaemonProcess
 from tests.engine_helpers import NS, KiB, MiB, make_rig
-from tests.fast_helpers import keyset, moved
+from tests.fast_helpers import keyset, moved, no_index_client, two_chains
 from tests.tenant_helpers import A_NS, B_NS, tenant_clients
 
 BLOCK = 64 * KiB  # spare slots: a connection may hold a share of the arena
 COUNTED = ("lookup_calls", "lookup_keys", "hit_keys", "hit_keys_ram", *COUNTER_OF.values())
-
-
-def plain_client(address: str, monkeypatch: pytest.MonkeyPatch) -> Client:
-    with monkeypatch.context() as m:
-        m.setenv("KVSTORE_KEY_INDEX", "0")
-        return Client(address, control="fast")
 
 
 def view_of(c: Client) -> IndexView:
@@ -49,13 +42,10 @@ def ram_only():
 def test_short_probes_are_answered_here_and_count_as_the_daemons(ram_only: DaemonProcess,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     keys = keyset("short", 300)
+    two_chains(ram_only, ("mx/a", "mx/b"), keys)
     with ram_only.client() as w:
-        w.register_namespace("mx/a")
-        w.register_namespace("mx/b")
-        w.put_many("mx/a", keys[:280], [np.full(4096, 1, np.uint8)] * 280)
-        w.put_many("mx/b", keys[:100], [np.full(4096, 2, np.uint8)] * 100)
-        w.delete("mx/a", keys[200:201])  # a miss whose cause is not "never stored"
-    with Client(ram_only.address, control="fast") as fast, plain_client(ram_only.address, monkeypatch) as plain:
+        assert w.delete("mx/a", keys[200:201]) == 1  # a miss whose cause is not "never stored"
+    with Client(ram_only.address, control="fast") as fast, no_index_client(ram_only.address, monkeypatch) as plain:
         assert view_of(fast).miss_state() == MissState(1, 0, 0)
         # (chain, answered here?): the first key absent needs a namespace the daemon answered this client in,
         # which the first such probe's PROBE reply is
