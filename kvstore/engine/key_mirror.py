@@ -91,20 +91,20 @@ class KeyIndexMirror:
             table.set_authority(False)  # for good: a skipped key may stay in RAM for as long as it likes
 
     def bind_deferred(self) -> None:
-        """A Store is about to answer before its keys are indexed (under the engine's lock, before the reply)."""
-        self._deferred += 1
-        self._publish_binds()
+        """A Store is about to answer before its keys are indexed (under the engine's lock, before the reply; on
+        every Store's reply path, so one word written a table). Counted and written under the tables' lock: a
+        table made meanwhile by a client's request (not under the engine's lock) starts from the count after."""
+        with self._lock:
+            self._deferred += 1
+            for t in self._tables.values():
+                t.set_deferred(self._deferred)
 
     def bind_done(self) -> None:
         """That Store's keys are indexed now (or its binding failed: nothing of it will be found either way)."""
-        self._bound += 1
-        self._publish_binds()
-
-    def _publish_binds(self) -> None:
         with self._lock:
-            tables = list(self._tables.values())
-        for t in tables:
-            t.set_binds(self._deferred, self._bound)
+            self._bound += 1
+            for t in self._tables.values():
+                t.set_bound(self._bound)
 
     def removed(self, ns: Namespace, keys: list[bytes]) -> None:
         self._table_of(ns).remove(ns.name, keys)

@@ -91,8 +91,14 @@ class IndexTable:
     def set_binds(self, deferred: int, bound: int) -> None:
         """The daemon's count of Stores answered before their keys were indexed, and of those since indexed
         (`deferred` before the reply goes out, `bound` after the keys are written)."""
-        _keyindex.set_word(self._mm, self.capacity, BOUND, bound)
+        self.set_bound(bound)
+        self.set_deferred(deferred)
+
+    def set_deferred(self, deferred: int) -> None:
         _keyindex.set_word(self._mm, self.capacity, DEFERRED, deferred)
+
+    def set_bound(self, bound: int) -> None:
+        _keyindex.set_word(self._mm, self.capacity, BOUND, bound)
 
     def insert(self, namespace: str, keys: list[bytes], eids: list[int], serials: list[int],
                sizes: list[int] | None = None, offsets: list[int] | None = None,
