@@ -50,7 +50,7 @@ def test_layout_generation_blocks_are_per_slab_and_page_aligned() -> None:
 
 
 def test_a_batch_of_slots_is_checked_exactly_as_one_at_a_time() -> None:
-    # first_outside (numpy, a client's check of every slot a daemon names) against contains_slot, at every edge:
+    # first_outside (C, a client's check of every slot a daemon names) against contains_slot, at every edge:
     # before and after the data region, across a slab boundary, and values that would wrap around 64 bits
     lay = ArenaLayout.for_capacity("x", 8 * MIB, MIB)
     lo, hi = lay.data_offset, lay.size_bytes

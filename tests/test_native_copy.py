@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import platform
 
 import numpy as np
 import pytest
@@ -441,3 +442,44 @@ def test_copy_buffers_checks_every_buffer_before_any_byte_moves() -> None:
         _native.copy_buffers([0], [4096], good[:1])
     assert _native.copy_buffers(addrs[:2], sizes[:2], good, check_only=True) == 8192
     assert not arena.any()
+
+
+# ----------------------------------------------------------------------------------------- first_outside
+
+
+def test_first_outside_finds_the_first_range_not_in_one_slab() -> None:
+    # region [100, 500), slabs of 100 bytes from 100: [100, 200), [200, 300), ...
+    offs = np.array([100, 150, 299, 250, 400], np.uint64)
+    sizes = np.array([100, 50, 1, 100, 100], np.uint64)
+    assert _native.first_outside(offs, sizes, 100, 500, 100) == 3  # 250 + 100 crosses into the next slab
+    assert _native.first_outside(offs[[0, 1, 2, 4]], sizes[[0, 1, 2, 4]], 100, 500, 100) == -1
+    assert _native.first_outside([99], [1], 100, 500, 100) == 0      # before the region
+    assert _native.first_outside([400], [101], 100, 500, 100) == 0   # past its end
+    assert _native.first_outside([500], [0], 100, 500, 100) == -1    # an empty range at the end is inside
+    assert _native.first_outside([U64_MAX], [2], 100, 500, 100) == 0  # would wrap around 64 bits
+    assert _native.first_outside([], [], 100, 500, 100) == -1
+
+
+def test_first_outside_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="3 offsets but 2 sizes"):
+        _native.first_outside([1, 2, 3], [1, 2], 0, 10, 1)
+    with pytest.raises(ValueError, match="need slab > 0 and lo <= hi"):
+        _native.first_outside([1], [1], 0, 10, 0)
+    with pytest.raises(ValueError, match="need slab > 0 and lo <= hi"):
+        _native.first_outside([1], [1], 11, 10, 1)
+    with pytest.raises(TypeError, match="must be a 1-D array of uint64"):
+        _copy.first_outside(np.array([1], np.int64), np.array([1], np.uint64), 0, 10, 1)
+    with pytest.raises(OverflowError):
+        _native.first_outside([-1], [1], 0, 10, 1)
+
+
+def test_evict_lines_leaves_the_bytes_and_counts_them() -> None:
+    a = np.arange(3 * 4096 + 7, dtype=np.uint8)
+    before = a.copy()
+    got = _native.evict_lines([a.ctypes.data + 3], [a.nbytes - 3])  # unaligned start: its whole line goes
+    assert got == (a.nbytes - 3 if platform.machine() == "x86_64" else 0)  # elsewhere nothing is done
+    assert np.array_equal(a, before)
+    with pytest.raises(ValueError, match="2 addresses but 1 lengths"):
+        _native.evict_lines([1, 2], [1])
+    with pytest.raises(ValueError, match="range 0: null address"):
+        _native.evict_lines([0], [64])

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken/missing bu
         f"({exc}). Build it with `pip install -e .` (or `make setup`) from the repository root."
     ) from exc
 
-__all__ = ["copy_batch", "copy_addrs", "copy_buffers", "IndexArray"]
+__all__ = ["copy_batch", "copy_addrs", "copy_buffers", "first_outside", "evict_lines", "IndexArray"]
 
 #: Anything np.ascontiguousarray(x, dtype=np.uint64) accepts: a sequence of ints or an integer array.
 IndexArray = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -111,3 +111,17 @@ def copy_buffers(
     Why not copy_addrs with ``ndarray.ctypes.data``: taking each object's address in Python cost ~2.4 us a block
     (80 us of a put of 32 blocks); one buffer export in C costs a fraction of that."""
     return int(_copy.copy_buffers(_u64(addrs), _u64(lengths), buffers, into_buffers, threads, stream, check_only))
+
+
+def first_outside(offsets: IndexArray, sizes: IndexArray, lo: int, hi: int, slab: int) -> int:
+    """The index of the first range [offsets[i], +sizes[i]) not inside one `slab`-byte slab of [lo, hi) (slabs
+    counted from lo), -1 when every one is. ValueError for unequal lengths, slab 0 or lo > hi; OverflowError
+    (from the conversion) for a negative value or one past 64 bits."""
+    return int(_copy.first_outside(_u64(offsets), _u64(sizes), lo, hi, slab))
+
+
+def evict_lines(addrs: IndexArray, lengths: IndexArray) -> int:
+    """UNCHECKED like copy_addrs: write back and evict the cache lines of each range [addrs[i], +lengths[i])
+    (x86-64 clflush); the bytes covered, 0 on other CPUs (nothing done). For benchmarks that copy from memory
+    without cooling the rest of the process (bench/copy_limit.py)."""
+    return int(_copy.evict_lines(_u64(addrs), _u64(lengths)))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvstore._native import first_outside
 from kvstore.errors import ConfigError
 
 __all__ = ["ArenaLayout", "PAGE_BYTES", "DATA_ALIGN"]
@@ -121,12 +122,7 @@ class ArenaLayout:
         return size == 0 or self.slab_of(offset) == self.slab_of(offset + size - 1)
 
     def first_outside(self, offsets: np.ndarray, sizes: np.ndarray) -> int:
-        """`contains_slot` of a batch (uint64 arrays), in numpy: the index of the first range that is not in one
+        """`contains_slot` of a batch (uint64 arrays), in C: the index of the first range that is not in one
         slab of the data region, -1 when all are (a client checks every slot a daemon names before copying: a
-        Python call each cost ~2.6 us, 83 us of a 32-block put)."""
-        lo, hi, slab = self.data_offset, self.size_bytes, self.slab_bytes
-        inside = (offsets >= lo) & (offsets <= hi) & (sizes <= hi - np.minimum(offsets, hi))  # no wrap-around
-        rel = np.where(inside, offsets - np.minimum(offsets, lo), 0)
-        one_slab = (sizes == 0) | (rel // slab == (rel + np.maximum(sizes, 1) - 1) // slab)
-        bad = np.flatnonzero(~(inside & one_slab))
-        return int(bad[0]) if len(bad) else -1
+        Python call each cost ~2.6 us, numpy ~130 us a 32-block put with cold caches)."""
+        return first_outside(offsets, sizes, self.data_offset, self.size_bytes, self.slab_bytes)

@@ -23,20 +23,18 @@ from kvstore.errors import InvalidRequestError
 __all__ = ["write", "write_slots", "SlotWriter", "read_into", "read_bytes", "validated"]
 
 
-def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> None:
-    """An offset outside the mapping would be a wild write: refuse it rather than trust the wire. A few slots are
-    checked one by one, a batch in numpy (ArenaLayout.first_outside: the cheaper of the two from ~8 slots)."""
-    bad = -1
-    if len(offsets) > 8:
-        try:
-            bad = m.layout.first_outside(np.asarray(offsets, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64))
-        except OverflowError:  # negative, or past 64 bits: one by one says which
-            bad = -2
-    if bad != -1:
+def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+    """An offset outside the mapping would be a wild write: refuse it rather than trust the wire. The offsets as
+    uint64 (what the copy's addresses are made from), checked in one C call (ArenaLayout.first_outside)."""
+    try:
+        offs = np.asarray(offsets, dtype=np.uint64)
+        bad = m.layout.first_outside(offs, np.asarray(sizes, dtype=np.uint64))
+    except OverflowError:  # negative, or past 64 bits (never inside): one by one says which
         bad = next((i for i, (o, n) in enumerate(zip(offsets, sizes)) if not m.layout.contains_slot(int(o), int(n))),
-                   -1)
+                   0)
     if bad >= 0:
         raise InvalidRequestError(f"slot [{offsets[bad]}, +{sizes[bad]}) is outside the arena's data region")
+    return offs
 
 
 def write(m: ArenaMap, reservation: Reservation, values: Sequence[object], threads: int = 1) -> list[int]:
@@ -60,8 +58,7 @@ class SlotWriter:
     def __init__(self, m: ArenaMap, offsets: Sequence[int], values: Sequence[object], threads: int = 1) -> None:
         self._values = list(values)  # held (with their buffers exported during each copy) until the copy is done
         lengths = [memoryview(v).nbytes for v in self._values]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-        _check_slots(m, offsets, lengths)
-        self._dst = np.asarray([m.address + int(off) for off in offsets], dtype=np.uint64)
+        self._dst = _check_slots(m, offsets, lengths) + np.uint64(m.address)  # inside the mapping: no wrap
         self._lengths = np.asarray(lengths, dtype=np.uint64)
         self._threads = threads
 
@@ -86,8 +83,7 @@ def _checked(copy: Callable[[], int]) -> int:
 def read_into(m: ArenaMap, lease: Lease, buffers: Sequence[object], threads: int = 1) -> list[int | None]:
     """Copy each hit into buffers[hit_index]; None for a hit whose slot was reclaimed during the copy."""
     n = lease.hits
-    _check_slots(m, lease.offsets, lease.sizes)
-    src = np.asarray(lease.offsets[:n], dtype=np.uint64) + np.uint64(m.address)
+    src = _check_slots(m, lease.offsets, lease.sizes)[:n] + np.uint64(m.address)
     _checked(lambda: copy_buffers(src, np.asarray(lease.sizes[:n], dtype=np.uint64), list(buffers[:n]),
                                   into_buffers=True, threads=threads))
     return validated(m, lease, [int(x) for x in lease.sizes])
