@@ -20,12 +20,14 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from bench import control_plane
 from bench._common import Case, Samples, emit_json, fmt_bytes, gbs, interleave, print_table, progress
-from bench.copy_limit import LIMIT_THREADS, best_limit
+from bench.copy_limit import LIMIT_THREADS, ColdSources, best_limit, cold
 from bench.micro_cases import KIB, MIB, bench_rss, faulted, fill_arena, get_case, keygen, limit_cases, put_case, take
 from bench.micro_phases import phases
 from bench.targets import Target, evaluate, mark
@@ -64,7 +66,9 @@ EPILOG = f"""measurements (untimed warm-up, then medians; the cases of one secti
             check, no round trip; else Lookup, copy, async Release; B=1 is client.get_into). Headline: copy_threads={DEFAULT_THREADS}; put_256k_gbs, put_2m_gbs, get_* are
             B=1 on the fast path, arena_*_ratio B=32 of 2 MiB over the limit; the _grpc fields the gRPC client.
             B=1 runs in blocks of {SINGLE_BLOCK_TEXT} per case and round: a call after a pause
-            pays for waking the idle daemon (bench/control_plane.py), which is no part of a put.
+            pays for waking the idle daemon (bench/control_plane.py), which is no part of a put. B=32 (limit
+            and store alike) reads its bytes from memory: their cache lines are evicted (untimed) before each
+            call (bench/copy_limit.py ColdSources), so neither copies from a cache the other was pushed out of.
   phases    extra runs of 2 MiB x 32 and 256 KiB x 1 (copy_threads=1, fast path; and 256 KiB x 1 over gRPC) with
             the control calls and copies timed separately, plus daemon and client CPU per call (schedstat).
   stream    Client(TCP, mode='stream'): streaming Put and Get of 8 x 2 MiB blocks (bytes inside gRPC):
@@ -107,6 +111,7 @@ class Plan:
     stream_batch: int = 8               # 8 x 2 MiB = 16 MiB per streaming call
     lookup_keys: int = control_plane.LOOKUP_KEYS
     cold_iters: int = 25                # control-plane calls per case after an idle gap (each costs the gap)
+    fallback_flush_bytes: int | None = None  # ColdSources' buffers where evict_lines does nothing (None: LLC)
 
     def __post_init__(self) -> None:
         if 1 not in self.batches or self.head_batch not in self.batches:
@@ -128,6 +133,7 @@ class Report:
     limit: dict[tuple[int, int], float] = field(default_factory=dict)
     arena: dict[tuple[str, int, int, str], float] = field(default_factory=dict)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    cold: ColdSources | None = None  # made at the first batch section
 
     def row(self, name: str, s: Samples, nbytes: int, lim: float | None = None, targets: tuple[str, ...] = ()) -> float:
         """A byte-moving row; `lim` None marks the limit itself (ratio 1)."""
@@ -152,7 +158,10 @@ def arena_section(r: Report, plan: Plan, clients: dict[str, Client], pid: int, s
         cases[f"get {label}"] = get_case(c, ns, stored, bufs)
         cases[f"put {label}"] = put_case(c, ns, values, f"p{size}x{batch}{label}")
     # single blocks run in blocks of consecutive calls (bench/_common.interleave says why: a call after a pause
-    # pays for waking the daemon, which is no part of a put); batches of 32 take ms, and run one call a round
+    # pays for waking the daemon, which is no part of a put); batches of 32 take ms, and run one call a round,
+    # each reading its bytes from memory (ColdSources says why)
+    if batch > 1:
+        cases = _cold_sources(r, plan, cases, c1, ns, stored, values)
     res = b.run(cases, *(SINGLE_BLOCK if batch == 1 else (1, 0)))
     nbytes = size * batch
     best = best_limit(res)
@@ -186,6 +195,29 @@ def arena_section(r: Report, plan: Plan, clients: dict[str, Client], pid: int, s
             def get_op(get: Case = get) -> object:
                 return get.fn(None)
             r.phases[f"get {fmt_bytes(size)} x {batch}{suffix}"] = phases(c, pid, get_op, n_ph)
+
+
+def _cold_sources(r: Report, plan: Plan, cases: dict[str, Case], c: Client, ns: str, stored: list[bytes],
+                  values: list[np.ndarray]) -> dict[str, Case]:
+    """Every case with its sources' cache lines evicted before each call: the limit's (its setup's addresses),
+    a put's values, a get's stored blocks in the arena (where a Lookup finds them; the timed puts never evict
+    them, see arena_section)."""
+    cs = r.cold = r.cold or ColdSources(plan.fallback_flush_bytes)
+    lengths = np.asarray([v.nbytes for v in values], np.uint64)
+    put_src = np.asarray([v.ctypes.data for v in values], np.uint64)
+    lease = c.lookup(ns, stored)
+    span = c.arena_span
+    if lease.hits != len(stored) or span is None:
+        raise RuntimeError(f"the {len(stored)} stored blocks: {lease.hits} found ({c.mode} mode)")
+    get_src = np.asarray(lease.offsets, np.uint64) + np.uint64(span[0])  # c's mapping lives the whole run
+    c.release([lease], wait=True)
+
+    def sources(k: str) -> Callable[[Any], object]:
+        if k.startswith("native"):
+            return lambda a: cs(a[1], a[2])  # the limit's setup gives Addrs: (dst, src, lengths)
+        src = get_src if k.startswith("get") else put_src
+        return lambda _: cs(src, lengths)
+    return {k: cold(case, sources(k)) for k, case in cases.items()}
 
 
 def _short(size: int) -> str:
@@ -285,6 +317,7 @@ def run(plan: Plan) -> Report:
         r.out.update(bench_rss(plan.rss_blocks))
         pg.advance()
     summarize(r, plan)
+    r.out["checks_exact"]["cold_source_calls"] = r.cold.calls if r.cold is not None else 0
     r.out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     return r
 

@@ -16,7 +16,7 @@ from kvstore.testing import DaemonProcess
 MIB = 1 << 20
 BUDGET = micro.Budget(warmup=1, min_iters=2, budget_s=0.0, max_iters=2)  # exactly 1 + 2 rounds
 TINY = micro.Plan(BUDGET, rss_blocks=4096, arena_bytes=64 * MIB, batches=(1, 4), head_batch=4, stream_batch=2,
-                  cold_iters=3)
+                  cold_iters=3, fallback_flush_bytes=4 * MIB)
 HOT_CALLS = BUDGET.warmup + BUDGET.min_iters * control_plane.HOT_BLOCK[0]  # per control case: 1 + 2 x 20 = 41
 COLD_CALLS = 1 + TINY.cold_iters                                             # 1 warm-up + 3
 
@@ -107,6 +107,9 @@ def test_every_case_ran_exactly_as_planned(report: micro.Report) -> None:
     assert set(out["arena_gbs_by_config"]) == {f"{op} {s}x{b} {c}" for op in ("put", "get")
                                                for s in ("256 KiB", "2 MiB") for b in (1, 4) for c in ("t1", "t2", "grpc")}
     assert out["n_blocks_rss"] == 4096
+    # every call of a batch case (2 limits + put/get x 3 clients, warm-up included) read its sources from memory,
+    # in both sizes; single blocks kept theirs
+    assert checks["cold_source_calls"] == 2 * 8 * (BUDGET.warmup + BUDGET.min_iters)
 
 
 def test_a_fast_echo_that_never_reaches_the_daemon_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
