@@ -83,8 +83,10 @@ def _pool(c: Client, size: int) -> list[int]:
 
 @pytest.fixture
 def parts_of_128k(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Puts of more than 128 KiB go as several Stores (spare_puts.PART_BYTES), so 64 KiB blocks go 2 a Store."""
+    """Puts of more than 128 KiB go as several Stores (spare_puts.PART_BYTES), so 64 KiB blocks go 2 a Store, as on
+    a box with a core left for the daemon while the copy threads run (spare_puts.part_bytes)."""
     monkeypatch.setattr(spare_puts, "PART_BYTES", 128 * KiB)
+    monkeypatch.setattr(spare_puts, "_usable_cpus", lambda: 64)
 
 
 def test_a_put_sent_in_parts_stores_what_one_request_stores(daemon: DaemonProcess, parts_of_128k: None) -> None:
@@ -102,6 +104,28 @@ def test_a_put_sent_in_parts_stores_what_one_request_stores(daemon: DaemonProces
             assert da == {**db, "reserve_calls": 4, "fast_requests": 5 if a == 0 else 4}, name
             assert len(_pool(fast, 64 * KiB)) == 8, name  # every slot used was refilled, the present keys' kept
         assert plain.get_many("pp/fast", keys) == [x.tobytes() for x in blocks]
+
+
+def test_without_a_core_for_the_daemon_a_put_is_one_store(daemon: DaemonProcess,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts pay only where the daemon commits one while the copy threads copy the next on other cores: with as
+    many usable CPUs as copy threads, the same put goes as one Store."""
+    monkeypatch.setattr(spare_puts, "PART_BYTES", 128 * KiB)
+    assert spare_puts.parts(7, 64 * KiB, 0) == [(0, 7)]
+    for cpus, threads, want in ((2, 2, 0), (2, 1, 128 * KiB), (3, 2, 128 * KiB), (1, 1, 0)):
+        monkeypatch.setattr(spare_puts, "_usable_cpus", lambda cpus=cpus: cpus)
+        assert spare_puts.part_bytes(threads) == want, (cpus, threads)
+    monkeypatch.setattr(spare_puts, "_usable_cpus", lambda: 2)
+    keys = keyset("one-store", 8)
+    blocks = [np.full(64 * KiB, 50 + i, np.uint8) for i in range(8)]
+    with Client(daemon.address, control="fast", copy_threads=2) as fast:
+        fast.register_namespace("one/store")
+        got, delta = moved(fast, lambda: fast.put_many("one/store", keys, blocks), COUNTED)
+        assert got == PutResult(8, 0, 0)
+        # one Store of the 8 blocks (after the request for 8 slots): one Reserve and one Commit of 8
+        assert delta == {"reserve_calls": 1, "reserved_blocks": 8, "committed_blocks": 8,
+                         "committed_bytes": 8 * 64 * KiB, "aborted_blocks": 0, "fast_requests": 2}
+        assert fast.get_many("one/store", keys) == [b.tobytes() for b in blocks]
 
 
 def test_a_refused_put_in_parts_keeps_every_slot_and_stores_nothing(daemon: DaemonProcess,

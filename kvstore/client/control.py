@@ -54,7 +54,7 @@ class ControlPlane(Protocol):
                summary: bool = False) -> Lease: ...
     def release(self, lease_ids: list[int]) -> int: ...
     def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-              copy: spare_puts.Copy) -> tuple[list[int], int] | None: ...
+              copy: spare_puts.Copy, copy_threads: int = 1) -> tuple[list[int], int] | None: ...
     def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None: ...
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
@@ -103,7 +103,7 @@ class GrpcControl:
         return None
 
     def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-              copy: spare_puts.Copy) -> tuple[list[int], int] | None:
+              copy: spare_puts.Copy, copy_threads: int = 1) -> tuple[list[int], int] | None:
         """No spare slots over gRPC: every put reserves."""
         return None
 
@@ -226,9 +226,9 @@ class FastControl:
                      r.incarnation, r.tiers)
 
     def store(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-              copy: spare_puts.Copy) -> tuple[list[int], int] | None:
+              copy: spare_puts.Copy, copy_threads: int = 1) -> tuple[list[int], int] | None:
         """A put through this connection's spare slots: a copy and one request (spare_puts.py); None: reserve."""
-        return spare_puts.store(self.channel, namespace, keys, sizes, copy) if self.spares else None
+        return spare_puts.store(self.channel, namespace, keys, sizes, copy, copy_threads) if self.spares else None
 
     def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None:
         """The bank of spare slots for blocks of `size` bytes, taken on one thread and stored on another

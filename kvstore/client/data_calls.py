@@ -61,7 +61,8 @@ class DataCalls:
                 stored, present = stored + s, present + p
                 continue
             sizes = [memoryview(v).nbytes for v in vs]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-            spared = self._control.store(namespace, ks, sizes, functools.partial(self._spare_writer, values=vs))
+            spared = self._control.store(namespace, ks, sizes, functools.partial(self._spare_writer, values=vs),
+                                         self._copy_threads)
             if spared is not None:  # copied into this connection's spare slots, stored with one request
                 outcomes, s = spared
                 stored += s
