@@ -4,6 +4,7 @@ Import what you need from its module (`from kvstore.engine.engine import Engine`
 nothing, so importing one part never drags in the rest. Module map, from the top down:
 
     engine.py        Engine: the composition root, the one lock and every public operation (orchestration)
+    queries.py       EngineQueries: Engine's read-only questions (ListKeys, Describe, Stats, disk state, owners)
     engine_lock.py   EngineLock: the one lock; work a call leaves for after its reply runs at the next taking
     writes.py        Writes: Reserve, Commit, Store (into spare slots); what a commit sets off (events, disk, ...)
     spares.py        SpareSlots: arena slots a same-node connection holds ahead of its puts

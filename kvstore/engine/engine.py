@@ -32,7 +32,8 @@ their state, each "called under the engine's lock":
     lookups.py       Lookups: the steps of a Lookup across tiers
     hints.py         Hints: Retain/Release (policy priorities), Demote, Prefetch, Pin with a TTL
     misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
-    views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without)
+    views.py         Views: ListKeys, Describe, Stats (RAM half under the lock, disk half without; asked
+                     through queries.py, Engine's base: the read-only questions)
 
 Locking: one lock (engine_lock.py) around every public method, no part has its own (the mover, event bus and
 DiskStore have theirs, taken after it); O(batch) Python under it, its only I/O disk-index reads. A Commit or Store
@@ -60,10 +61,11 @@ from kvstore.engine.lookups import Lookups
 from kvstore.engine.miss_causes import MissCauses
 from kvstore.engine.misses import DELETED, KeyExplanation, MissLedger
 from kvstore.engine.namespaces import NamespaceTable
+from kvstore.engine.queries import EngineQueries
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.ram_space import RamSpace
 from kvstore.engine.reservations import ReservationTable
-from kvstore.engine.results import EngineConfig, EngineStats, KeyRecord, LookupResult, ReserveResult, StoreResult
+from kvstore.engine.results import EngineConfig, LookupResult, ReserveResult, StoreResult
 from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
 from kvstore.engine.writes import RemoteHooks, Writes
@@ -72,7 +74,7 @@ from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
 from kvstore.tiers.disk import DiskStore
-from kvstore.validation import check_count, check_keys, check_sizes
+from kvstore.validation import check_count, check_sizes
 from kvstore.vocab import Tier
 
 __all__ = ["Engine", "RemoteHooks"]
@@ -82,9 +84,10 @@ _PROMOTING = int(EntryState.PROMOTING)
 _NONE = int(Tier.NONE)
 
 
-class Engine:
+class Engine(EngineQueries):
     """The store's metadata behind one lock: each public method validates, takes the lock, asks the parts in
-    order (see the module docstring) and returns a value object from results.py. Thread-safe."""
+    order (see the module docstring) and returns a value object from results.py; the read-only questions are
+    its base's (queries.py). Thread-safe."""
 
     def __init__(
         self,
@@ -173,9 +176,6 @@ class Engine:
         for eid in list(ns.index.values()):
             if not self._delete_one(eid):
                 self._cat.unindex(eid)
-
-    def _check_keys(self, keys: Sequence[bytes], unique: bool = False) -> None:
-        check_keys(keys, self.config.max_batch_keys, max_key_bytes=self.config.max_key_bytes, unique=unique)
 
     # -- writes -----------------------------------------------------------------------------------------
     def reserve(self, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
@@ -390,67 +390,3 @@ class Engine:
         """Bytes that failed their checksum on the way in (counted; the block was not stored)."""
         with self._lock:
             self.counters.checksum_failures += 1
-
-    # -- read-only views (views.py): the RAM half under the lock, the disk half after it ------------------
-    def list_keys(self, ns_name: str, cursor: bytes, limit: int) -> tuple[list[KeyRecord], bytes]:
-        """One page of keys after `cursor` across tiers, in byte order, and the next cursor (b"" at the end)."""
-        if not 1 <= limit <= 10000:
-            raise InvalidRequestError(f"limit {limit} out of range: use 1..10000")
-        with self._lock:
-            ns = self._names.get(ns_name)
-            records, ram_more = self._views.ram_page(ns, cursor, limit)
-        return self._views.page(ns.name, records, ram_more, cursor, limit)
-
-    def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
-        """Records of the present keys among `keys` (any tier), in request order."""
-        self._check_keys(keys)
-        with self._lock:
-            ram = self._views.ram_records(self._names.get(ns_name), keys)
-        return self._views.describe(ns_name, keys, ram)
-
-    def stats(self) -> EngineStats:
-        with self._lock:
-            st = self._views.ram_stats()
-        return self._views.with_disk(st)
-
-    @property
-    def disk_enabled(self) -> bool:
-        return self._disk.store is not None
-
-    @property
-    def disk_directory(self) -> str:
-        return self._disk.store.config.directory if self._disk.store is not None else ""
-
-    @property
-    def write_queue_blocks(self) -> int:
-        return self._disk.queued_writes
-
-    @property
-    def admission_name(self) -> str:
-        return self._disk.admission.name
-
-    def disk_degraded_reason(self) -> str:
-        """Why the disk tier is degraded ('' when healthy or absent): Health reports it."""
-        store = self._disk.store
-        if store is None or not store.degraded:
-            return ""
-        return store.stats().degraded_reason or "disk tier degraded"
-
-    # -- tenants: the ownership questions the service's tenant checks ask (kvstore/server/tenancy.py) ----
-    def tenant_usage(self) -> dict[str, int]:
-        """RAM payload bytes per tenant (what quotas compare against)."""
-        with self._lock:
-            return self._ram.tenant_usage()
-
-    def namespace_owner(self, name: str) -> tuple[str, bool] | None:
-        """(tenant, recovered) of a namespace, None if unknown; recovered: known from the disk tier only."""
-        with self._lock:
-            return self._names.owner(name)
-
-    def reservation_namespace(self, reservation_id: int) -> str | None:
-        with self._lock:
-            return self._reservations.namespace_of(reservation_id)
-
-    def lease_namespace(self, lease_id: int) -> str | None:
-        with self._lock:
-            return self._leases.namespace_of(lease_id)
