@@ -19,6 +19,7 @@ RPC, to tell a copy of the leased block from a copy of a slot that was reclaimed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -57,12 +58,12 @@ class ArenaLayout:
             raise ConfigError(f"slab size {slab_bytes} must be a positive multiple of {PAGE_BYTES}")
         return ArenaLayout(name, data_bytes // slab_bytes, slab_bytes)
 
-    # -- geometry ---------------------------------------------------------------------------------------
-    @property
+    # -- geometry (each computed once: a client's every put and get reads several; fields never change) ----
+    @cached_property
     def pages_per_slab(self) -> int:
         return self.slab_bytes // self.page_bytes
 
-    @property
+    @cached_property
     def gen_stride(self) -> int:
         """uint64 words per slab in the generation table (epoch + one per page, padded to whole pages)."""
         return _round_up((1 + self.pages_per_slab) * 8, self.page_bytes) // 8
@@ -71,19 +72,19 @@ class ArenaLayout:
     def gen_table_offset(self) -> int:
         return 0
 
-    @property
+    @cached_property
     def gen_table_bytes(self) -> int:
         return self.n_slabs * self.gen_stride * 8
 
-    @property
+    @cached_property
     def data_offset(self) -> int:
         return _round_up(self.gen_table_bytes, DATA_ALIGN)
 
-    @property
+    @cached_property
     def data_bytes(self) -> int:
         return self.n_slabs * self.slab_bytes
 
-    @property
+    @cached_property
     def size_bytes(self) -> int:
         return self.data_offset + self.data_bytes
 
