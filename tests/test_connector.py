@@ -149,3 +149,23 @@ def test_layout_errors_say_what_is_wrong() -> None:
     lay = KVLayout(make_caches(0), NBLOCKS)
     with pytest.raises(LayoutError, match="out of range"):
         lay.plan([0], [[NBLOCKS, 0]], to_store=True)
+
+
+def test_keys_are_the_documented_chain_exactly() -> None:
+    """key_i = xxh3_128(key_{i-1} + int64 LE tokens of chunk i, seed): stored keys outlive versions (disk tier,
+    peers), so any other byte layout would orphan every block stored before. Lists, numpy arrays and growth in
+    steps give the same keys."""
+    import xxhash
+
+    tokens = [(i * 7919) % 200_003 for i in range(8 * 5 + 3)]
+    root = chain_root(3)
+    want, prev = [], root
+    for c in range(5):
+        prev = xxhash.xxh3_128_digest(prev + b"".join(x.to_bytes(8, "little") for x in tokens[8 * c: 8 * c + 8]),
+                                      seed=3)
+        want.append(prev)
+    assert KeyChain(8, 3, root).extend(tokens) == want
+    assert KeyChain(8, 3, root).extend(np.asarray(tokens, dtype=np.int32)) == want
+    grown = KeyChain(8, 3, root)
+    grown.extend(tokens[:13])
+    assert grown.extend(tokens) == want
