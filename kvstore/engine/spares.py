@@ -93,12 +93,16 @@ class SpareSlots:
             raise InvalidRequestError("the same spare slot named twice in one Store")
         owned = self._owned.get(owner, {})
         domain = self._domain(tenant)
+        classes: dict[int, int] = {}  # size -> slot bytes: a Store's blocks mostly share one size
         for off, size in zip(offsets, sizes):
             slot = owned.get(off)
             if slot is None:
                 raise InvalidRequestError(f"offset {off} is not a spare slot of this connection: ask for spare slots "
                                           "(they belong to the connection they were given to)")
-            if self._ram.slot_bytes(size) != slot[0]:
+            cls = classes.get(size)
+            if cls is None:
+                cls = classes[size] = self._ram.slot_bytes(size)
+            if cls != slot[0]:
                 raise InvalidRequestError(f"a block of {size} bytes does not fit the size class of spare slot {off} "
                                           f"({slot[0]} bytes): use a slot granted for this block size")
             if slot[1] != domain:

@@ -96,9 +96,12 @@ class Writes:
             self._bind_after_reply(ns, keys, sizes, offsets, todo)
         else:
             keep = present.union(self._bind(ns, keys, sizes, offsets, todo))
-        by_class: dict[int, list[int]] = {}
+        by_size: dict[int, list[int]] = {}
         for i in todo:
-            by_class.setdefault(self._ram.slot_bytes(sizes[i]), []).append(i)
+            by_size.setdefault(sizes[i], []).append(i)
+        by_class: dict[int, list[int]] = {}
+        for size, group in by_size.items():  # in order within a class unless its blocks differ in size
+            by_class.setdefault(self._ram.slot_bytes(size), []).extend(group)
         for group in by_class.values():  # one grant a size class; one a slot only when that is refused
             got = self._spares.grant(owner, sizes[group[0]], len(group), ns.tenant, keep)[1]
             for j, i in enumerate(group):
