@@ -25,6 +25,7 @@ connection breaks between parts (the daemon restarted: its arena, and what was s
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -71,7 +72,9 @@ def part_bytes(copy_threads: int) -> int:
     return PART_BYTES if _usable_cpus() > copy_threads else 0
 
 
+@functools.cache
 def _usable_cpus() -> int:
+    """Read once: every put asks, and the affinity is a system call."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
