@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from kvstore.client.fast_channel import quiet_thread
+
 __all__ = ["Background"]
 
 T = TypeVar("T")
@@ -65,6 +67,7 @@ class Background(Generic[T]):
             thread.join(timeout_s)
 
     def _run(self) -> None:
+        quiet_thread()  # nobody waits on this thread's calls: they must not poll a core away (fast_channel.py)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closed, timeout=self.idle_s)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvstore._native import plan_pieces
+
 __all__ = ["KVLayout", "CopyPlan", "LayoutError"]
 
 U64 = npt.NDArray[np.uint64]
@@ -123,6 +125,7 @@ class KVLayout:
         self.piece_bytes = np.asarray(lens, dtype=np.uint64)
         self.piece_offset = np.concatenate([[0], np.cumsum(self.piece_bytes)[:-1]]).astype(np.uint64)
         self.block_bytes = int(self.piece_bytes.sum())
+        self._pieces = (self.piece_base, self.piece_stride, self.piece_offset, self.piece_bytes)
         self.address_range = self._range()
         # Can a plan's pieces join into longer ranges? Within a block, where one piece ends where the next
         # begins in the cache for every block (a cross-layer layout); a single piece a block joins across
@@ -152,28 +155,22 @@ class KVLayout:
 
         to_store=True gathers cache -> slots (a save); False scatters slots -> cache (a load).
         """
-        slots = np.asarray(slot_addrs, dtype=np.uint64).reshape(-1)
-        blocks = np.asarray(block_ids, dtype=np.int64)
+        slots = np.ascontiguousarray(slot_addrs, dtype=np.uint64).reshape(-1)
+        blocks = np.ascontiguousarray(block_ids, dtype=np.int64)
         if blocks.ndim != 2 or blocks.shape[0] != len(slots):
             raise LayoutError(f"block_ids must be (keys, blocks_per_key); got {blocks.shape} for {len(slots)} slots")
-        lo, hi = (int(blocks.min()), int(blocks.max())) if blocks.size else (0, 0)
-        if lo < -1 or hi >= self.num_blocks:
-            raise LayoutError(f"block id out of range [0, {self.num_blocks}): {lo}..{hi}")
-        g = blocks.shape[1]
-        b = np.maximum(blocks, 0).astype(np.uint64)
-        cache = self.piece_base[None, None, :] + b[:, :, None] * self.piece_stride[None, None, :]
-        within = (np.arange(g, dtype=np.uint64) * np.uint64(self.block_bytes))[:, None] + self.piece_offset[None, :]
-        slot = slots[:, None, None] + within[None, :, :]
-        lengths = np.broadcast_to(self.piece_bytes[None, None, :], cache.shape)
-        if lo < 0:  # -1: a block to leave untouched
-            keep = np.repeat((blocks >= 0).reshape(-1), self.num_pieces)
-            cache, slot, lengths = cache.reshape(-1)[keep], slot.reshape(-1)[keep], lengths.reshape(-1)[keep]
-        else:
-            cache, slot, lengths = cache.reshape(-1), slot.reshape(-1), lengths.reshape(-1)
-        src, dst = (cache, slot) if to_store else (slot, cache)
+        cap = blocks.size * self.num_pieces
+        if not cap:
+            return CopyPlan(*(np.empty(0, np.uint64) for _ in range(3)))
+        dst, src, lengths = np.empty(cap, np.uint64), np.empty(cap, np.uint64), np.empty(cap, np.uint64)
+        try:  # one pass in C (kvstore/_native/plan.c says why not numpy), every block id checked first
+            n = plan_pieces(slots, blocks.reshape(-1), blocks.shape[1], self._pieces, self.block_bytes,
+                            self.num_blocks, to_store, (dst, src, lengths))
+        except ValueError as exc:
+            raise LayoutError(str(exc)) from None
         if self._may_join:
-            return _coalesce(dst, src, lengths)
-        return CopyPlan(np.ascontiguousarray(dst), np.ascontiguousarray(src), np.ascontiguousarray(lengths))
+            return _coalesce(dst[:n], src[:n], lengths[:n])
+        return CopyPlan(dst[:n], src[:n], lengths[:n])
 
 
 def _coalesce(dst: U64, src: U64, lengths: U64) -> CopyPlan:

@@ -47,6 +47,7 @@ from connector.saves import Saves
 from connector.stats import ConnectorCounters
 from kvstore.client import Client, arena_path
 from kvstore.client.arena_map import ArenaMap
+from kvstore.client.fast_channel import quiet_thread
 
 __all__ = ["WorkerSide"]
 
@@ -71,7 +72,7 @@ class WorkerSide(Saves):
         self._copier_map: ArenaMap | None = None  # the mapping _copier is bound to
         self._copier_lock = threading.Lock()
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit")
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="kvstore-commit", initializer=quiet_thread)
         self._lock = threading.Lock()
         self._recv_done: set[str] = set()
         self._failed_blocks: set[int] = set()

@@ -16,8 +16,10 @@ import pytest
 from connector.namespace import namespace_for
 from connector import saves
 from connector.keys import KeyChain, chain_root
+from connector.plan import SaveJob
 from connector.saves import BANKED_KEYS
 from kvstore.client import Client
+from kvstore.fastpath import protocol as fp
 from kvstore.testing import DaemonProcess
 from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
 from tests.fast_helpers import moved
@@ -128,3 +130,37 @@ def test_a_daemon_restart_costs_the_save_in_flight_and_nothing_after(tmp_path) -
         a.close()
     finally:
         d.close()
+
+
+def test_a_step_is_one_part_unless_a_block_is_missing_or_it_is_too_long(daemon: DaemonProcess,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual step (one group, every block there, within max_batch_keys) is saved as the job itself; a missing
+    block drops its key, and a job past max_batch_keys is cut, in order."""
+    a = Side(daemon.address, make_caches(23), copy_threads=1)
+    a.prefill(Req("warm-parts", prompt_tokens(8, start=950)), [62, 63])  # connected: max_batch_keys known
+    keys = [bytes([i]) * 16 for i in range(4)]
+    job = SaveJob("r", None, keys, [[0, 1, 2, 3, 4, 5, 6, 7]])  # two vLLM blocks a key
+    parts = a.worker._parts(job)
+    assert parts == [(0, job)] and parts[0][1] is job
+    gap = SaveJob("r", None, keys, [[0, 1, -1, 3, 4, 5, 6, 7]])
+    assert a.worker._parts(gap) == [(0, SaveJob("r", None, [keys[0], keys[2], keys[3]], [[0, 1, 4, 5, 6, 7]]))]
+    monkeypatch.setattr(a.worker, "_batch_keys", lambda: 3)
+    assert a.worker._parts(job) == [(0, SaveJob("r", None, keys[:3], [[0, 1, 2, 3, 4, 5]])),
+                                    (0, SaveJob("r", None, keys[3:], [[6, 7]]))]
+    a.close()
+
+
+def test_the_commit_thread_never_polls_for_its_replies(daemon: DaemonProcess) -> None:
+    """Its Stores run while vLLM's thread copies the next step on every core (fast_channel.quiet_thread)."""
+    a = Side(daemon.address, make_caches(24), copy_threads=1)
+    a.prefill(Req("warm-quiet", prompt_tokens(8, start=960)), [62, 63])
+    c = a.worker.link.client
+    assert c is not None and c.control_path == "fast"
+    channel = c._control.channel  # type: ignore[attr-defined]
+
+    def spin_after_a_call() -> float:
+        channel.call(fp.ECHO, b"")
+        return channel.conn().reader.spin_s
+    assert channel.spin_us > 0 and spin_after_a_call() == channel.spin_us * 1e-6  # this thread polls
+    assert a.worker._committer.submit(spin_after_a_call).result() == 0.0
+    a.close()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvstore import Client
-from kvstore.client.fast_channel import DEFAULT_SPIN_US, MAX_SPIN_US, spin_us_from_env
+from kvstore.client.fast_channel import DEFAULT_SPIN_US, MAX_SPIN_US, quiet_thread, spin_us_from_env
 from kvstore.errors import ConfigError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import FrameReader
@@ -197,3 +197,26 @@ def test_a_daemon_that_never_polls_answers_the_same(monkeypatch: pytest.MonkeyPa
             assert c.exists("n", keys) == [True] * 4
         # the readiness probe's and this client's HELLO echoes, Reserve + Commit, 20 Exists
         assert c.stats().control.fast_requests == 2 + 2 + 20
+
+
+def test_a_quiet_thread_sleeps_for_its_replies_on_any_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quiet_thread: calls from that thread never poll, on its own connection and on one dialled elsewhere (a
+    slot bank's); the same connection used again from a polling thread polls again."""
+    monkeypatch.setenv("KVSTORE_SPIN_US", "300")
+    with DaemonProcess(arena_bytes=64 << 20) as d, Client(d.address, control="fast") as c:
+        channel = c._control.channel  # type: ignore[attr-defined]
+        shared = channel.dial()
+        assert channel.call(fp.ECHO, b"a") == b"a" and channel.conn().reader.spin_s == 300e-6
+        seen: list[float] = []
+
+        def quiet() -> None:
+            quiet_thread()
+            assert channel.call(fp.ECHO, b"b") == b"b"
+            seen.append(channel.conn().reader.spin_s)
+            assert channel.call_on(shared, fp.ECHO, b"c") == b"c"
+            seen.append(shared.reader.spin_s)
+        t = threading.Thread(target=quiet)
+        t.start()
+        t.join()
+        assert seen == [0.0, 0.0]
+        assert channel.call_on(shared, fp.ECHO, b"d") == b"d" and shared.reader.spin_s == 300e-6

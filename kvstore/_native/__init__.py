@@ -1,5 +1,5 @@
-"""Native helpers for kvstore: the batched gather/scatter copy (here), and ``_keyindex``, the shared key index's
-table (key_index.c, used through kvstore/fastpath/key_index.py).
+"""Native helpers for kvstore: the batched gather/scatter copy and the connector's copy plans (here, plan.c), and
+``_keyindex``, the shared key index's table (key_index.c, used through kvstore/fastpath/key_index.py).
 
 Moving a KV-cache block means moving many small pieces (one per layer and per K/V) plus whole 2 MiB
 blocks. Doing that with a Python loop costs microseconds per piece and holds the GIL; the C extension
@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken/missing bu
         f"({exc}). Build it with `pip install -e .` (or `make setup`) from the repository root."
     ) from exc
 
-__all__ = ["copy_batch", "copy_addrs", "copy_buffers", "first_outside", "evict_lines", "IndexArray"]
+__all__ = ["copy_batch", "copy_addrs", "copy_buffers", "first_outside", "evict_lines", "plan_pieces", "IndexArray"]
 
 #: Anything np.ascontiguousarray(x, dtype=np.uint64) accepts: a sequence of ints or an integer array.
 IndexArray = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -125,3 +125,19 @@ def evict_lines(addrs: IndexArray, lengths: IndexArray) -> int:
     (x86-64 clflush); the bytes covered, 0 on other CPUs (nothing done). For benchmarks that copy from memory
     without cooling the rest of the process (bench/copy_limit.py)."""
     return int(_copy.evict_lines(_u64(addrs), _u64(lengths)))
+
+
+def plan_pieces(slots: npt.NDArray[np.uint64], blocks: npt.NDArray[np.int64], per_slot: int,
+                pieces: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64],
+                              npt.NDArray[np.uint64]],
+                block_bytes: int, num_blocks: int, to_store: bool,
+                out: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]) -> int:
+    """The copy plan of stored blocks (connector/layout.py, KVLayout.plan): for slot s and its j-th vLLM block
+    b = blocks[s * per_slot + j] (-1: skipped), every piece p copies pieces[3][p] bytes between the cache address
+    pieces[0][p] + b * pieces[1][p] and the slot address slots[s] + j * block_bytes + pieces[2][p] (cache to slot
+    when `to_store`). Written into out = (dst, src, lengths), in that order; returns how many entries were
+    written. ValueError for a block id outside [-1, num_blocks) (before anything is written), mismatched lengths
+    or outputs too short; TypeError for an array that is not 1-D uint64 (blocks: int64; outputs: writable)."""
+    base, stride, offset, nbytes = pieces
+    return int(_copy.plan_pieces(slots, blocks, per_slot, base, stride, offset, nbytes, block_bytes, num_blocks,
+                                 to_store, *out))

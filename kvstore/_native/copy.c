@@ -12,8 +12,9 @@
  * the GIL is released can change what is copied. The Py_buffer views stay held until the copy ends,
  * which stops bytearray/numpy/mmap exporters from resizing or unmapping the memory underneath us.
  *
- * The copy engine itself (threads, streaming stores) is copy_core.c. */
+ * The copy engine itself (threads, streaming stores) is copy_core.c; the connector's copy plans are plan.c. */
 #include "copy_core.h"
+#include "plan.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>     /* __get_cpuid_count */
@@ -368,14 +369,28 @@ static PyObject *set_min_share(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(kvc_set_min_share(v));
 }
 
+static PyObject *threads_for(PyObject *self, PyObject *args) {
+    int threads;
+    unsigned long long total;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iK:_threads_for", &threads, &total)) return NULL;
+    return kvc_threads_for(kvc_parse_threads(threads), total);
+}
+
 static PyMethodDef methods[] = {
     {"_set_min_share", set_min_share, METH_O, "_set_min_share(bytes) -> previous: bytes per thread below which "
      "no thread is spawned (tests only; default 12 MiB)"},
+    {"_threads_for", threads_for, METH_VARARGS, "_threads_for(threads, total) -> (threads used, [helper CPUs]): how a "
+     "copy of `total` bytes asked for `threads` would run, from the calling thread now (tests only)"},
     {"copy_batch", (PyCFunction)(void (*)(void))copy_batch, METH_VARARGS | METH_KEYWORDS, copy_batch_doc},
     {"copy_addrs", (PyCFunction)(void (*)(void))copy_addrs, METH_VARARGS | METH_KEYWORDS, copy_addrs_doc},
     {"copy_buffers", (PyCFunction)(void (*)(void))copy_buffers, METH_VARARGS | METH_KEYWORDS, copy_buffers_doc},
     {"first_outside", first_outside, METH_VARARGS, first_outside_doc},
     {"evict_lines", evict_lines, METH_VARARGS, evict_lines_doc},
+    {"plan_pieces", kvc_plan_pieces, METH_VARARGS,
+     "plan_pieces(slots, blocks, per_slot, piece_base, piece_stride, piece_offset, piece_bytes, block_bytes, "
+     "num_blocks, to_store, dst, src, lengths) -> int: the copy plan of a batch of stored blocks written into dst, "
+     "src, lengths (see kvstore._native.plan_pieces)"},
     {NULL, NULL, 0, NULL},
 };
 

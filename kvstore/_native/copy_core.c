@@ -11,6 +11,7 @@
 #include "copy_core.h"
 
 #include <pthread.h>
+#include <sched.h> /* sched_getcpu, cpu_set_t (Python.h defines _GNU_SOURCE on Linux) */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,62 @@ static void *run_pool(void *arg) {
     return NULL;
 }
 
+/* The helper threads' attributes: the CPUs the caller may run on, less the one it runs on now; *threads at most
+ * the count of those CPUs. 1 when `attr` was made (the caller destroys it), 0 to use the defaults.
+ * Why: the kernel starts a new thread on the least busy CPU, and when the others are busy at that moment (the
+ * daemon answering the previous Store, on a 2-core box) that can be the caller's own; there it stays, since a
+ * just-started thread is cache-hot and not moved to the CPU that goes idle. The copy then runs on one core: in
+ * bench.connector --chunk 512 one 64 MiB gather of four took ~8 ms instead of ~4. Kept off the caller's CPU, the
+ * helper waits for the busy one at worst. And more threads than allowed CPUs only share them (a vLLM CPU worker
+ * bound to one core). */
+static int helpers_elsewhere(pthread_attr_t *attr, int *threads) {
+#if defined(__linux__)
+    cpu_set_t allowed;
+    if (pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0) return 0;
+    int count = CPU_COUNT(&allowed), here = sched_getcpu();
+    if (count >= 1 && *threads > count) *threads = count;
+    if (*threads < 2 || here < 0 || here >= CPU_SETSIZE || !CPU_ISSET(here, &allowed)) return 0;
+    CPU_CLR(here, &allowed);
+    if (pthread_attr_init(attr) != 0) return 0;
+    if (pthread_attr_setaffinity_np(attr, sizeof allowed, &allowed) != 0) {
+        pthread_attr_destroy(attr);
+        return 0;
+    }
+    return 1;
+#else
+    (void)attr;
+    (void)threads;
+    return 0;
+#endif
+}
+
+PyObject *kvc_threads_for(int threads, uint64_t total) {
+    uint64_t cap = total / min_share;
+    int T = (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
+    pthread_attr_t attr;
+    PyObject *cpus = PyList_New(0);
+    if (!cpus) return NULL;
+    if (T > 1 && helpers_elsewhere(&attr, &T)) {
+#if defined(__linux__)
+        cpu_set_t set;
+        if (pthread_attr_getaffinity_np(&attr, sizeof set, &set) == 0) {
+            for (int c = 0; c < CPU_SETSIZE; c++) {
+                PyObject *v = CPU_ISSET(c, &set) ? PyLong_FromLong(c) : NULL;
+                if (v && PyList_Append(cpus, v) < 0) {
+                    Py_DECREF(v);
+                    pthread_attr_destroy(&attr);
+                    Py_DECREF(cpus);
+                    return NULL;
+                }
+                Py_XDECREF(v);
+            }
+        }
+#endif
+        pthread_attr_destroy(&attr);
+    }
+    return Py_BuildValue("(iN)", T, cpus);
+}
+
 /* Runs WITHOUT the GIL. The calling thread and T-1 new ones take chunks of chunk_bytes from the job stream
  * until none is left. Why chunks and not one fixed share a thread: a thread descheduled for a while (the daemon
  * committing the previous part, another process) would leave its share for last while the others idle; with
@@ -146,8 +203,11 @@ static void run_jobs(const job_t *jobs, size_t n, uint64_t total, int threads, i
     int started[MAX_THREADS] = {0};
     uint64_t cap = total / min_share;
     int T = (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
+    pthread_attr_t attr;
+    int off_here = T > 1 && helpers_elsewhere(&attr, &T);
     uint64_t *starts = T > 1 ? malloc(sizeof(uint64_t) * n) : NULL;
     if (!starts) {
+        if (off_here) pthread_attr_destroy(&attr);
         copy_range(jobs, 0, 0, total, stream);
         end_stream(stream);
         return;
@@ -158,7 +218,8 @@ static void run_jobs(const job_t *jobs, size_t n, uint64_t total, int threads, i
         pos += jobs[i].len;
     }
     pool_t pool = {jobs, starts, n, total, chunk_bytes, 0, stream};
-    for (int t = 1; t < T; t++) started[t] = pthread_create(&tids[t], NULL, run_pool, &pool) == 0;
+    for (int t = 1; t < T; t++) started[t] = pthread_create(&tids[t], off_here ? &attr : NULL, run_pool, &pool) == 0;
+    if (off_here) pthread_attr_destroy(&attr);
     run_pool(&pool);
     for (int t = 1; t < T; t++)
         if (started[t]) pthread_join(tids[t], NULL);

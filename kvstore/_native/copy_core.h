@@ -23,5 +23,8 @@ PyObject *kvc_finish(job_t *jobs, size_t n, uint64_t total, int threads, int str
 /* Bytes per thread below which no thread is spawned (the chunks threads take: at most a quarter of it); returns
  * the previous value (tests lower it). */
 uint64_t kvc_set_min_share(uint64_t bytes);
+/* (threads a copy of `total` bytes asked for `threads` runs on, the CPUs its helper threads may use: empty when
+ * none is started or they are not restricted), as the copy itself decides now (tests). */
+PyObject *kvc_threads_for(int threads, uint64_t total);
 
 #endif

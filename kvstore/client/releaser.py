@@ -15,6 +15,7 @@ import threading
 
 from collections.abc import Callable
 
+from kvstore.client.fast_channel import quiet_thread
 from kvstore.errors import KVStoreError
 from kvstore.validation import MAX_RELEASE_IDS
 
@@ -44,6 +45,7 @@ class Releaser:
         self._queue.put(lease_ids)
 
     def _run(self) -> None:
+        quiet_thread()  # nobody waits on a release: its calls must not poll a core away (fast_channel.py)
         while True:
             ids = self._queue.get()
             if ids is _STOP:
