@@ -35,7 +35,7 @@ def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
     assert layout is not None
     names = [(c, "reserve_many", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
              (c, "release", "Release (queued)"), (arena_path, "validated", "generation check"),
-             (copier, "copy", "copy (native)"), (layout, "plan", "copy plan (numpy)")]
+             (copier, "copy", "copy (native)"), (layout, "plan", "copy plan")]
     # a save of up to BANKED_KEYS keys a part goes through spare slots (connector/saves.py): taken on vLLM's
     # thread with no request, stored by one Store RPC on the commit thread
     banks = {id(b): b for g in range(len(w.layouts)) if (b := c.slot_bank(w.group_key_bytes(g))) is not None}
