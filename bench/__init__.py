@@ -27,5 +27,6 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     replay/              `python -m bench.replay`: trace replay against an exact offline simulation
     serve/               `python -m bench.serve`: agent sessions through real vLLM servers
     serve_hooks.py       `python -m bench.serve_hooks`: the connector's hooks timed in-process on prompts that miss
+    scheduler_keys.py    `python -m bench.scheduler_keys`: an agent turn's keys from scratch, through the key memo
     soak/                `python -m bench.soak`: the chaos soak
 """

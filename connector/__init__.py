@@ -12,6 +12,7 @@
     cuda_copy.py       GPU <-> arena: the arena as pinned, device-mapped memory, one gather/scatter kernel
     pinning.py         which parts of an arena mapping are pinned for the GPU, kept true as slabs move
     keys.py            stable block keys: a chained xxh3-128 over token ids, the same in every process
+    key_memo.py        keys of prefixes vLLM hashed already, by its block hash: a new turn hashes only new tokens
     namespace.py       namespaces: blocks are exchanged only between identical KV layouts
     background.py      a bounded queue drained by one idle-ending thread: store work off vLLM's threads
     groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save

@@ -47,6 +47,15 @@ class KeyChain:
         self._prev = root
         self.keys: list[bytes] = []
 
+    def adopt(self, keys: Sequence[bytes]) -> None:
+        """Start from the keys of the first len(keys) chunks, known already (connector/key_memo.py): extend then
+        hashes only the chunks after them. Only on a chain with no keys yet."""
+        if self.keys:
+            raise ValueError(f"adopt on a chain that holds {len(self.keys)} keys already")
+        if keys:
+            self.keys = list(keys)
+            self._prev = self.keys[-1]
+
     def extend(self, token_ids: Sequence[int]) -> list[bytes]:
         """Hash every full chunk of ``token_ids`` not hashed yet; returns all keys so far.
 

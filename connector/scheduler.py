@@ -48,13 +48,14 @@ with a plain object and no vLLM installed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from connector.config import ConnectorConfig
 from connector.groups import NULL_BLOCK, save_points, saved_in_window
 from connector.hints import HintSessions
+from connector.key_memo import KeyMemo
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
 from connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
@@ -86,6 +87,8 @@ class _ReqState:
     namespaces: list[str]       # one per shard: pipeline stage x TP rank x KV cache group
     salt: str | None
     chain: KeyChain
+    root: bytes                 # the chain's root (seed, LoRA adapter, multimodal hashes)
+    memo: bool                  # its keys may come from and go to the key memo (no multimodal input, no embeddings)
     block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     stored_keys: int = 0        # keys known to be in the store (lookup answer or saved)
     lookup_keys: int | None = None  # remembered lookup answer until scheduled
@@ -108,6 +111,12 @@ def _mm_hashes(request: Any) -> list[str]:
     return out
 
 
+def _num_tokens(request: Any) -> int:
+    """The request's tokens so far (vLLM's Request.num_tokens: prompt and output)."""
+    n = getattr(request, "num_tokens", None)
+    return int(n) if n is not None else len(getattr(request, "all_token_ids", None) or ())
+
+
 def _lora_name(request: Any) -> str | None:
     lora = getattr(request, "lora_request", None)
     return getattr(lora, "lora_name", None) if lora is not None else None
@@ -115,8 +124,11 @@ def _lora_name(request: Any) -> str | None:
 
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
-                 counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None) -> None:
-        """``stages``: every pipeline stage's layout (default: ``spec`` alone, no pipeline parallelism)."""
+                 counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None,
+                 key_memo: KeyMemo | None = None) -> None:
+        """``stages``: every pipeline stage's layout (default: ``spec`` alone, no pipeline parallelism).
+        ``key_memo``: keys found by vLLM's block hashes (connector/key_memo.py; None: every request's keys are
+        hashed from its first token)."""
         self.config = config
         self.spec = spec
         self.stages = stages or StageLayouts([spec])
@@ -125,6 +137,7 @@ class SchedulerSide:
                              f"{self.stages.tokens_per_key}")
         self.link = link
         self.counters = counters or ConnectorCounters()
+        self.key_memo = key_memo
         self.tokens_per_key = spec.tokens_per_key
         self.blocks_per_key = spec.blocks_per_key
         # KV cache groups: every shard's group, and each group's kind (the same in every stage and TP rank)
@@ -147,10 +160,12 @@ class SchedulerSide:
     def _state(self, request: Any) -> _ReqState:
         st = self._reqs.get(request.request_id)
         if st is None:
-            root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=_mm_hashes(request))
+            mm = _mm_hashes(request)
+            root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=mm)
             salt = getattr(request, "cache_salt", None) or None
+            memo = self.key_memo is not None and not mm and getattr(request, "prompt_embeds", None) is None
             st = _ReqState(request, self.stages.names(salt), salt,
-                           KeyChain(self.tokens_per_key, self.config.key_seed, root))
+                           KeyChain(self.tokens_per_key, self.config.key_seed, root), root, memo)
             self._reqs[request.request_id] = st
         st.request = request
         return st
@@ -158,6 +173,24 @@ class SchedulerSide:
     def track(self, request: Any) -> None:
         """vLLM's on_new_request: start the request's state (keys are hashed lazily)."""
         self._state(request)
+
+    def _extend(self, st: _ReqState, tokens: Sequence[int]) -> list[bytes]:
+        """The request's keys of every full chunk of ``tokens`` (KeyChain.extend): a new request's leading keys
+        from the key memo where vLLM has hashed their blocks, and the keys hashed here remembered there."""
+        memo, chain = self.key_memo, st.chain
+        hashes = getattr(st.request, "block_hashes", None) if memo is not None and st.memo else None
+        if not hashes or memo is None:
+            return chain.extend(tokens)
+        if len(hashes) * self.spec.block_size > _num_tokens(st.request):
+            return chain.extend(tokens)  # hashed in blocks finer than the KV blocks: not for the memo (key_memo.py)
+        g = self.blocks_per_key
+        if not chain.keys:
+            chain.adopt(memo.known(st.root, hashes, g, len(tokens) // self.tokens_per_key))
+        start = len(chain.keys)
+        keys = chain.extend(tokens)
+        if len(keys) > start:
+            memo.remember(st.root, hashes, g, keys, start)
+        return keys
 
     @property
     def num_tracked(self) -> int:
@@ -178,7 +211,7 @@ class SchedulerSide:
                 self._missed(st, STREAM_MODE)
             return 0, False
         st.local_tokens = num_computed_tokens
-        keys = st.chain.extend(prompt)[:usable]
+        keys = self._extend(st, prompt)[:usable]
         if st.lookup_keys is None:
             n, tiers, miss = self._lookup(st, keys)
             st.lookup_in_ram = all(x == Tier.RAM for x in tiers)
@@ -252,7 +285,7 @@ class SchedulerSide:
         # Our hits end on a key boundary; were one cut inside a key, its whole key is loaded and vLLM
         # recomputes (overwrites) the positions past ``end``.
         last_key = -(-end // t)
-        keys = st.chain.extend(request.prompt_token_ids or [])[first_key:last_key]
+        keys = self._extend(st, request.prompt_token_ids or [])[first_key:last_key]
         allocated = min((len(b) for b in block_ids), default=0)
         if len(keys) != last_key - first_key or allocated < -(-end // self.spec.block_size):
             log.error("request %s: vLLM expects %d tokens from the store after %d of its own, beyond the %d keys "
@@ -354,7 +387,7 @@ class SchedulerSide:
         full = min(computed // self.tokens_per_key, min((len(b) for b in st.block_ids), default=0) // g)
         if full <= st.stored_keys:
             return None
-        keys = st.chain.extend(tokens[: full * self.tokens_per_key])[st.stored_keys:full]
+        keys = self._extend(st, tokens[: full * self.tokens_per_key])[st.stored_keys:full]
         first = st.stored_keys
         live = 0 if fresh_table else req.num_computed_tokens // self.tokens_per_key
         blocks = [self._save_blocks(gi, table, first, full, len(req.prompt_token_ids or ()), live)

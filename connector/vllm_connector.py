@@ -38,6 +38,7 @@ import torch
 
 from connector.config import ConnectorConfig
 from connector.groups import KVGroup, groups_from_config
+from connector.key_memo import KeyMemo
 from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import StepPlan
@@ -181,6 +182,17 @@ def _require_layers_in_every_group(groups: Sequence[KVGroup], vllm_config: VllmC
             "--pipeline-parallel-size, or turn the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager)")
 
 
+_WIDE_HASHES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")  # vLLM's block hashes of 128 bits or more
+
+
+def _key_memo(vllm_config: Any, groups: Sequence[KVGroup]) -> KeyMemo | None:
+    """A key memo (connector/key_memo.py) where vLLM's block hashes may stand for our keys' prefixes: one KV cache
+    group (vLLM then hashes in blocks of at least its KV block; several groups hash finer) and a hash of 128 bits
+    or more (as wide as our keys: a collision no likelier than one of theirs). None otherwise."""
+    algo = str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "") or "")
+    return KeyMemo() if len(groups) <= 1 and algo in _WIDE_HASHES else None
+
+
 def _tp_rank(vllm_config: VllmConfig) -> int:
     """This worker's tensor-parallel rank: its rank in vLLM's TP group, or, before the groups exist (tests), the
     one vLLM derives from the worker's global rank (the layout order is DP x PP x TP)."""
@@ -295,7 +307,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if is_sched:
-            self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters, stages=self.stages)
+            self._sched = SchedulerSide(self.config, self.spec, self.link, self.counters, stages=self.stages,
+                                        key_memo=_key_memo(vllm_config, self.groups))
         else:
             self._worker = WorkerSide(self.config, self.spec, self.link, self.counters, group_specs=own,
                                       group_layers=[g.layer_names for g in self.groups])
