@@ -152,8 +152,9 @@ class Saves:
     def _parts(self, job: SaveJob) -> list[tuple[int, SaveJob]]:
         """(group, a job of one group's complete keys, at most max_batch_keys of them) pairs."""
         n, g = self._batch_keys(), self.spec.blocks_per_key
-        if len(job.block_ids) == 1 and 0 < len(job.keys) <= n:  # the usual step: the job itself, when every block
-            ids = job.block_ids[0]                                # is there (58 -> ~2 us on vLLM's thread a step)
+        # the usual step, one group with every block there, is the job itself (58 -> 6 us on vLLM's thread)
+        if len(job.block_ids) == 1 and 0 < len(job.keys) <= n:
+            ids = job.block_ids[0]
             if len(ids) == len(job.keys) * g and min(ids) >= 0:
                 return [(0, job)]
         out = []

@@ -1,6 +1,7 @@
 """Scheduler side of the connector: metadata only, no bytes.
 
-Per request it keeps the chained keys of its full stored blocks (`KeyChain`), its vLLM block table, how many
+Per request it keeps the chained keys of its full stored blocks (`KeyChain`; a new request's keys of a prefix
+vLLM has hashed already come from the key memo, connector/key_memo.py), its vLLM block table, how many
 stored blocks the store already has (from the lookup) and how many it has asked the worker to save. Each
 step it turns that into a `StepPlan`:
 
@@ -426,8 +427,7 @@ class SchedulerSide:
         queues its hints (connector/hints.py)."""
         st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
-        root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=_mm_hashes(request))
-        self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], root)
+        self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], st.root)
         return False
 
     def take_stored(self) -> list[StoredRecord]:

@@ -166,9 +166,14 @@ static int helpers_elsewhere(pthread_attr_t *attr, int *threads) {
 #endif
 }
 
-PyObject *kvc_threads_for(int threads, uint64_t total) {
+/* The threads asked for, at most one per min_share bytes, at least one. */
+static int threads_by_size(int threads, uint64_t total) {
     uint64_t cap = total / min_share;
-    int T = (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
+    return (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
+}
+
+PyObject *kvc_threads_for(int threads, uint64_t total) {
+    int T = threads_by_size(threads, total);
     pthread_attr_t attr;
     PyObject *cpus = PyList_New(0);
     if (!cpus) return NULL;
@@ -201,8 +206,7 @@ PyObject *kvc_threads_for(int threads, uint64_t total) {
 static void run_jobs(const job_t *jobs, size_t n, uint64_t total, int threads, int stream) {
     pthread_t tids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
-    uint64_t cap = total / min_share;
-    int T = (uint64_t)threads < cap ? threads : (int)(cap ? cap : 1);
+    int T = threads_by_size(threads, total);
     pthread_attr_t attr;
     int off_here = T > 1 && helpers_elsewhere(&attr, &T);
     uint64_t *starts = T > 1 ? malloc(sizeof(uint64_t) * n) : NULL;

@@ -29,8 +29,8 @@ from kvstore.errors import ConfigError, KVStoreError, StoreUnavailableError, err
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath.sockets import MAX_SPIN_US, FrameReader, recv_exact, set_kernel_timeouts
 
-__all__ = ["FastChannel", "FastConn", "decoded_reply", "UNENCODABLE", "request_arena", "request_key_index", "spin_us_from_env", "quiet_thread", "DEFAULT_SPIN_US",
-           "MAX_SPIN_US"]
+__all__ = ["FastChannel", "FastConn", "decoded_reply", "UNENCODABLE", "request_arena", "request_key_index",
+           "spin_us_from_env", "quiet_thread", "DEFAULT_SPIN_US", "MAX_SPIN_US"]
 
 _T = TypeVar("_T")
 # what encoding a caller's request can raise (a key over 255 bytes, a namespace that is not a string, ...):
@@ -44,8 +44,8 @@ def quiet_thread() -> None:
     """Mark the calling thread as one nobody waits on (a connector's commit thread, background releases): its
     calls sleep in recv at once instead of polling for the reply, on any connection. Why: such a thread runs
     while another thread of the process copies on every core, and polling takes a core from that copy
-    (bench.connector --chunk 512, 2 cores: the commit thread's Store used ~225 us of CPU a step polling and ~85 us
-    sleeping, and the saves ran at 0.84 vs 0.85 of the copy limit, three runs each, alternating)."""
+    (bench.connector --chunk 512, 2 cores: the commit thread's Store used ~225 us of CPU a step polling, ~85 us
+    sleeping, and the saves ran at 0.835-0.847 of the copy limit polling, 0.851-0.857 sleeping, alternating)."""
     _thread_mode.quiet = True
 
 
