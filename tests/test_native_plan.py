@@ -80,8 +80,10 @@ def test_mismatched_arguments_are_refused_with_their_counts() -> None:
         plan_pieces(slots, blocks, 2, pieces, 100, 10, True, _outputs(16))
     with pytest.raises(ValueError, match="piece arrays of unequal length"):
         plan_pieces(slots, blocks, 1, (*pieces[:3], pieces[3][:3]), 100, 10, True, _outputs(8))
-    with pytest.raises(ValueError, match="outputs of 7, 7 and 7 entries for up to 8 pieces"):
+    with pytest.raises(ValueError, match="outputs of 7, 7 and 7 entries for 2 blocks of 4 pieces"):
         plan_pieces(slots, blocks, 1, pieces, 100, 10, True, _outputs(7))
+    with pytest.raises(ValueError, match="2 block ids for 2 slots of 4611686018427387905 blocks each"):
+        plan_pieces(slots, blocks, 2**62 + 1, pieces, 100, 10, True, _outputs(8))  # 2 x that wraps to 2
     with pytest.raises(TypeError, match="blocks must be a 1-D array of int64"):
         plan_pieces(slots, blocks.astype(np.uint64), 1, pieces, 100, 10, True, _outputs(8))
     with pytest.raises(TypeError, match="slots must be a 1-D array of uint64"):

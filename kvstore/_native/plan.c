@@ -52,7 +52,8 @@ PyObject *kvc_plan_pieces(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     if (got < NARGS) goto done;
     Py_ssize_t n = v[SLOTS].shape[0], pieces = v[BASE].shape[0], cap = v[DST].shape[0];
-    if (per_slot < 1 || v[BLOCKS].shape[0] != n * per_slot) {
+    /* products compared by division: no argument can make them wrap */
+    if (per_slot < 1 || v[BLOCKS].shape[0] / per_slot != n || v[BLOCKS].shape[0] % per_slot) {
         PyErr_Format(PyExc_ValueError, "plan_pieces: %zd block ids for %zd slots of %zd blocks each",
                      v[BLOCKS].shape[0], n, per_slot);
         goto done;
@@ -62,9 +63,9 @@ PyObject *kvc_plan_pieces(PyObject *self, PyObject *args) {
                      v[STRIDE].shape[0], v[OFFSET].shape[0], v[BYTES].shape[0]);
         goto done;
     }
-    if (v[SRC].shape[0] != cap || v[LEN].shape[0] != cap || cap < n * per_slot * pieces) {
-        PyErr_Format(PyExc_ValueError, "plan_pieces: outputs of %zd, %zd and %zd entries for up to %zd pieces", cap,
-                     v[SRC].shape[0], v[LEN].shape[0], n * per_slot * pieces);
+    if (v[SRC].shape[0] != cap || v[LEN].shape[0] != cap || (pieces && v[BLOCKS].shape[0] > cap / pieces)) {
+        PyErr_Format(PyExc_ValueError, "plan_pieces: outputs of %zd, %zd and %zd entries for %zd blocks of %zd "
+                     "pieces", cap, v[SRC].shape[0], v[LEN].shape[0], v[BLOCKS].shape[0], pieces);
         goto done;
     }
     const int64_t *blocks = v[BLOCKS].buf;
