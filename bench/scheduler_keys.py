@@ -34,7 +34,7 @@ from connector.link import StoreLink
 from connector.namespace import KVLayoutSpec
 from connector.scheduler import SchedulerSide
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "block_hash_chain"]
 
 BLOCK = 16  # vLLM's default GPU block size
 
@@ -52,6 +52,16 @@ class Turn:
         return self.prompt_token_ids
 
 
+def block_hash_chain(tokens: Sequence[int], block: int = BLOCK, salt: str = "") -> list[bytes]:
+    """Block hashes of vLLM's shape without vLLM: SHA-256 chained over blocks of `block` tokens (`salt` in the
+    first, as vLLM puts a cache_salt), each naming the whole prefix up to its block's end."""
+    out, prev = [], salt.encode()
+    for i in range(len(tokens) // block):
+        prev = hashlib.sha256(prev + repr(list(tokens[i * block:(i + 1) * block])).encode()).digest()
+        out.append(prev)
+    return out
+
+
 def _hasher() -> tuple[Callable[[list[int]], list[Any]], str]:
     """vLLM's block hasher where vLLM is importable, else a SHA-256 chain of the same shape."""
     try:
@@ -60,13 +70,7 @@ def _hasher() -> tuple[Callable[[list[int]], list[Any]], str]:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.request import Request
     except ImportError:
-        def chain(tokens: list[int]) -> list[Any]:
-            out, prev = [], b""
-            for i in range(len(tokens) // BLOCK):
-                prev = hashlib.sha256(prev + repr(tokens[i * BLOCK:(i + 1) * BLOCK]).encode()).digest()
-                out.append(prev)
-            return out
-        return chain, "a SHA-256 chain of vLLM's shape (vLLM not importable here)"
+        return block_hash_chain, "a SHA-256 chain of vLLM's shape (vLLM not importable here)"
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
 

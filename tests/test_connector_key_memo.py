@@ -5,11 +5,11 @@ the KV block size); tests/vllm_sched/test_vllm_scheduler_key_memo.py runs the sa
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import pytest
 
+from bench.scheduler_keys import block_hash_chain
 from connector.config import ConnectorConfig
 from connector.key_memo import KeyMemo
 from connector.keys import KeyChain, chain_root
@@ -17,15 +17,6 @@ from connector.link import StoreLink
 from connector.scheduler import SchedulerSide
 from tests.connector_helpers import BS, SPEC, T, prompt_tokens
 from tests.key_hashes import count_key_hashes
-
-
-def block_hashes(tokens: list[int], block: int = BS, salt: str = "") -> list[bytes]:
-    """A chain of SHA-256 over blocks of `block` tokens, as vLLM hashes a request for its prefix cache."""
-    out, prev = [], salt.encode()
-    for i in range(len(tokens) // block):
-        prev = hashlib.sha256(prev + repr(tokens[i * block:(i + 1) * block]).encode()).digest()
-        out.append(prev)
-    return out
 
 
 @dataclass
@@ -45,7 +36,7 @@ class HashedReq:
 
     @property
     def block_hashes(self) -> list[bytes]:
-        return block_hashes(self.prompt_token_ids, self.block, self.cache_salt or "")
+        return block_hash_chain(self.prompt_token_ids, self.block, self.cache_salt or "")
 
 
 def side(memo: KeyMemo | None) -> SchedulerSide:
