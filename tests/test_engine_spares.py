@@ -77,6 +77,7 @@ def test_a_refused_store_changes_nothing() -> None:
     _, theirs = r.engine.spare(B, SLOT, 1)
     cases = {
         "not a spare slot of this connection": (A, [b"x"], [SLOT], theirs),
+        f"offset {theirs[0]} is not a spare slot": (A, [b"x", b"y"], [SLOT, SLOT], [mine[0], theirs[0]]),
         "named twice": (A, [b"x", b"y"], [SLOT, SLOT], [mine[0], mine[0]]),
         "does not fit the size class": (A, [b"x"], [SLOT // 2], mine[:1]),
         "1 slots for 2 blocks": (A, [b"x", b"y"], [SLOT, SLOT], mine[:1]),
@@ -92,6 +93,33 @@ def test_a_refused_store_changes_nothing() -> None:
     # a size over max_block_bytes: the engine's own size check, before any slot is looked at
     with pytest.raises(InvalidRequestError):
         r.engine.store(A, NS, [b"x"], [MiB + 1], mine[:1])
+
+
+def test_with_isolated_tenants_a_slot_binds_only_in_its_tenants_namespaces() -> None:
+    """A slot lives in the memory file of the tenant it was granted for: a Store of another tenant's namespace
+    naming it is refused whole (its bytes would sit in memory that tenant's clients map), its own tenant's
+    works."""
+    r = rig(isolate_tenants=True)
+    assert r.engine.register_namespace("t1/ns", tenant="t1") and r.engine.register_namespace("t2/ns", tenant="t2")
+    _, mine = r.engine.spare(A, SLOT, 2, "t1")
+    with pytest.raises(InvalidRequestError, match=f"spare slot {mine[0]} lives in another tenant's memory"):
+        r.engine.store(A, "t2/ns", [b"x", b"y"], [SLOT, SLOT], mine)
+    assert r.engine.exists("t2/ns", [b"x", b"y"]) == [False, False]
+    assert r.engine._spares.owned(A) == {off: SLOT for off in mine}
+    res = r.engine.store(A, "t1/ns", [b"x", b"y"], [SLOT, SLOT], mine)
+    assert res.stored == 2 and r.engine.exists("t1/ns", [b"x", b"y"]) == [True, True]
+
+
+def test_a_store_of_mixed_sizes_refills_each_class_in_its_own_slots() -> None:
+    """Blocks of two size classes in one Store: each used slot is refilled with a slot of its block's class."""
+    r = rig()
+    _, small = r.engine.spare(A, SLOT, 2)
+    r.engine._spares.grant(A, 2 * SLOT, 1, "")
+    big = [off for off, cls in r.engine._spares.owned(A).items() if cls == 2 * SLOT]
+    res = r.engine.store(A, NS, [b"s0", b"b0", b"s1"], [SLOT, 2 * SLOT, SLOT - 1], [small[0], big[0], small[1]])
+    assert res.stored == 3 and 0 not in res.refill
+    owned = r.engine._spares.owned(A)
+    assert [owned[off] for off in res.refill] == [SLOT, 2 * SLOT, SLOT] and len(owned) == 3
 
 
 def test_a_closed_connections_slots_wait_out_the_quarantine_then_free() -> None:

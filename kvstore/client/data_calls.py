@@ -60,8 +60,9 @@ class DataCalls:
                 s, p = stream_path.put(self._rpc, namespace, ks, vs)
                 stored, present = stored + s, present + p
                 continue
-            sizes = [memoryview(v).nbytes for v in vs]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
-            spared = self._control.store(namespace, ks, sizes, functools.partial(self._spare_writer, values=vs),
+            sizes = arena_path.nbytes_of(vs)
+            spared = self._control.store(namespace, ks, sizes,
+                                         functools.partial(self._spare_writer, values=vs, sizes=sizes),
                                          self._copy_threads)
             if spared is not None:  # copied into this connection's spare slots, stored with one request
                 outcomes, s = spared
@@ -94,16 +95,16 @@ class DataCalls:
             raise
 
     @contextlib.contextmanager
-    def _spare_writer(self, incarnation: int, offsets: list[int],
-                      values: Sequence[object]) -> Iterator[arena_path.SlotWriter | None]:
-        """A writer of `values` into spare slots of daemon `incarnation`'s arena, its mapping held meanwhile;
-        None when this client maps another one."""
+    def _spare_writer(self, incarnation: int, offsets: list[int], values: Sequence[object],
+                      sizes: Sequence[int] | None = None) -> Iterator[arena_path.SlotWriter | None]:
+        """A writer of `values` (of `sizes` bytes, when the caller has them) into spare slots of daemon `incarnation`'s arena, its mapping
+        held meanwhile; None when this client maps another one."""
         m = self.acquire_arena(incarnation)
         if m is None:
             yield None
             return
         with m:
-            yield arena_path.SlotWriter(m, offsets, values, self._copy_threads)
+            yield arena_path.SlotWriter(m, offsets, values, self._copy_threads, sizes)
 
     def _read(self, lease: Lease, buffers: Sequence[object] | None) -> list[Any]:
         """Copy a lease's hits out (into `buffers`, or as bytes); a hit of another incarnation is a miss."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Sequence
+from operator import itemgetter
 
 from kvstore.engine.config import EngineConfig
 from kvstore.engine.ram_space import RamSpace
@@ -77,9 +78,7 @@ class SpareSlots:
         out = self._ram.allocate_many(size, count, keep_set, tenant)
         if out is None:
             return cls, []
-        domain = self._domain(tenant)
-        for off in out:
-            owned[off] = (cls, domain)
+        owned.update(dict.fromkeys(out, (cls, self._domain(tenant))))
         self.bytes += count * cls
         self.slots += count
         return cls, out
@@ -93,6 +92,9 @@ class SpareSlots:
             raise InvalidRequestError("the same spare slot named twice in one Store")
         owned = self._owned.get(owner, {})
         domain = self._domain(tenant)
+        if sizes and sizes.count(sizes[0]) == len(sizes):  # one size (the usual put): C-level passes only
+            if list(map(owned.get, offsets)).count((self._ram.slot_bytes(sizes[0]), domain)) == len(offsets):
+                return
         classes: dict[int, int] = {}  # size -> slot bytes: a Store's blocks mostly share one size
         for off, size in zip(offsets, sizes):
             slot = owned.get(off)
@@ -111,10 +113,8 @@ class SpareSlots:
     def take(self, owner: int, offsets: Sequence[int]) -> None:
         """Slots that now hold committed entries: no longer spare (the entries free them as usual)."""
         owned = self._owned[owner]
-        for off in offsets:
-            cls, _ = owned.pop(off)
-            self.bytes -= cls
-            self.slots -= 1
+        self.bytes -= sum(map(itemgetter(0), map(owned.pop, offsets)))
+        self.slots -= len(offsets)
 
     def drop(self, owner: int, now: float) -> int:
         """The owner's connection closed: its slots wait out the quarantine, then are freed; how many."""

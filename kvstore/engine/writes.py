@@ -96,18 +96,25 @@ class Writes:
             self._bind_after_reply(ns, keys, sizes, offsets, todo)
         else:
             keep = present.union(self._bind(ns, keys, sizes, offsets, todo))
-        by_size: dict[int, list[int]] = {}
-        for i in todo:
-            by_size.setdefault(sizes[i], []).append(i)
-        by_class: dict[int, list[int]] = {}
-        for size, group in by_size.items():  # in order within a class unless its blocks differ in size
-            by_class.setdefault(self._ram.slot_bytes(size), []).extend(group)
-        for group in by_class.values():  # one grant a size class; one a slot only when that is refused
+        for group in self._by_class(sizes, todo):  # one grant a size class; one a slot only when that is refused
             got = self._spares.grant(owner, sizes[group[0]], len(group), ns.tenant, keep)[1]
             for j, i in enumerate(group):
                 one = got[j:j + 1] if got else self._spares.grant(owner, sizes[i], 1, ns.tenant, keep)[1]
                 refill[i] = one[0] if one else 0
         return StoreResult(outcomes, len(todo), refill)
+
+    def _by_class(self, sizes: Sequence[int], todo: list[int]) -> list[list[int]]:
+        """The indices in `todo` grouped by the size class of their blocks, in order within a class unless its
+        blocks differ in size."""
+        if sizes.count(sizes[0]) == len(sizes):  # one size: the usual put
+            return [todo]
+        by_size: dict[int, list[int]] = {}
+        for i in todo:
+            by_size.setdefault(sizes[i], []).append(i)
+        by_class: dict[int, list[int]] = {}
+        for size, group in by_size.items():
+            by_class.setdefault(self._ram.slot_bytes(size), []).extend(group)
+        return list(by_class.values())
 
     def _bind_after_reply(self, ns: Namespace, keys: Sequence[bytes], sizes: Sequence[int], offsets: Sequence[int],
                           todo: list[int]) -> None:

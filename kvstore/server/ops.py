@@ -61,7 +61,8 @@ class ControlOps:
         commit."""
         self.guard.namespace(namespace)
         r = self.engine.store(owner, namespace, keys, sizes, offsets, settle_later)
-        self.windows.unwindowed("in", sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED))
+        self.windows.unwindowed("in", sum(sizes) if r.stored == len(sizes) else
+                                sum(s for s, o in zip(sizes, r.outcomes) if o == ReserveOutcome.RESERVED))
         return r
 
     def drop_spares(self, owner: int) -> int:
