@@ -373,3 +373,22 @@ def test_module_map_is_true(pkg: Path) -> None:
     stale = sorted(set(re.findall(r"(?<![\w/.])(\w+\.py)\b", doc)) - modules - {"__init__.py"})
     problems = ([f"does not name {missing}"] if missing else []) + ([f"names {stale}, not in {rel}/"] if stale else [])
     assert not problems, f"{rel}/__init__.py's docstring " + "; ".join(problems)
+
+
+def test_the_vllm_examples_kv_transfer_config_is_valid() -> None:
+    """The `vllm serve ... --kv-transfer-config '{...}'` examples of the README and docs/connector.md parse as
+    JSON, name the connector's class and module, and their extra config passes the connector's own check (a
+    user copies these lines as they are)."""
+    import json
+
+    from connector.config import ConnectorConfig
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "connector.md"):
+        found = re.findall(r"--kv-transfer-config '(\{.*?\})'", page.read_text(), re.S)
+        assert len(found) == 1, f"{page.name}: {len(found)} --kv-transfer-config examples"
+        cfg = json.loads(found[0])
+        source = (ROOT / (cfg["kv_connector_module_path"].replace(".", "/") + ".py")).read_text()  # imports vllm
+        assert cfg["kv_connector"] == "KVStoreConnector" and "\nclass KVStoreConnector(" in source, cfg
+        assert cfg["kv_role"] == "kv_both" and cfg["kv_load_failure_policy"] == "recompute", cfg
+        parsed = ConnectorConfig.from_extra(cfg["kv_connector_extra_config"])
+        assert parsed.address == "/tmp/kvstore-0/kvstore.sock", parsed
