@@ -97,8 +97,8 @@ class DataCalls:
     @contextlib.contextmanager
     def _spare_writer(self, incarnation: int, offsets: list[int], values: Sequence[object],
                       sizes: Sequence[int] | None = None) -> Iterator[arena_path.SlotWriter | None]:
-        """A writer of `values` (of `sizes` bytes, when the caller has them) into spare slots of daemon `incarnation`'s arena, its mapping
-        held meanwhile; None when this client maps another one."""
+        """A writer of `values` (of `sizes` bytes, when the caller has them) into spare slots of daemon
+        `incarnation`'s arena, its mapping held meanwhile; None when this client maps another one."""
         m = self.acquire_arena(incarnation)
         if m is None:
             yield None
