@@ -30,7 +30,7 @@ def nbytes_of(values: Sequence[object]) -> list[int]:
     return [v.nbytes if type(v) is np.ndarray else memoryview(v).nbytes for v in values]  # type: ignore[arg-type]  # any buffer; 3.11 has no Buffer type
 
 
-def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+def _check_slots(m: ArenaMap, offsets: Sequence[int], sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     """An offset outside the mapping would be a wild write: refuse it rather than trust the wire. The offsets as
     uint64 (what the copy's addresses are made from), checked in one C call (ArenaLayout.first_outside)."""
     try:
@@ -66,9 +66,9 @@ class SlotWriter:
                  lengths: Sequence[int] | None = None) -> None:
         """`lengths`: nbytes_of(values) when the caller has it already."""
         self._values = list(values)  # held (with their buffers exported during each copy) until the copy is done
-        lengths = nbytes_of(self._values) if lengths is None else lengths
-        self._dst = _check_slots(m, offsets, lengths) + np.uint64(m.address)  # inside the mapping: no wrap
-        self._lengths = np.asarray(lengths, dtype=np.uint64)
+        # buffer sizes fit uint64, and the check takes the array as it is: one conversion, not two
+        self._lengths = np.asarray(nbytes_of(self._values) if lengths is None else lengths, dtype=np.uint64)
+        self._dst = _check_slots(m, offsets, self._lengths) + np.uint64(m.address)  # inside the mapping: no wrap
         self._threads = threads
 
     def check(self) -> None:
