@@ -22,4 +22,5 @@
     prom.py            those counters on vLLM's Prometheus /metrics: stable names, labels from closed vocabularies
     misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread
     probe.py           the scheduler's lookup of a prefix across every shard (stages, TP ranks, groups) at once
+    tails.py           partial last blocks: stored when a request finishes, offered to a request that continues them
 """

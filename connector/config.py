@@ -10,6 +10,10 @@ Keys (all optional)::
                        socket, /tmp/kvstore-$UID/kvstore.sock)
     save               "prompt" (default: full blocks of the prompt), "all" (also generated tokens), "off"
     load               true (default) / false: offer stored prefixes to the scheduler
+    tails              true (default) / false: also store a finished request's partial last block and offer it
+                       to a request that continues those tokens (an agent's next turn then recomputes nothing
+                       of its context; connector/tails.py). Where one stored block is one vLLM block and the
+                       model has one KV cache group; a tail loads synchronously (in RAM, or load_mode "sync")
     load_mode          "auto" (default): a hit held in this node's RAM loads synchronously, in the step that
                        schedules the request (a memcpy of its blocks before the forward); a hit on disk or on
                        a peer loads asynchronously (the request waits in WAITING_FOR_REMOTE_KVS while it is
@@ -75,6 +79,7 @@ class ConnectorConfig:
     address: str | None = None
     save: str = "prompt"
     load: bool = True
+    tails: bool = True
     load_mode: str = "auto"
     lookup_timeout_s: float = 1.0
     load_timeout_s: float = 10.0
@@ -113,8 +118,9 @@ class ConnectorConfig:
                 raise ConfigError(f"kv_connector_extra_config.window_save={extra['window_save']!r}: use one of "
                                   f"{WINDOW_SAVES}")
             kw["window_save"] = extra["window_save"]
-        if "load" in extra:
-            kw["load"] = _bool("load", extra["load"])
+        for name in ("load", "tails"):
+            if name in extra:
+                kw[name] = _bool(name, extra[name])
         if "load_mode" in extra:
             if extra["load_mode"] not in LOAD_MODES:
                 raise ConfigError(f"kv_connector_extra_config.load_mode={extra['load_mode']!r}: use one of "

@@ -7,7 +7,11 @@ built on them never hit across restarts or across two vLLM instances. Ours are d
     key_i = xxh3_128(key_{i-1} + int64 tokens of chunk i, seed)
 
 A key therefore names the whole prefix up to the end of its chunk, which is what makes a prefix Lookup
-meaningful. Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
+meaningful. A partial last chunk (a request's tail, connector/tails.py) has a key of its own:
+
+    tail  = xxh3_128(b"\x00tail" + key_{i-1} + int64 tokens of the tail, seed)
+
+(5 + 16 + 8t bytes hashed, never the 16 + 8T of a full chunk's key, so the two kinds cannot meet). Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
 a different image changes every key of the request, including ones before it — but never wrong.
 The cache_salt is not hashed here: it selects the namespace (see connector/namespace.py).
 """
@@ -20,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["KeyChain", "chain_root"]
+__all__ = ["KeyChain", "chain_root", "tail_keys"]
 
 _DOMAIN = b"kvstore/v1"
 
@@ -73,6 +77,23 @@ class KeyChain:
                 keys.append(prev)
             self._prev = prev
         return self.keys
+
+
+def tail_keys(parent: bytes, tokens: Sequence[int], seed: int) -> list[bytes]:
+    """The tail keys of every prefix of ``tokens`` after the chain key ``parent`` (the root for a tail in the
+    first chunk): element t-1 names the first t tokens. One streaming hash, a digest per token: a lookup asks
+    for every length at once, since it cannot know where the last request's context ended."""
+    h = xxhash.xxh3_128(seed=seed)
+    h.update(_TAIL + parent)
+    buf = _int64_bytes(tokens)
+    out = []
+    for off in range(0, len(buf), 8):
+        h.update(buf[off:off + 8])
+        out.append(h.digest())
+    return out
+
+
+_TAIL = b"\x00tail"
 
 
 def _int64_bytes(tokens: Sequence[int]) -> bytes:

@@ -32,12 +32,15 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class SaveJob:
-    """Store vLLM blocks ``block_ids`` under ``keys`` (keys already present are skipped by the daemon)."""
+    """Store vLLM blocks ``block_ids`` under ``keys`` (keys already present are skipped by the daemon).
+    ``release``: a finished request's partial last block (connector/tails.py): vLLM holds the request's blocks
+    until the worker reports it sent, which it does once it has gathered them, whatever the save's fate."""
 
     req_id: str
     cache_salt: str | None  # the worker derives its own rank's namespace from it
     keys: list[bytes]
     block_ids: list[list[int]]  # per KV cache group
+    release: bool = False
 
 
 @dataclass

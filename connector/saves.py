@@ -69,6 +69,7 @@ class Saves:
         def _copier_for(self, m: ArenaMap) -> Copier: ...
         def _blocks(self, block_ids: list[int]) -> np.ndarray: ...
         def group_key_bytes(self, group: int) -> int: ...
+        def _released(self, req_id: str) -> None: ...
 
     def save(self, jobs: list[SaveJob]) -> None:
         """Gather now (the KV of this step exists now), store in the background (module docstring). A job with
@@ -77,23 +78,31 @@ class Saves:
         parts that reserve are reserved together, pipelined (Client.reserve_many: one round trip on vLLM's
         thread for every group of a hybrid model, not one per group)."""
         for job in jobs:
-            parts = self._parts(job)
-            t0 = time.perf_counter()
-            banked = [self._take(group, part) for group, part in parts]
             try:
-                reserved = iter(self._reserve([p for p, b in zip(parts, banked) if b is None]))
+                self._save_job(job)
+            finally:
+                if job.release:  # a finished request's tail (connector/tails.py): gathered or failed, vLLM may
+                    self._released(job.req_id)  # free its blocks now
+
+    def _save_job(self, job: SaveJob) -> None:
+        """One job's parts: spare slots where the bank has them, else one pipelined Reserve for the rest."""
+        parts = self._parts(job)
+        t0 = time.perf_counter()
+        banked = [self._take(group, part) for group, part in parts]
+        try:
+            reserved = iter(self._reserve([p for p, b in zip(parts, banked) if b is None]))
+        except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
+            log.exception("kvstore save for request %s failed", job.req_id)
+            reserved = iter([None] * len(parts))  # each such part counts its failure (_save_one)
+        for (group, part), bank in zip(parts, banked):
+            try:
+                if bank is None:
+                    self._save_one(group, part, next(reserved), t0)
+                else:
+                    self._save_banked(group, part, *bank, t0)
             except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
-                log.exception("kvstore save for request %s failed", job.req_id)
-                reserved = iter([None] * len(parts))  # each such part counts its failure (_save_one)
-            for (group, part), bank in zip(parts, banked):
-                try:
-                    if bank is None:
-                        self._save_one(group, part, next(reserved), t0)
-                    else:
-                        self._save_banked(group, part, *bank, t0)
-                except Exception:  # noqa: BLE001 - a failed save is a future miss, never a failed request
-                    log.exception("kvstore save for request %s failed", part.req_id)
-                    self.counters.add(save_failures=1)
+                log.exception("kvstore save for request %s failed", part.req_id)
+                self.counters.add(save_failures=1)
 
     # -- through spare slots -----------------------------------------------------------------------------
     def _take(self, group: int, part: SaveJob) -> tuple[SlotBank, Taken] | None:

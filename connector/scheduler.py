@@ -23,7 +23,14 @@ step it turns that into a `StepPlan`:
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
-  gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending.
+  gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending. The
+  exception: with save "all", a request that stopped before max_tokens (EOS, a stop string) has its partial
+  last block saved now (connector/tails.py), and vLLM keeps its blocks until the worker has gathered that
+  block, in the next step.
+- tails (connector/tails.py): a lookup also asks for the longest stored partial block after its hit keys; the
+  hit then ends inside a block, and the load copies that block too. A request's final partial block is saved
+  in the step that writes the last of its KV where that step is known (the prompt's last token; with "all",
+  the step that samples token max_tokens).
 - misses (connector/misses.py): a request the store does not fully serve counts one cause, once: the lookup's
   (store down, a failed call, stream mode, or the daemon's reason for the first missing key, asked off this
   thread), else a failed load's.
@@ -64,6 +71,7 @@ from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.probe import ShardProbe
 from connector.stats import ConnectorCounters
+from connector.tails import Tail, find_tail, finished_tail
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
@@ -97,6 +105,8 @@ class _ReqState:
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
     lookup_in_ram: bool = False  # the remembered lookup's hits are all in this node's RAM
+    lookup_tail: Tail | None = None  # the remembered lookup's partial last block (connector/tails.py)
+    tail_saved: bool = False    # its final partial last block is saved (or asked for)
     missed: bool = False        # a miss cause is counted (or being explained) for this request
     sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
     #                             reach update_connector_output after the step it ran in, which with async
@@ -152,6 +162,9 @@ class SchedulerSide:
                         self.num_groups)
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
+        # partial last blocks (connector/tails.py): where a stored block is one vLLM block, one KV cache group
+        self.tails = config.tails and self.num_groups == 1 and self.blocks_per_key == 1
+        self._tail_saves: list[SaveJob] = []
         self._stored: list[StoredRecord] = []
         self._stream_logged = False
         self.misses = MissExplainer(link, self.counters)
@@ -222,9 +235,29 @@ class SchedulerSide:
                 self._missed(st, miss or UNEXPLAINED)
             st.lookup_keys = n
             st.stored_keys = max(st.stored_keys, n)
-        hit_tokens = st.lookup_keys * self.tokens_per_key
+            st.lookup_tail = self._find_tail(st, prompt, n)
+        tail = st.lookup_tail.tokens if st.lookup_tail is not None else 0
+        hit_tokens = st.lookup_keys * self.tokens_per_key + tail
         extra = hit_tokens - num_computed_tokens
         return (extra, not self._sync(st)) if extra > 0 else (0, False)
+
+    def _find_tail(self, st: _ReqState, prompt: Sequence[int], full: int) -> Tail | None:
+        """The longest stored partial block after the prompt's ``full`` hit keys (an agent's next turn: the
+        previous turn's context ended inside the block its new tokens fill), for a synchronous load only
+        (vLLM rounds an asynchronous hit down to whole blocks): in this node's RAM, or anywhere with load_mode
+        "sync"."""
+        mode = self.config.load_mode
+        if not self.tails or mode == "async" or (mode == "auto" and not st.lookup_in_ram):
+            return None
+        t, chain = self.tokens_per_key, st.chain.keys
+        start = full * t
+        fills = full == (len(prompt) - 1) // t and len(chain) > full  # the prompt fills the block after the hit
+        whole = chain[full] if fills else None
+        tail = find_tail(self.link, st.namespaces, chain[full - 1] if full else st.root, prompt[start:start + t - 1],
+                         full, len(prompt) - 1 - start, self.config.key_seed, ram_only=mode == "auto", whole=whole)
+        if tail is not None:
+            self.counters.add(tail_hit_tokens=tail.tokens, served_tokens_ram=tail.tokens)
+        return tail
 
     def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:
         """The request's prompt tokens by where they would come from: vLLM's own prefix cache first, then the
@@ -278,15 +311,18 @@ class SchedulerSide:
         st = self._state(request)
         if num_external_tokens <= 0:
             return
+        tail, st.lookup_tail = st.lookup_tail, None
         st.lookup_keys = None  # used: if this load fails and vLLM asks again, look again
         t = self.tokens_per_key
         local = st.local_tokens
         end = local + num_external_tokens
         first_key = local // t
-        # Our hits end on a key boundary; were one cut inside a key, its whole key is loaded and vLLM
-        # recomputes (overwrites) the positions past ``end``.
+        # Our hits end on a key boundary or inside a stored tail (connector/tails.py); were one cut inside a
+        # key, its whole key is loaded and vLLM recomputes (overwrites) the positions past ``end``.
         last_key = -(-end // t)
         keys = self._extend(st, request.prompt_token_ids or [])[first_key:last_key]
+        if tail is not None and end == tail.full * t + tail.tokens and first_key <= tail.full:
+            keys = keys[:tail.full - first_key] + [tail.key]  # the tail's block holds the partial key's tokens
         allocated = min((len(b) for b in block_ids), default=0)
         if len(keys) != last_key - first_key or allocated < -(-end // self.spec.block_size):
             log.error("request %s: vLLM expects %d tokens from the store after %d of its own, beyond the %d keys "
@@ -351,8 +387,8 @@ class SchedulerSide:
 
     # -- per step ----------------------------------------------------------------------------------------
     def build(self, scheduled: Iterable[ScheduledRequest], finished_req_ids: Iterable[str] = ()) -> StepPlan:
-        plan = StepPlan(loads=self._loads)
-        self._loads = []
+        plan = StepPlan(loads=self._loads, saves=self._tail_saves)
+        self._loads, self._tail_saves = [], []
         for s in scheduled:
             st = self._reqs.get(s.req_id)
             if st is None:
@@ -371,6 +407,9 @@ class SchedulerSide:
             job = self._save_job(st, s.num_scheduled_tokens, s.is_full_table and s.block_ids is not None)
             if job is not None:
                 plan.saves.append(job)
+            tail = self._final_tail(st, s.num_scheduled_tokens)
+            if tail is not None:
+                plan.saves.append(tail)
         for rid in finished_req_ids:
             self._reqs.pop(rid, None)
         return plan
@@ -422,13 +461,63 @@ class SchedulerSide:
                 blocks[(k - first) * g:(k - first + 1) * g] = [-1] * g
         return blocks
 
-    def request_finished(self, request: Any) -> bool:
-        """Whether vLLM must keep the request's blocks (never: see the module docstring); drops its state and
-        queues its hints (connector/hints.py)."""
+    def request_finished(self, request: Any, block_ids: Sequence[int] | None = None) -> bool:
+        """Whether vLLM must keep the request's blocks: only while a partial last block that could not be saved
+        in its last step waits for the worker's gather (connector/tails.py; ``block_ids``: vLLM's blocks of its
+        computed tokens, group 0). Drops its state and queues its hints (connector/hints.py)."""
         st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
         self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], st.root)
-        return False
+        if not self.tails or st.tail_saved or self.config.save != "all" or st.loading is not None:
+            return False  # saved already, or its tail is the prompt's (saved with its last token or never)
+        req = st.request
+        # the tokens whose KV a forward has written (with async scheduling, the next step's may be scheduled)
+        written = req.num_computed_tokens - (getattr(req, "num_in_flight_tokens", 0) or 0)
+        table = list(block_ids) if block_ids is not None else (st.block_ids[0] if st.block_ids else [])
+        job = self._tail_job(st, req.all_token_ids or [], written, table, release=True)
+        if job is None:
+            return False
+        self._tail_saves.append(job)
+        return True
+
+    def _final_tail(self, st: _ReqState, num_scheduled_tokens: int) -> SaveJob | None:
+        """The request's partial last block, saved in the step whose forward writes the last of its KV, so vLLM
+        need not hold its blocks after it finishes: with save "prompt", the step that computes the prompt's last
+        token; with "all", the step that samples the request's last token (max_tokens: a request that stops
+        sooner, on EOS or a stop string, has its tail saved after it finishes, request_finished)."""
+        if not self.tails or st.tail_saved or self.config.save == "off":
+            return None
+        req = st.request
+        prompt = req.prompt_token_ids or []
+        computed = req.num_computed_tokens + num_scheduled_tokens
+        if self.config.save == "prompt":
+            if computed < len(prompt):
+                return None
+            st.tail_saved = True  # its only tail, saved or not
+            return self._tail_job(st, prompt, len(prompt), st.block_ids[0] if st.block_ids else [], release=False)
+        max_tokens = getattr(req, "max_tokens", None)
+        if not isinstance(max_tokens, int) or computed < len(prompt) + max_tokens - 1:
+            return None
+        st.tail_saved = True
+        return self._tail_job(st, req.all_token_ids or [], computed, st.block_ids[0] if st.block_ids else [],
+                              release=False)
+
+    def _tail_job(self, st: _ReqState, tokens: Sequence[int], computed: int, table: list[int], *,
+                  release: bool) -> SaveJob | None:
+        """The save of the partial block after the full keys of ``tokens[:computed]`` (KV written), from its
+        block in ``table``; None where there is none, its block is unknown, or a full key before it is not
+        stored."""
+        t = self.tokens_per_key
+        full = min(computed, len(tokens)) // t
+        if full >= len(table) or table[full] < 0:
+            return None
+        keys = self._extend(st, tokens[:full * t])
+        tail = finished_tail(keys[full - 1] if full else st.root, tokens, computed, t, st.stored_keys,
+                             self.config.key_seed)
+        if tail is None:
+            return None
+        self.counters.add(tail_saves=1)
+        return SaveJob(st.request.request_id, st.salt, [tail.key], [[table[full]]], release=release)
 
     def take_stored(self) -> list[StoredRecord]:
         """Save records since the last call (vLLM's take_events)."""

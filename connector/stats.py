@@ -33,6 +33,8 @@ COUNTER_NAMES = (
     "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window
     # where the looked-up prompt tokens would come from: vLLM's own prefix cache, then the store's tiers
     "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
+    "tail_hit_tokens",        # of the served tokens, those of partial last blocks (connector/tails.py)
+    "tail_saves",             # partial last blocks the scheduler side asked the worker to store
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
     # wall time vLLM's threads spent inside the connector's hooks (`timed`): its direct cost on the step's path

@@ -349,14 +349,14 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     @timed("scheduler_hook_seconds")
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
-        return self._sched.request_finished(request), None
+        return self._sched.request_finished(request, block_ids), None
 
     @timed("scheduler_hook_seconds")
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         """SupportsHMA's request_finished (vLLM calls this one for a connector that supports HMA)."""
         assert self._sched is not None
-        return self._sched.request_finished(request), None
+        return self._sched.request_finished(request, block_ids[0] if len(block_ids) == 1 else None), None
 
     @timed("scheduler_hook_seconds")
     def take_events(self) -> Iterable[KVCacheEvent]:

@@ -15,10 +15,12 @@ mid-copy means those bytes may be stale), Release. Anything that goes wrong — 
 down, a key evicted since the scheduler's lookup, a lease lost, a wrong block size — marks that job's
 vLLM blocks as failed: vLLM (kv_load_failure_policy="recompute") recomputes them instead of failing.
 
-get_finished reports loads as received (failed ones too, as vLLM requires). It never reports sends: a save
-reads vLLM's blocks only during its gather, which is complete when wait_for_save returns (CPU) or ordered
-before any later kernel (CUDA), so vLLM may free a finished request's blocks at once; the Commit that follows
-touches only the arena. (Holding blocks until commits finish would also block reset_prefix_cache.)
+get_finished reports loads as received (failed ones too, as vLLM requires). A save reads vLLM's blocks only
+during its gather, which is complete when wait_for_save returns (CPU) or ordered before any later kernel
+(CUDA), so vLLM may free a finished request's blocks at once; the Commit that follows touches only the arena.
+(Holding blocks until commits finish would also block reset_prefix_cache.) The one send reported is a finished
+request's partial last block (connector/tails.py): vLLM held its blocks for that gather, and the request is
+reported sent in the step that gathered it (or failed to).
 
 KV cache groups (hybrid models, connector/groups.py): each group has its own layers, namespace and block table;
 every job carries one block list per group, and each group is loaded and saved on its own (its own Lookup lease,
@@ -77,6 +79,7 @@ class WorkerSide(Saves):
         self._recv_done: set[str] = set()
         self._failed_blocks: set[int] = set()
         self._failed_reqs: set[str] = set()  # asynchronous loads that failed, by request (several groups)
+        self._sent: set[str] = set()  # finished requests whose tail was gathered: vLLM may free their blocks
         self._futures: list[Future[Any]] = []
         self._disabled_reason = ""
 
@@ -231,9 +234,13 @@ class WorkerSide(Saves):
             c.release([lease])
 
     # -- completion --------------------------------------------------------------------------------------
+    def _released(self, req_id: str) -> None:
+        with self._lock:
+            self._sent.add(req_id)
+
     def finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        """(requests whose sends finished: always empty, see the module docstring; requests whose loads are
-        done, failed or not)."""
+        """(finished requests whose partial last block is gathered, see the module docstring; requests whose
+        loads are done, failed or not)."""
         sent, recv, _ = self.transfer_results(finished_req_ids)
         return sent, recv
 
@@ -245,8 +252,9 @@ class WorkerSide(Saves):
         with self._lock:
             recv, self._recv_done = self._recv_done, set()
             failed, self._failed_reqs = self._failed_reqs & recv, self._failed_reqs - recv
+            sent, self._sent = self._sent, set()
         self._futures = [f for f in self._futures if not f.done()]
-        return set(), recv, failed
+        return sent, recv, failed
 
     def load_errors(self) -> set[int]:
         with self._lock:

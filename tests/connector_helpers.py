@@ -44,6 +44,7 @@ class Req:
     num_computed_tokens: int = 0
     cache_salt: str | None = None
     output: list[int] = field(default_factory=list)
+    max_tokens: int | None = None  # vLLM's Request.max_tokens; None: the request stops on EOS (unpredicted)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -53,13 +54,14 @@ class Req:
 class Side:
     """One scheduler side and one worker side sharing a daemon, like vLLM's two processes."""
 
-    def __init__(self, address: str, caches: dict[str, torch.Tensor], **extra: object) -> None:
+    def __init__(self, address: str, caches: dict[str, torch.Tensor], spec: KVLayoutSpec = SPEC,
+                 **extra: object) -> None:
         # async unless a test asks: most tests follow a load through the report vLLM waits for
-        self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": 2, "load_mode": "async",
-                                                  **extra})
-        mk = lambda: StoreLink(address, timeout_s=5.0, namespace_spec=lambda _n: registration(SPEC))  # noqa: E731
-        self.sched = SchedulerSide(self.config, SPEC, mk())
-        self.worker = WorkerSide(self.config, SPEC, mk())
+        self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": spec.blocks_per_key,
+                                                  "load_mode": "async", **extra})
+        mk = lambda: StoreLink(address, timeout_s=5.0, namespace_spec=lambda _n: registration(spec))  # noqa: E731
+        self.sched = SchedulerSide(self.config, spec, mk())
+        self.worker = WorkerSide(self.config, spec, mk())
         self.worker.register(caches, NBLOCKS)
         self.caches = caches
 

@@ -60,7 +60,8 @@ async def _turns(url: str, params: list[dict[str, Any] | None]) -> tuple[list[li
 def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_path, capsys) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
-        spec = VllmSpec("hints", model, BLOCK, 2048, kvstore_connector(d.address, save="all", blocks_per_key=1),
+        spec = VllmSpec("hints", model, BLOCK, 2048, kvstore_connector(d.address, save="all", blocks_per_key=1,
+                                                      tails=False),
                         extra_args=["--enforce-eager"])
         proc = start_vllm(spec, str(tmp_path))
         ps.add(proc)

@@ -2,9 +2,10 @@
 session of three turns, each turn = the previous prompt + the tokens the model generated + a tool's output.
 
 vLLM's own prefix cache is reset before every turn, so every cached token came from the store. With
-save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: the full blocks of
-everything vLLM computed for the turn before (its prompt and all generated tokens but the last). A second
-server without the connector runs the same session: the greedy tokens of every turn must be equal.
+save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: everything vLLM
+computed for the turn before (its prompt and all generated tokens but the last), its full blocks and the partial
+one after them (connector/tails.py), loaded into a block the turn's own new tokens then fill. A second server
+without the connector runs the same session: the greedy tokens of every turn must be equal.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
             wait_vllm(p, s, timeout_s=600)
         got = asyncio.run(_session(specs[0].url, reset=True))
         # vLLM's stat logger records the step that finished the last turn after its response: wait for it
-        wait_until(lambda: _kvstore_metrics(specs[0].url).get(("vllm:kvstore_loaded_blocks_total", "")) == 4 + 6,
+        wait_until(lambda: _kvstore_metrics(specs[0].url).get(("vllm:kvstore_loaded_blocks_total", "")) == 5 + 7,
                    timeout_s=30.0, what="the connector's loaded blocks on /metrics")
         metrics = _kvstore_metrics(specs[0].url)
         want = asyncio.run(_session(specs[1].url, reset=False))
@@ -76,16 +77,19 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
     assert [g[0] for g in got] == prompts
     # computed before turn k: the previous prompt and all its generated tokens but the last
     computed = [0, prompts[0] + OUT - 1, prompts[1] + OUT - 1]
-    assert [g[1] for g in got] == [c // 64 * 64 for c in computed] == [0, 256, 384]
+    assert [g[1] for g in got] == computed == [0, 307, 415]   # 4 and 6 full blocks, then tails of 51 and 31
     assert [g[2] for g in got] == [w[2] for w in want]  # identical greedy tokens, turn by turn
-    # each hit is counted twice: by the scheduler's prefix probe and by the worker's leased Lookup (the load)
-    assert hit_keys == 2 * (4 + 6)
+    # each hit is counted twice: by the scheduler's probes (prefix, then tail) and by the worker's leased Lookup
+    assert hit_keys == 2 * (5 + 7)
     # stored: every full block vLLM computed over the session (turn 2's prompt + 7 generated: 523 -> 8 blocks)
-    assert blocks == (prompts[2] + OUT - 1) // 64
+    # and each turn's tail, saved in the step that sampled its last token
+    assert blocks == (prompts[2] + OUT - 1) // 64 + 3
     # vLLM's /metrics lists the connector's counters: every hit token came from the store's RAM
     served = {tier: metrics[("vllm:kvstore_served_tokens_total", tier)] for tier in ("ram", "disk", "peer")}
-    assert served == {"ram": 256 + 384, "disk": 0, "peer": 0}
-    assert metrics[("vllm:kvstore_hit_tokens_total", "")] == 256 + 384
+    assert served == {"ram": 307 + 415, "disk": 0, "peer": 0}
+    assert metrics[("vllm:kvstore_hit_tokens_total", "")] == 256 + 384              # full blocks
+    assert (metrics[("vllm:kvstore_tail_hit_tokens_total", "")], metrics[("vllm:kvstore_tail_saves_total", "")]) == (
+        51 + 31, 3)
     assert ("vllm:kvstore_misses_total", "never_stored") in metrics
     # the time vLLM's threads spent in the connector's hooks (connector/stats.py timed): some, and far less than
     # the three turns took (bench.serve's no-reuse rounds divide it by the server's time)

@@ -108,7 +108,8 @@ def test_release_in_kv_transfer_params_makes_the_private_tail_go_first(tmp_path)
     model = write_model(str(tmp_path / "model"), layers=LAYERS, max_len=1024)
     with DaemonProcess(arena_bytes=str(ARENA_BLOCKS * BLOCK_BYTES), max_block_bytes=str(BLOCK_BYTES),
                        high_watermark=1.0, low_watermark=1.0) as d, ProcessSet() as ps:
-        spec = VllmSpec("release", model, 64, 1024, kvstore_connector(d.address, save="all", blocks_per_key=1),
+        spec = VllmSpec("release", model, 64, 1024, kvstore_connector(d.address, save="all", blocks_per_key=1,
+                                                      tails=False),
                         extra_args=["--enforce-eager"])
         proc = start_vllm(spec, str(tmp_path))
         ps.add(proc)

@@ -1,7 +1,8 @@
 """A real model through vLLM on CPU with KVStoreConnector and a real daemon, end to end.
 
-Prompt of 300 tokens, block size 32: 9 full blocks (288 tokens) are stored; vLLM computes at least the last
-token itself, so a repeat can take 288 tokens from the store.
+Prompt of 300 tokens, block size 32: 9 full blocks (288 tokens) and the block of the last 12 (its tail,
+connector/tails.py) are stored; vLLM computes at least the last token itself, so a repeat takes 299 tokens from
+the store.
 """
 
 from __future__ import annotations
@@ -34,18 +35,18 @@ def _stats(address: str) -> dict[str, int]:
 def test_store_hits_across_reset_and_across_processes_and_the_path_is_real(daemon, model_dir) -> None:
     first, again = _generate(daemon.address, model_dir)
     assert first["num_cached_tokens"] == 0
-    assert again["num_cached_tokens"] == 288                   # vLLM's cache was reset: these came from us
+    assert again["num_cached_tokens"] == 299                   # vLLM's cache was reset: these came from us
     assert again["tokens"] == first["tokens"]                  # identical greedy output from loaded KV
     s = _stats(daemon.address)
-    assert (s["blocks"], s["puts"]) == (9, 9)
+    assert (s["blocks"], s["puts"]) == (10, 10)
 
     # A second vLLM in a new process (another random NONE_HASH): its very first request hits the store.
     fresh, _ = _generate(daemon.address, model_dir)
-    assert fresh["num_cached_tokens"] == 288 and fresh["tokens"] == first["tokens"]
-    assert _stats(daemon.address)["puts"] == 9                 # nothing stored twice
+    assert fresh["num_cached_tokens"] == 299 and fresh["tokens"] == first["tokens"]
+    assert _stats(daemon.address)["puts"] == 10                # nothing stored twice
 
     # Corrupt every stored block: a load of those bytes must change what the model says.
     base, corrupted, after = _generate(daemon.address, model_dir, "--corrupt")
-    assert base["tokens"] == first["tokens"] and corrupted == {"corrupted": 9}
-    assert after["num_cached_tokens"] == 288
+    assert base["tokens"] == first["tokens"] and corrupted == {"corrupted": 10}
+    assert after["num_cached_tokens"] == 299
     assert after["tokens"] != first["tokens"]

@@ -3,10 +3,10 @@ real daemon, end to end.
 
 vLLM's CPU platform cannot compute MLA on top of cached KV (it turns its own prefix caching off for MLA), so the
 connector offers no hits there and only saves (connector/vllm_connector.py). What must hold: it says so in the
-log, the store receives the prompt's 37 full blocks of 16 tokens (vLLM's page: one 576-value float32 latent per
-token per layer, 36,864 B; 73,728 B a stored block for the 2 layers), nothing is looked up or loaded, and after
-reset_prefix_cache the same prompt is computed again from scratch with greedy tokens identical to a vLLM without
-the connector. The two vLLMs run as two processes at the same time (~25 s each here).
+log, the store receives the prompt's 37 full blocks of 16 tokens and its 8-token tail (vLLM's page: one 576-value
+float32 latent per token per layer, 36,864 B; 73,728 B a stored block for the 2 layers), nothing is looked up or
+loaded, and after reset_prefix_cache the same prompt is computed again from scratch with greedy tokens identical
+to a vLLM without the connector. The two vLLMs run as two processes at the same time (~25 s each here).
 """
 
 from __future__ import annotations
@@ -62,27 +62,29 @@ def test_mla_on_cpu_saves_the_prompt_and_offers_no_hits(daemon, tmp_path) -> Non
     assert len(set(ref["tokens"])) > 3, ref          # the output depends on the context (see mla_models.py)
     assert err.count(NO_HITS_LOG) == 1, err[-4000:]  # the scheduler side says it once
 
-    # The first request: computed, and its 37 full blocks saved (the last 8 prompt tokens fill no block).
+    # The first request: computed, and its 37 full blocks saved, then the block of its last 8 prompt tokens
+    # under their tail key (connector/tails.py), with the prompt's last token: 38 stored blocks.
     assert first["num_cached_tokens"] == 0 and first["tokens"] == ref["tokens"]
     sched, worker = first["counters"]["scheduler"], first["counters"]["worker"]
-    assert sched["save_keys"] == BLOCKS
+    assert (sched["save_keys"], sched["tail_saves"]) == (BLOCKS, 1)
     assert (worker["saved_blocks"], worker["saved_bytes"], worker["save_skipped_blocks"]) == \
-           (BLOCKS, BLOCKS * BLOCK_BYTES, 0)
+           (BLOCKS + 1, (BLOCKS + 1) * BLOCK_BYTES, 0)
     with Client(daemon.address) as c:
         (ns,) = [n for n in c.stats().namespaces if n.name.startswith("vllm/")]
-    assert (ns.blocks, ns.bytes, ns.puts, ns.tokens_per_block) == (BLOCKS, BLOCKS * BLOCK_BYTES, BLOCKS, BLOCK_SIZE)
+    assert (ns.blocks, ns.bytes, ns.puts, ns.tokens_per_block) == (BLOCKS + 1, (BLOCKS + 1) * BLOCK_BYTES, BLOCKS + 1,
+                                                                   BLOCK_SIZE)
     assert (ns.lookup_keys, ns.hit_keys) == (0, 0)  # no hits offered: the scheduler did not even look
 
     # After vLLM's reset the same prompt: no external hit tokens, nothing loaded, computed again from scratch,
-    # the same greedy tokens; its blocks are already stored, so the save skips all 37.
+    # the same greedy tokens; its blocks are already stored, so the save skips all 38.
     assert again["num_cached_tokens"] == 0 and again["tokens"] == ref["tokens"]
     sched, worker = again["counters"]["scheduler"], again["counters"]["worker"]
     assert (sched.get("hit_tokens", 0), sched.get("lookup_tokens", 0), sched.get("load_requests", 0)) == (0, 0, 0)
     assert (worker.get("loaded_blocks", 0), worker.get("loaded_bytes", 0)) == (0, 0)
-    assert sched["save_keys"] == 2 * BLOCKS
-    assert (worker["saved_blocks"], worker["save_skipped_blocks"]) == (BLOCKS, BLOCKS)
+    assert (sched["save_keys"], sched["tail_saves"]) == (2 * BLOCKS, 2)
+    assert (worker["saved_blocks"], worker["save_skipped_blocks"]) == (BLOCKS + 1, BLOCKS + 1)
     with Client(daemon.address) as c:
         (ns,) = [n for n in c.stats().namespaces if n.name.startswith("vllm/")]
-    assert (ns.blocks, ns.puts, ns.lookup_keys, ns.hit_keys) == (BLOCKS, BLOCKS, 0, 0)
+    assert (ns.blocks, ns.puts, ns.lookup_keys, ns.hit_keys) == (BLOCKS + 1, BLOCKS + 1, 0, 0)
     print(f"MLA on CPU: {BLOCKS} blocks x {BLOCK_BYTES:,} B = {BLOCKS * BLOCK_BYTES:,} B stored, 0 hit tokens, "
           f"tokens {ref['tokens']}")

@@ -40,6 +40,7 @@ from connector.vllm_connector import KVStoreConnector
 BLOCK, HEADS, HEAD_DIM, LAYERS, NUM_BLOCKS = 16, 2, 64, 2, 128
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 SAMPLED = 7  # every decode step "samples" this token (never EOS)
+STOP = 9  # sampled instead by a request added with stop_after, as its last token (a stop token, as EOS is)
 
 
 def write_model_config(path: str) -> str:
@@ -75,6 +76,7 @@ class Tracked:
     req: Request
     blocks: list[int] = field(default_factory=list)
     scheduled_tokens: int = 0  # tokens the fake model actually computed for this request
+    stop_after: int | None = None  # its output token of this number is STOP
 
 
 class Harness:
@@ -89,8 +91,11 @@ class Harness:
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
         kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
                               kv_role="kv_both",
-                              # asynchronous loads unless a test asks (most follow WAITING_FOR_REMOTE_KVS)
-                              kv_connector_extra_config={"address": address, "load_mode": "async", **(extra or {})},
+                              # asynchronous loads unless a test asks (most follow WAITING_FOR_REMOTE_KVS);
+                              # no partial last blocks unless a test asks (test_vllm_scheduler_tails.py): the
+                              # others count stored blocks and steps exactly
+                              kv_connector_extra_config={"address": address, "load_mode": "async", "tails": False,
+                                                         **(extra or {})},
                               **({"kv_load_failure_policy": policy} if policy is not None else {}))
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv,
                                       device_config=DeviceConfig("cpu"),
@@ -135,11 +140,13 @@ class Harness:
     def sched_side(self) -> KVStoreConnector:
         return self.scheduler.connector
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int = 2) -> Request:
-        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
-                      block_hasher=self._hasher)
+    def add(self, rid: str, prompt: list[int], max_tokens: int = 2, stop_after: int | None = None) -> Request:
+        """``stop_after``: the request's output token of that number is STOP, a stop token: it stops there,
+        before max_tokens (as on EOS)."""
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=[STOP] if stop_after else None)
+        req = Request(rid, prompt, sp, None, block_hasher=self._hasher)
         self.scheduler.add_request(req)
-        self.tracked[rid] = Tracked(req)
+        self.tracked[rid] = Tracked(req, stop_after=stop_after)
         return req
 
     def run(self, max_steps: int = 200) -> None:
@@ -226,7 +233,8 @@ class Harness:
                     lc.tensor[kv, blk, off] = value.expand(-1, lc.tensor.shape[3], HEAD_DIM)
             t.scheduled_tokens += n
             if start + n >= t.req.num_prompt_tokens:
-                sampled[rid] = [SAMPLED]
+                last = t.stop_after is not None and len(t.req.output_token_ids) + 1 == t.stop_after
+                sampled[rid] = [STOP if last else SAMPLED]
             else:
                 sampled[rid] = []
         return sampled

@@ -77,7 +77,8 @@ class MLAHarness(Harness):
                              async_scheduling=False, is_encoder_decoder=False)
         kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
                               kv_role="kv_both", kv_load_failure_policy="recompute",
-                              kv_connector_extra_config={"address": address, "load_mode": "async", **(extra or {})})
+                              kv_connector_extra_config={"address": address, "load_mode": "async", "tails": False,
+                                                         **(extra or {})})
         self.vllm_config = VllmConfig(model_config=mc, scheduler_config=sc,
                                       cache_config=CacheConfig(block_size=BLOCK,
                                                                enable_prefix_caching=prefix_caching),
