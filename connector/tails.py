@@ -19,10 +19,11 @@ step, and reset_prefix_cache fails until then.)
 
 Lookup: after the prompt's hit keys (n of them), the partial block that may continue them: an agent's next turn
 holds the previous turn's whole context, which ended inside block n, and then its new tokens. The lookup cannot
-know where that context ended, so it asks for the tail key of every length 1 .. block_size - 1 at once (fewer
-where the prompt ends sooner), and for the block's full key where the prompt fills it, and takes the longest that
-every shard holds: one more pipelined round trip, ~20 us of hashing for 63 lengths. The hit covers that tail up
-to the prompt's last token, which vLLM computes itself; so a resent prompt hits all but that one token.
+know where that context ended, so it asks which tail keys of every length 1 .. block_size - 1 exist (fewer where
+the prompt ends sooner; and the block's full key where the prompt fills it: ~20 us of hashing for 63 lengths, one
+Exists round trip, which the daemon does not count as a lookup), then probes the longest in every shard (one more
+pipelined round trip, counted as the one key it is). The hit covers that tail up to the prompt's last token, which
+vLLM computes itself; so a resent prompt hits all but that one token.
 
 Load: the tail's block is one more key of the request's synchronous load, copied whole into the block vLLM
 allocated for those tokens; positions past the tail are overwritten by vLLM's forward before anything reads
@@ -70,16 +71,18 @@ def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Seq
         return None
     keys = tail_keys(parent, tokens, seed) + ([whole] if whole is not None else [])
 
-    def probe(c: Client) -> list[list[int]]:
-        return c.probe_tiers_many(namespaces, keys)
-    got = link.call(namespaces, probe)
-    if not got:
-        return None
-    for t in range(len(keys), 0, -1):  # keys[t - 1] names the first t tokens
-        tiers = [shard[t - 1] for shard in got]
+    def probe(c: Client) -> Tail | None:
+        # Exists first: it neither counts as a lookup nor starts a promotion, so the daemon's lookup and hit
+        # counters (its hit rate) see one key per tail found, not every length asked for
+        present = c.exists(namespaces[0], keys)
+        t = max((i + 1 for i, p in enumerate(present) if p), default=0)  # keys[t - 1] names the first t tokens
+        if not t:
+            return None
+        tiers = [shard[0] for shard in c.probe_tiers_many(namespaces, [keys[t - 1]])]
         if all(x != Tier.NONE for x in tiers) and (not ram_only or all(x == Tier.RAM for x in tiers)):
             return Tail(full, min(t, usable), keys[t - 1])
-    return None
+        return None
+    return link.call(namespaces, probe)
 
 
 def finished_tail(parent: bytes, tokens: Sequence[int], computed: int, tokens_per_key: int, stored_keys: int,

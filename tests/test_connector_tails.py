@@ -201,3 +201,24 @@ def test_the_worker_reports_a_tail_sent_when_its_save_fails(tmp_path) -> None:
     assert (keep, [j.release for j in saves], sent) == (True, [True], {"down"})
     assert s.worker.counters.totals["save_failures"] >= 1
     s.close()
+
+
+def test_the_daemon_counts_one_lookup_key_per_tail_found_not_every_length_asked(daemon) -> None:
+    """The lookup asks which of up to 3 tail lengths exist without a counted lookup, then probes the one it
+    takes: the daemon's lookup and hit counters (its hit rate) move by exactly that one key."""
+    a = Side(daemon.address, make_caches(93), S1, save="prompt", load_mode="auto")
+    head = prompt_tokens(8, start=231)
+    _run(a, Req("src3", head + [4, 5]), [0, 1, 2])     # 2 full keys and a 2-token tail
+    ns = namespace_for(S1)
+
+    def counted(req: Req) -> tuple[int, int, int]:
+        with Client(daemon.address) as c:
+            before = next(n for n in c.stats().namespaces if n.name == ns)
+            hit = a.sched.num_new_matched_tokens(req, 0)[0]
+            after = next(n for n in c.stats().namespaces if n.name == ns)
+        return hit, after.lookup_keys - before.lookup_keys, after.hit_keys - before.hit_keys
+
+    with_tail, without = counted(Req("w", head + [4, 5, 6, 7, 8])), counted(Req("wo", head + [9, 5, 6, 7, 8]))
+    assert (with_tail[0], without[0]) == (10, 8)
+    assert (with_tail[1] - without[1], with_tail[2] - without[2], without[2]) == (1, 1, 2)
+    a.close()
