@@ -256,7 +256,9 @@ class SchedulerSide:
         tail = find_tail(self.link, st.namespaces, chain[full - 1] if full else st.root, prompt[start:start + t - 1],
                          full, len(prompt) - 1 - start, self.config.key_seed, ram_only=mode == "auto", whole=whole)
         if tail is not None:
-            self.counters.add(tail_hit_tokens=tail.tokens, served_tokens_ram=tail.tokens)
+            where = {Tier.DISK: "served_tokens_disk", Tier.PEER: "served_tokens_peer"}.get(Tier(tail.tier),
+                                                                                       "served_tokens_ram")
+            self.counters.add(tail_hit_tokens=tail.tokens, **{where: tail.tokens})
         return tail
 
     def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:

@@ -53,11 +53,13 @@ __all__ = ["Tail", "find_tail", "finished_tail"]
 
 @dataclass(frozen=True)
 class Tail:
-    """A partial block after ``full`` full keys: its first ``tokens`` tokens, stored under ``key``."""
+    """A partial block after ``full`` full keys: its first ``tokens`` tokens, stored under ``key`` (found in
+    ``tier``, the farthest shard's, a Tier value)."""
 
     full: int
     tokens: int
     key: bytes
+    tier: int = int(Tier.RAM)
 
 
 def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Sequence[int], full: int, usable: int,
@@ -80,7 +82,7 @@ def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Seq
             return None
         tiers = [shard[0] for shard in c.probe_tiers_many(namespaces, [keys[t - 1]])]
         if all(x != Tier.NONE for x in tiers) and (not ram_only or all(x == Tier.RAM for x in tiers)):
-            return Tail(full, min(t, usable), keys[t - 1])
+            return Tail(full, min(t, usable), keys[t - 1], max(int(x) for x in tiers))
         return None
     return link.call(namespaces, probe)
 

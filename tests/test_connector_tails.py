@@ -81,6 +81,7 @@ def test_a_turn_that_stopped_early_stores_its_tail_and_the_next_turn_loads_into_
     full = KeyChain(T1, 0, chain_root(0)).extend(turn.prompt_token_ids)
     assert [(j.keys, j.block_ids) for j in plan.saves] == [(full[2:4], [[22, 23]])]
     assert (b.sched.counters.totals["tail_hit_tokens"], b.worker.counters.totals["loaded_blocks"]) == (2, 3)
+    assert b.sched.counters.totals["served_tokens_ram"] == 2 * T1 + 2   # the tail served from RAM too
     a.close(), b.close()
 
 
