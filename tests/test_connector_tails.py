@@ -223,3 +223,15 @@ def test_the_daemon_counts_one_lookup_key_per_tail_found_not_every_length_asked(
     assert (with_tail[0], without[0]) == (10, 8)
     assert (with_tail[1] - without[1], with_tail[2] - without[2], without[2]) == (1, 1, 2)
     a.close()
+
+
+def test_no_tail_is_asked_for_after_no_hit(daemon) -> None:
+    """A tail after no full block is a whole context of less than a block, cheap to recompute; asking costs every
+    prompt that hits nothing a round trip, so it is not asked: a resent 3-token prompt's stored tail is not
+    offered."""
+    a = Side(daemon.address, make_caches(94), S1, save="prompt", load_mode="auto")
+    short = Req("short", [5, 6, 7])
+    assert [j.release for j in _run(a, short, [0])] == [False]   # its tail is stored
+    assert a.sched.num_new_matched_tokens(Req("again", [5, 6, 7, 8]), 0) == (0, False)
+    assert a.sched.counters.totals.get("tail_hit_tokens", 0) == 0
+    a.close()
