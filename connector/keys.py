@@ -9,9 +9,11 @@ built on them never hit across restarts or across two vLLM instances. Ours are d
 A key therefore names the whole prefix up to the end of its chunk, which is what makes a prefix Lookup
 meaningful. A partial last chunk (a request's tail, connector/tails.py) has a key of its own:
 
-    tail  = xxh3_128(b"\x00tail" + key_{i-1} + int64 tokens of the tail, seed)
+    tail  = xxh3_128(NUL + b"tail" + key_{i-1} + int64 tokens of the tail, seed)
 
-(5 + 16 + 8t bytes hashed, never the 16 + 8T of a full chunk's key, so the two kinds cannot meet). Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
+(5 + 16 + 8t bytes hashed, never the 16 + 8T of a full chunk's key, so the two kinds cannot meet).
+
+Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
 a different image changes every key of the request, including ones before it — but never wrong.
 The cache_salt is not hashed here: it selects the namespace (see connector/namespace.py).
 """

@@ -17,8 +17,8 @@ would hold its blocks forever. (vLLM's server steps the engine while such a requ
 one process does not step after generate returns, so there the blocks are freed by the next generate's first
 step, and reset_prefix_cache fails until then.)
 
-Lookup: after the prompt's hit keys (n >= 1 of them), the partial block that may continue them: an agent's next turn
-holds the previous turn's whole context, which ended inside block n, and then its new tokens. The lookup cannot
+Lookup: after the prompt's hit keys (n >= 1 of them), the partial block that may continue them: an agent's next
+turn holds the previous turn's whole context, which ended inside block n, and then its new tokens. The lookup cannot
 know where that context ended, so it asks which tail keys of every length 1 .. block_size - 1 exist (fewer where
 the prompt ends sooner; and the block's full key where the prompt fills it: ~20 us of hashing for 63 lengths, one
 Exists round trip, which the daemon does not count as a lookup), then probes the longest in every shard (one more

@@ -279,7 +279,8 @@ def _connector_extra(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         _parser().error(f"--connector-extra: not JSON ({exc}); write an object, e.g. '{{\"tails\": false}}'")
     if not isinstance(extra, dict) or "address" in extra:
-        _parser().error("--connector-extra: use a JSON object of connector keys other than \"address\" (the run sets it)")
+        _parser().error("--connector-extra: use a JSON object of connector keys other than \"address\" "
+                        "(the run sets it)")
     try:
         ConnectorConfig.from_extra({"save": "all", **extra})
     except ConfigError as exc:
