@@ -71,7 +71,8 @@ from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.probe import ShardProbe
 from connector.stats import ConnectorCounters
-from connector.tails import Tail, find_tail, finished_tail
+from connector.scheduler_tails import SchedulerTails
+from connector.tails import Tail
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
@@ -133,7 +134,7 @@ def _lora_name(request: Any) -> str | None:
     return getattr(lora, "lora_name", None) if lora is not None else None
 
 
-class SchedulerSide:
+class SchedulerSide(SchedulerTails):
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
                  counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None,
                  key_memo: KeyMemo | None = None) -> None:
@@ -240,28 +241,6 @@ class SchedulerSide:
         hit_tokens = st.lookup_keys * self.tokens_per_key + tail
         extra = hit_tokens - num_computed_tokens
         return (extra, not self._sync(st)) if extra > 0 else (0, False)
-
-    def _find_tail(self, st: _ReqState, prompt: Sequence[int], full: int) -> Tail | None:
-        """The longest stored partial block after the prompt's ``full`` hit keys (an agent's next turn: the
-        previous turn's context ended inside the block its new tokens fill), for a synchronous load only
-        (vLLM rounds an asynchronous hit down to whole blocks): in this node's RAM, or anywhere with load_mode
-        "sync". Not asked after no hit at all (the caller): such a tail would be a whole context of less than a
-        block, cheap to recompute, while the question costs a new prompt that hits nothing ~0.1-0.6 ms (the
-        no-reuse case bench.serve measures)."""
-        mode = self.config.load_mode
-        if not self.tails or mode == "async" or (mode == "auto" and not st.lookup_in_ram):
-            return None
-        t, chain = self.tokens_per_key, st.chain.keys
-        start = full * t
-        fills = full == (len(prompt) - 1) // t and len(chain) > full  # the prompt fills the block after the hit
-        whole = chain[full] if fills else None
-        tail = find_tail(self.link, st.namespaces, chain[full - 1] if full else st.root, prompt[start:start + t - 1],
-                         full, len(prompt) - 1 - start, self.config.key_seed, ram_only=mode == "auto", whole=whole)
-        if tail is not None:
-            where = {Tier.DISK: "served_tokens_disk", Tier.PEER: "served_tokens_peer"}.get(Tier(tail.tier),
-                                                                                       "served_tokens_ram")
-            self.counters.add(tail_hit_tokens=tail.tokens, **{where: tail.tokens})
-        return tail
 
     def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:
         """The request's prompt tokens by where they would come from: vLLM's own prefix cache first, then the
@@ -472,56 +451,7 @@ class SchedulerSide:
         st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
         self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], st.root)
-        if not self.tails or st.tail_saved or self.config.save != "all" or st.loading is not None:
-            return False  # saved already, or its tail is the prompt's (saved with its last token or never)
-        req = st.request
-        # the tokens whose KV a forward has written (with async scheduling, the next step's may be scheduled)
-        written = req.num_computed_tokens - (getattr(req, "num_in_flight_tokens", 0) or 0)
-        table = list(block_ids) if block_ids is not None else (st.block_ids[0] if st.block_ids else [])
-        job = self._tail_job(st, req.all_token_ids or [], written, table, release=True)
-        if job is None:
-            return False
-        self._tail_saves.append(job)
-        return True
-
-    def _final_tail(self, st: _ReqState, num_scheduled_tokens: int) -> SaveJob | None:
-        """The request's partial last block, saved in the step whose forward writes the last of its KV, so vLLM
-        need not hold its blocks after it finishes: with save "prompt", the step that computes the prompt's last
-        token; with "all", the step that samples the request's last token (max_tokens: a request that stops
-        sooner, on EOS or a stop string, has its tail saved after it finishes, request_finished)."""
-        if not self.tails or st.tail_saved or self.config.save == "off":
-            return None
-        req = st.request
-        prompt = req.prompt_token_ids or []
-        computed = req.num_computed_tokens + num_scheduled_tokens
-        if self.config.save == "prompt":
-            if computed < len(prompt):
-                return None
-            st.tail_saved = True  # its only tail, saved or not
-            return self._tail_job(st, prompt, len(prompt), st.block_ids[0] if st.block_ids else [], release=False)
-        max_tokens = getattr(req, "max_tokens", None)
-        if not isinstance(max_tokens, int) or computed < len(prompt) + max_tokens - 1:
-            return None
-        st.tail_saved = True
-        return self._tail_job(st, req.all_token_ids or [], computed, st.block_ids[0] if st.block_ids else [],
-                              release=False)
-
-    def _tail_job(self, st: _ReqState, tokens: Sequence[int], computed: int, table: list[int], *,
-                  release: bool) -> SaveJob | None:
-        """The save of the partial block after the full keys of ``tokens[:computed]`` (KV written), from its
-        block in ``table``; None where there is none, its block is unknown, or a full key before it is not
-        stored."""
-        t = self.tokens_per_key
-        full = min(computed, len(tokens)) // t
-        if full >= len(table) or table[full] < 0:
-            return None
-        keys = self._extend(st, tokens[:full * t])
-        tail = finished_tail(keys[full - 1] if full else st.root, tokens, computed, t, st.stored_keys,
-                             self.config.key_seed)
-        if tail is None:
-            return None
-        self.counters.add(tail_saves=1)
-        return SaveJob(st.request.request_id, st.salt, [tail.key], [[table[full]]], release=release)
+        return self._tail_after_finish(st, block_ids)
 
     def take_stored(self) -> list[StoredRecord]:
         """Save records since the last call (vLLM's take_events)."""
