@@ -13,13 +13,19 @@ Keys (all optional)::
     tails              true (default) / false: also store a finished request's partial last block and offer it
                        to a request that continues those tokens (an agent's next turn then recomputes nothing
                        of its context; connector/tails.py). Where one stored block is one vLLM block and the
-                       model has one KV cache group; a tail loads synchronously (in RAM, or load_mode "sync")
+                       model has one KV cache group; a tail loads with a synchronous load only (see load_mode)
     load_mode          "auto" (default): a hit held in this node's RAM loads synchronously, in the step that
-                       schedules the request (a memcpy of its blocks before the forward); a hit on disk or on
-                       a peer loads asynchronously (the request waits in WAITING_FOR_REMOTE_KVS while it is
+                       schedules the request (a memcpy of its blocks before the forward), and so does one whose
+                       blocks to read from disk or fetch from a peer total at most sync_fetch_bytes; a larger
+                       one loads asynchronously (the request waits in WAITING_FOR_REMOTE_KVS while it is
                        promoted or fetched, and the steps of other requests go on). "sync", "async": always.
                        Why: an asynchronous load costs the request at least one more engine step, and a
                        busy engine's step (other requests' prefill) is far longer than copying a hit from RAM
+    sync_fetch_bytes   with load_mode "auto": the most bytes a synchronous load may read from disk or fetch
+                       from peers (every TP rank and pipeline stage together; blocks vLLM already holds do not
+                       count). The step waits for them, so every running request's next token waits too:
+                       16 MiB is ~2-5 ms at NVMe or 25-100 Gb/s network speed, under one busy step. 0: only
+                       hits all in this node's RAM load synchronously (16777216)
     lookup_timeout_s   deadline of the scheduler's prefix Lookup; a slow store costs hits, never latency (1.0)
     load_timeout_s     deadline of the worker's load and save RPCs; on expiry the load fails -> recompute (10.0)
     blocks_per_key     vLLM blocks per stored block, or "auto" (default): the fewest whose bytes reach
@@ -81,6 +87,7 @@ class ConnectorConfig:
     load: bool = True
     tails: bool = True
     load_mode: str = "auto"
+    sync_fetch_bytes: int = 16 << 20
     lookup_timeout_s: float = 1.0
     load_timeout_s: float = 10.0
     blocks_per_key: int | None = None  # None = auto
@@ -132,6 +139,7 @@ class ConnectorConfig:
         if "blocks_per_key" in extra and extra["blocks_per_key"] not in ("auto", None):
             kw["blocks_per_key"] = _number("blocks_per_key", extra["blocks_per_key"], int, 1, 1024)
         for name, lo, hi in (("min_transfer_bytes", 4096, 1 << 30), ("max_blocks_per_key", 1, 1024),
+                             ("sync_fetch_bytes", 0, 1 << 40),
                              ("key_seed", 0, (1 << 64) - 1), ("copy_threads", 1, 64),
                              ("window_checkpoint_tokens", 0, 1 << 24)):
             if name in extra:

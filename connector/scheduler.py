@@ -11,8 +11,10 @@ step it turns that into a `StepPlan`:
   own layers and heads of each block. The answer is remembered until the request is
   scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. A hit all in RAM
   loads synchronously by default (load_mode "auto"): the request is scheduled in the same step and the
-  worker copies its blocks before the forward. Other hits load asynchronously (load_kv_async=True): the
-  request waits in WAITING_FOR_REMOTE_KVS while the daemon promotes or fetches and the worker copies.
+  worker copies its blocks before the forward; so does one whose blocks on disk or at peers (beyond vLLM's own
+  cache) total at most sync_fetch_bytes, read or fetched while the step waits (the lookup started that read).
+  Other hits load asynchronously (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the
+  daemon promotes or fetches and the worker copies.
   No hit is offered when this process's client is in stream mode (the daemon's arena cannot be mapped):
   the workers could not load it, and each offered hit would cost a failed load and a recompute.
 - update_state_after_alloc: the blocks to load into are known; queue a `LoadJob`. Every request vLLM puts
@@ -105,7 +107,7 @@ class _ReqState:
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
-    lookup_in_ram: bool = False  # the remembered lookup's hits are all in this node's RAM
+    fetch_keys: int = 0         # the remembered lookup's hit keys past vLLM's own cache not in this node's RAM
     lookup_tail: Tail | None = None  # the remembered lookup's partial last block (connector/tails.py)
     tail_saved: bool = False    # its final partial last block is saved (or asked for)
     missed: bool = False        # a miss cause is counted (or being explained) for this request
@@ -155,6 +157,7 @@ class SchedulerSide(SchedulerTails):
         # KV cache groups: every shard's group, and each group's kind (the same in every stage and TP rank)
         self._kinds = {s.group_index: s.group_kind for s in self.stages.specs}
         self.num_groups = len(self._kinds)
+        self._key_bytes = sum(s.block_bytes * s.blocks_per_key for s in self.stages.specs)  # a key, every shard
         self._windowed = [s.group_kind.windowed for s in self.stages.specs]
         self.probe = ShardProbe(self.stages, link, self.counters)
         if self.num_groups > 1 and config.load_mode == "sync":
@@ -229,7 +232,7 @@ class SchedulerSide(SchedulerTails):
         keys = self._extend(st, prompt)[:usable]
         if st.lookup_keys is None:
             n, tiers, miss = self._lookup(st, keys)
-            st.lookup_in_ram = all(x == Tier.RAM for x in tiers)
+            st.fetch_keys = sum(1 for x in tiers[num_computed_tokens // self.tokens_per_key:] if x != Tier.RAM)
             if keys:
                 self._count_lookup(len(keys), tiers, num_computed_tokens)
             if n < len(keys):
@@ -263,7 +266,12 @@ class SchedulerSide(SchedulerTails):
         """Load in the step that schedules the request? Never with several KV cache groups: vLLM takes a failed
         load of such a model only as a failed receive of a request waiting for it (not block by block)."""
         mode = self.config.load_mode
-        return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and st.lookup_in_ram))
+        return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and self._fits_sync(st.fetch_keys)))
+
+    def _fits_sync(self, fetch_keys: int) -> bool:
+        """load_mode "auto": may a load that reads or fetches this many stored blocks (all shards' bytes of
+        each) run while the step waits?"""
+        return fetch_keys == 0 or fetch_keys * self._key_bytes <= self.config.sync_fetch_bytes
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
         """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
@@ -320,7 +328,8 @@ class SchedulerSide(SchedulerTails):
         sync = self._sync(st)
         st.sync_builds = 2 if sync else 0
         self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync))
-        self.counters.add(load_requests=1, load_sync_requests=int(sync))
+        self.counters.add(load_requests=1, load_sync_requests=int(sync),
+                          load_sync_fetch_requests=int(sync and st.fetch_keys > 0))
 
     def _load_blocks(self, group: int, table: list[int], first_key: int, last_key: int, skip: int) -> list[int]:
         """One group's blocks for the keys first_key .. last_key-1: -1 where the worker must not write (blocks

@@ -27,7 +27,8 @@ MISS_COUNTERS = tuple("miss_" + c for c in MISS_CAUSES)
 
 COUNTER_NAMES = (
     "lookup_tokens", "hit_tokens", "load_requests", "save_keys",          # scheduler side
-    "load_sync_requests",     # of load_requests, those loaded in the step that schedules them (RAM hits)
+    "load_sync_requests",     # of load_requests, those loaded in the step that schedules them
+    "load_sync_fetch_requests",  # of those, the ones that read blocks from disk or peers (sync_fetch_bytes)
     "lookup_skipped_stream",  # lookups answered 0: the arena cannot be mapped, so no worker could load
     "load_rollback_keys",     # stored blocks to save again because their load failed
     "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window

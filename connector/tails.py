@@ -29,7 +29,8 @@ Load: the tail's block is one more key of the request's synchronous load, copied
 allocated for those tokens; positions past the tail are overwritten by vLLM's forward before anything reads
 them (attention reads positions below the sequence length only). A failed tail load is a failed block: vLLM
 recomputes it. Asynchronous loads take no tail (vLLM rounds an asynchronous hit down to whole blocks), so a
-tail hit must be in RAM ("auto") or load_mode "sync".
+tail is offered to a synchronous load only: with load_mode "auto", one in RAM, or on disk within
+sync_fetch_bytes (Exists asks this node's daemon, so a tail only a peer holds is not found).
 
 Where: one stored block per vLLM block (blocks_per_key 1: the default wherever a vLLM block reaches 0.5 MiB)
 and one KV cache group (no hybrid model); elsewhere tails are off.
