@@ -13,7 +13,7 @@ Keys (all optional)::
     tails              true (default) / false: also store a finished request's partial last block and offer it
                        to a request that continues those tokens (an agent's next turn then recomputes nothing
                        of its context; connector/tails.py). Where one stored block is one vLLM block and the
-                       model has one KV cache group; a tail loads with a synchronous load only (see load_mode)
+                       model has one KV cache group
     load_mode          "auto" (default): a hit held in this node's RAM loads synchronously, in the step that
                        schedules the request (a memcpy of its blocks before the forward), and so does one whose
                        blocks to read from disk or fetch from a peer total at most sync_fetch_bytes; a larger

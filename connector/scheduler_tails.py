@@ -28,29 +28,24 @@ class SchedulerTails:
     tails: bool                  # partial last blocks are on (connector/tails.py: where they can load)
     _tail_saves: list[SaveJob]   # the saves of finished requests' tails, for the next step's plan
 
-    if TYPE_CHECKING:  # SchedulerSide's own methods this mixin calls: declared for the type checker only
+    if TYPE_CHECKING:  # SchedulerSide's own method this mixin calls: declared for the type checker only
         def _extend(self, st: _ReqState, tokens: Sequence[int]) -> list[bytes]: ...
-
-        def _fits_sync(self, fetch_keys: int) -> bool: ...
 
     def _find_tail(self, st: _ReqState, prompt: Sequence[int], full: int) -> Tail | None:
         """The longest stored partial block after the prompt's ``full`` hit keys (an agent's next turn: the
-        previous turn's context ended inside the block its new tokens fill), for a synchronous load only
-        (vLLM rounds an asynchronous hit down to whole blocks): with load_mode "auto", in this node's RAM, or on
-        its disk or a peer where the load's blocks to read or fetch, the tail's included, fit sync_fetch_bytes;
-        anywhere with "sync". Not asked after no hit at all (the caller): such a tail would be a whole context
-        of less than a block, cheap to recompute, while the question costs a new prompt that hits nothing
-        ~0.1-0.6 ms (the no-reuse case bench.serve measures). (The question goes to this node's daemon: a tail
-        only a peer holds is not found.)"""
-        mode = self.config.load_mode
-        if not self.tails or mode == "async" or (mode == "auto" and not self._fits_sync(st.fetch_keys)):
+        previous turn's context ended inside the block its new tokens fill). Off RAM it is one more block to
+        read or fetch (load_mode "auto" weighs it against sync_fetch_bytes with the rest). Not asked after no hit
+        at all (the caller): such a tail would be a whole context of less than a block, cheap to recompute, while
+        the question costs a new prompt that hits nothing ~0.1-0.6 ms (the no-reuse case bench.serve measures).
+        (The question goes to this node's daemon: a tail only a peer holds is not found.)"""
+        if not self.tails:
             return None
         t, chain = self.tokens_per_key, st.chain.keys
         start = full * t
         fills = full == (len(prompt) - 1) // t and len(chain) > full  # the prompt fills the block after the hit
         whole = chain[full] if fills else None
         tail = find_tail(self.link, st.namespaces, chain[full - 1] if full else st.root, prompt[start:start + t - 1],
-                         full, len(prompt) - 1 - start, self.config.key_seed, ram_only=mode == "auto" and not self._fits_sync(st.fetch_keys + 1), whole=whole)
+                         full, len(prompt) - 1 - start, self.config.key_seed, whole=whole)
         if tail is not None:
             st.fetch_keys += int(tail.tier != Tier.RAM)
             where = {Tier.DISK: "served_tokens_disk", Tier.PEER: "served_tokens_peer"}.get(Tier(tail.tier),

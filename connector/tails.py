@@ -25,12 +25,12 @@ Exists round trip, which the daemon does not count as a lookup), then probes the
 pipelined round trip, counted as the one key it is). The hit covers that tail up to the prompt's last token, which
 vLLM computes itself; so a resent prompt hits all but that one token.
 
-Load: the tail's block is one more key of the request's synchronous load, copied whole into the block vLLM
-allocated for those tokens; positions past the tail are overwritten by vLLM's forward before anything reads
-them (attention reads positions below the sequence length only). A failed tail load is a failed block: vLLM
-recomputes it. Asynchronous loads take no tail (vLLM rounds an asynchronous hit down to whole blocks), so a
-tail is offered to a synchronous load only: with load_mode "auto", one in RAM, or on disk within
-sync_fetch_bytes (Exists asks this node's daemon, so a tail only a peer holds is not found).
+Load: the tail's block is one more key of the request's load, copied whole into the block vLLM allocated for
+those tokens; positions past the tail are overwritten by vLLM's forward before anything reads them (attention
+reads positions below the sequence length only). A failed tail load is a failed block: vLLM recomputes it. The
+load may be synchronous or asynchronous (vLLM 0.32 and 0.33 take an asynchronous hit that ends inside a block as
+it is); with load_mode "auto" a tail on disk counts toward sync_fetch_bytes like any block. Exists asks this
+node's daemon only, so a tail that only a peer holds is not found.
 
 Where: one stored block per vLLM block (blocks_per_key 1: the default wherever a vLLM block reaches 0.5 MiB)
 and one KV cache group (no hybrid model); elsewhere tails are off.
@@ -64,9 +64,9 @@ class Tail:
 
 
 def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Sequence[int], full: int, usable: int,
-              seed: int, *, ram_only: bool, whole: bytes | None = None) -> Tail | None:
+              seed: int, *, whole: bytes | None = None) -> Tail | None:
     """The longest stored tail of ``tokens`` (the prompt's tokens after its ``full`` hit keys, fewer than a block)
-    that every shard in ``namespaces`` holds (in this node's RAM when ``ram_only``), offered up to ``usable``
+    that every shard in ``namespaces`` holds (its tier: the farthest shard's), offered up to ``usable``
     tokens (vLLM computes the prompt's last token itself); or None. ``whole``: the full key of the block those
     tokens start, where the prompt fills that block (a resent prompt then hits all but its last token, as a
     longer tail would: the loaded block's last position is recomputed)."""
@@ -82,7 +82,7 @@ def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Seq
         if not t:
             return None
         tiers = [shard[0] for shard in c.probe_tiers_many(namespaces, [keys[t - 1]])]
-        if all(x != Tier.NONE for x in tiers) and (not ram_only or all(x == Tier.RAM for x in tiers)):
+        if all(x != Tier.NONE for x in tiers):
             return Tail(full, min(t, usable), keys[t - 1], max(int(x) for x in tiers))
         return None
     return link.call(namespaces, probe)

@@ -1,7 +1,7 @@
 """load_mode "auto" with blocks off RAM (sync_fetch_bytes): a hit whose blocks on this node's disk (past vLLM's own
 cache) fit the budget loads in the step that schedules it, the worker reading them while the step waits, with
 exact bytes; one past the budget, or with a budget of 0, loads asynchronously; blocks vLLM already holds do not
-count; a tail on disk is offered when it fits too; blocks at a peer load in the step the same way. Real daemons
+count; a tail on disk is one more block to read; blocks at a peer load in the step the same way. Real daemons
 (with a disk tier; two joined through etcd), both control paths. The same under the real vLLM scheduler:
 tests/vllm_sched/test_vllm_scheduler.py."""
 
@@ -90,9 +90,8 @@ def test_a_sync_load_reads_its_disk_blocks_while_the_step_waits(make_daemon) -> 
 
 
 def test_a_tail_on_disk_is_offered_when_it_fits(make_daemon) -> None:
-    """An agent's next turn whose previous turn's partial last block went to disk: with the budget, the hit runs
-    to the tail's end and the load copies its exact bytes in the step; with a budget of 0 it stops at the full
-    blocks (in RAM: still in the step)."""
+    """An agent's next turn whose previous turn's partial last block went to disk: the hit runs to the tail's end;
+    within the budget the load copies its exact bytes in the step, with a budget of 0 it loads asynchronously."""
     d = _disk_daemon(make_daemon)
     a = Side(d.address, make_caches(620), S1, save="all", load_mode="auto")
     first = Req("t1", prompt_tokens(10, start=621), output=[901])   # 2 full keys + a 2-token tail
@@ -104,8 +103,8 @@ def test_a_tail_on_disk_is_offered_when_it_fits(make_daemon) -> None:
         _on_disk_only(c, namespace_for(S1), [tail_key])
     turn = first.all_token_ids + prompt_tokens(5, start=700)
     none = Side(d.address, make_caches(621), S1, save="all", load_mode="auto", sync_fetch_bytes=0)
-    assert none.sched.num_new_matched_tokens(Req("t2-none", list(turn)), 0) == (8, False)
-    assert none.sched.counters.totals.get("tail_hit_tokens", 0) == 0
+    assert none.sched.num_new_matched_tokens(Req("t2-none", list(turn)), 0) == (10, True)
+    assert none.sched.counters.totals["tail_hit_tokens"] == 2
     with Client(d.address) as c:                 # that lookup's probe of the tail started promoting it
         _on_disk_only(c, namespace_for(S1), [tail_key])
     b = Side(d.address, make_caches(622), S1, save="all", load_mode="auto")

@@ -2,7 +2,7 @@
 request stores its tail and vLLM holds its blocks until the worker has gathered it (reported once, whatever the
 save's fate); the next turn's lookup hits into the block and the load copies its exact bytes; the longest stored
 tail wins, a diverging one does not hit; tails stay off where they cannot be loaded (several vLLM blocks per
-stored block, asynchronous loads, tails false). The same under the real vLLM scheduler:
+stored block, tails false); an asynchronous load takes a tail too. The same under the real vLLM scheduler:
 tests/vllm_sched/test_vllm_scheduler_tails.py."""
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def test_a_turn_that_runs_to_max_tokens_saves_its_tail_in_its_last_step(daemon) 
 
 def test_no_tail_where_it_cannot_be_loaded_or_is_not_wanted(daemon) -> None:
     """Several vLLM blocks per stored block (SPEC: 2) or tails false: request_finished holds nothing and a lookup
-    stops at whole blocks. Asynchronous loads (vLLM rounds their hits down to whole blocks): no tail offered,
-    though this side still stores its own for others."""
+    stops at whole blocks. An asynchronous load (vLLM takes a hit ending inside a block as it is) is offered the
+    tail, and this side holds its own finished request's blocks for its tail like any."""
     head = prompt_tokens(10, start=71)
     stored = Side(daemon.address, make_caches(84), S1, save="all", load_mode="auto")
     req = Req("src", list(head))
@@ -163,7 +163,7 @@ def test_no_tail_where_it_cannot_be_loaded_or_is_not_wanted(daemon) -> None:
     for name, side, holds, hit in (
             ("two blocks a key", Side(daemon.address, make_caches(85), save="all", load_mode="auto"), False, None),
             ("tails false", Side(daemon.address, make_caches(86), S1, save="all", tails=False), False, (8, True)),
-            ("async", Side(daemon.address, make_caches(87), S1, save="all", load_mode="async"), True, (8, True))):
+            ("async", Side(daemon.address, make_caches(87), S1, save="all", load_mode="async"), True, (10, True))):
         r = Req("x-" + name, prompt_tokens(10, start=91))
         _run(side, r, [0, 1, 2, 3, 4])
         assert side.sched.request_finished(r, [0, 1, 2, 3, 4]) is holds, name

@@ -2,11 +2,11 @@
 runner (harness.py): a request that runs to max_tokens saves its tail in its last step and vLLM frees its blocks
 at once; one that stops sooner (a stop token, as on EOS) has vLLM hold its blocks for exactly the step in which
 the workers gather its tail (every TP rank reports it; then a prefix-cache reset succeeds); an agent's next turn
-is scheduled in one step with a hit that ends inside a block, and every loaded position holds what a forward
-writes; a resent prompt hits all but its last token.
+is scheduled in one step with a hit that ends inside a block (or, loading asynchronously, waits one step for it),
+and every loaded position holds what a forward writes; a resent prompt hits all but its last token.
 
 Block size 16, one stored block per vLLM block; save "all" and load_mode "auto" (a hit in RAM loads in the
-step that schedules it: the only loads that take a tail).
+step that schedules it) unless a test says "async".
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ def _finish(h: Harness, rid: str, *, held: bool) -> None:
     assert h.scheduler.reset_prefix_cache()                                           # no block is still held
 
 
+@pytest.mark.parametrize("mode", ["auto", "async"])
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("stop", [False, True], ids=["max_tokens", "stop_token"])
-def test_an_agents_next_turn_loads_the_previous_turns_tail_in_one_step(daemon, model_dir, tp: int, stop: bool) -> None:
-    h = Harness(model_dir, daemon.address, extra=TAILS, tp=tp)
+def test_an_agents_next_turn_loads_the_previous_turns_tail(daemon, model_dir, tp: int, stop: bool, mode: str) -> None:
+    h = Harness(model_dir, daemon.address, extra={**TAILS, "load_mode": mode}, tp=tp)
     # 100 + 4 computed answer tokens: 6 full blocks + an 8-token tail (5 tokens, by max_tokens or a stop token)
     r1 = h.add("r1", PROMPT, max_tokens=9 if stop else 5, stop_after=5 if stop else None)
     _finish(h, "r1", held=stop)
@@ -50,8 +51,12 @@ def test_an_agents_next_turn_loads_the_previous_turns_tail_in_one_step(daemon, m
     r2 = h.add("r2", turn, max_tokens=2)
     out = h.step()
     (job,) = out.kv_connector_metadata.plan.loads
-    assert job.sync and len(job.keys) == 7 and out.num_scheduled_tokens["r2"] == 125 - 104
-    assert r2.status == RequestStatus.RUNNING
+    assert len(job.keys) == 7 and job.sync is (mode == "auto")
+    if mode == "auto":                              # in RAM: loaded and computed in this step
+        assert out.num_scheduled_tokens["r2"] == 125 - 104 and r2.status == RequestStatus.RUNNING
+    else:                                           # waits for its load, then computes from inside the block
+        assert "r2" not in out.num_scheduled_tokens and r2.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert r2.num_computed_tokens == 104
     h.run()
     assert (h.prefill["r2"].num_external_cached_tokens, h.prefill["r2"].num_local_cached_tokens) == (104, 0)
     assert h.tracked["r2"].scheduled_tokens == 21 + 1
