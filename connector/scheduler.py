@@ -12,7 +12,8 @@ step it turns that into a `StepPlan`:
   scheduled, so a request waiting for GPU blocks does not cost RPCs per scheduler step. A hit all in RAM
   loads synchronously by default (load_mode "auto"): the request is scheduled in the same step and the
   worker copies its blocks before the forward; so does one whose blocks on disk or at peers (beyond vLLM's own
-  cache) total at most sync_fetch_bytes, read or fetched while the step waits (the lookup started that read).
+  cache) total at most sync_fetch_bytes, read or fetched while the step waits (the lookup started that read;
+  connector/load_policy.py).
   Other hits load asynchronously (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the
   daemon promotes or fetches and the worker copies.
   No hit is offered when this process's client is in stream mode (the daemon's arena cannot be mapped):
@@ -68,6 +69,7 @@ from connector.hints import HintSessions
 from connector.key_memo import KeyMemo
 from connector.keys import KeyChain, chain_root
 from connector.link import StoreLink
+from connector.load_policy import LoadPolicy
 from connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
@@ -157,13 +159,9 @@ class SchedulerSide(SchedulerTails):
         # KV cache groups: every shard's group, and each group's kind (the same in every stage and TP rank)
         self._kinds = {s.group_index: s.group_kind for s in self.stages.specs}
         self.num_groups = len(self._kinds)
-        self._key_bytes = sum(s.block_bytes * s.blocks_per_key for s in self.stages.specs)  # a key, every shard
         self._windowed = [s.group_kind.windowed for s in self.stages.specs]
         self.probe = ShardProbe(self.stages, link, self.counters)
-        if self.num_groups > 1 and config.load_mode == "sync":
-            log.warning("kvstore connector: load_mode \"sync\" is not available for a model with %d KV cache groups "
-                        "(vLLM cannot take a failed in-step load of such a model); loading asynchronously",
-                        self.num_groups)
+        self.load_policy = LoadPolicy(config, self.stages, self.num_groups)  # in the step or not (load_policy.py)
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
         # partial last blocks (connector/tails.py): where a stored block is one vLLM block, one KV cache group
@@ -232,7 +230,7 @@ class SchedulerSide(SchedulerTails):
         keys = self._extend(st, prompt)[:usable]
         if st.lookup_keys is None:
             n, tiers, miss = self._lookup(st, keys)
-            st.fetch_keys = sum(1 for x in tiers[num_computed_tokens // self.tokens_per_key:] if x != Tier.RAM)
+            st.fetch_keys = self.load_policy.fetch_keys(tiers, num_computed_tokens)
             if keys:
                 self._count_lookup(len(keys), tiers, num_computed_tokens)
             if n < len(keys):
@@ -243,7 +241,7 @@ class SchedulerSide(SchedulerTails):
         tail = st.lookup_tail.tokens if st.lookup_tail is not None else 0
         hit_tokens = st.lookup_keys * self.tokens_per_key + tail
         extra = hit_tokens - num_computed_tokens
-        return (extra, not self._sync(st)) if extra > 0 else (0, False)
+        return (extra, not self.load_policy.sync(st.fetch_keys)) if extra > 0 else (0, False)
 
     def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:
         """The request's prompt tokens by where they would come from: vLLM's own prefix cache first, then the
@@ -261,17 +259,6 @@ class SchedulerSide(SchedulerTails):
             st.missed = True
             rid = st.request.request_id
             self.misses.count(rid, cause) if isinstance(cause, str) else self.misses.submit(rid, cause)
-
-    def _sync(self, st: _ReqState) -> bool:
-        """Load in the step that schedules the request? Never with several KV cache groups: vLLM takes a failed
-        load of such a model only as a failed receive of a request waiting for it (not block by block)."""
-        mode = self.config.load_mode
-        return self.num_groups == 1 and (mode == "sync" or (mode == "auto" and self._fits_sync(st.fetch_keys)))
-
-    def _fits_sync(self, fetch_keys: int) -> bool:
-        """load_mode "auto": may a load that reads or fetches this many stored blocks (all shards' bytes of
-        each) run while the step waits?"""
-        return fetch_keys == 0 or fetch_keys * self._key_bytes <= self.config.sync_fetch_bytes
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
         """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
@@ -325,7 +312,7 @@ class SchedulerSide(SchedulerTails):
                   for gi in range(len(block_ids))]
         st.block_ids = [list(b) for b in block_ids]
         st.loading = (first_key, blocks)
-        sync = self._sync(st)
+        sync = self.load_policy.sync(st.fetch_keys)
         st.sync_builds = 2 if sync else 0
         self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync))
         self.counters.add(load_requests=1, load_sync_requests=int(sync),

@@ -12,11 +12,14 @@ from contextlib import ExitStack
 
 import pytest
 
+from connector.config import ConnectorConfig
 from connector.keys import KeyChain, chain_root, tail_keys
-from connector.namespace import namespace_for
+from connector.load_policy import LoadPolicy
+from connector.namespace import StageLayouts, namespace_for
 from connector.scheduler import ScheduledRequest
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess, wait_until
+from kvstore.vocab import Tier
 from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
 from tests.peer_helpers import Cluster, needs_etcd
 from tests.test_connector_tails import S1, T1, _finish, _run
@@ -24,6 +27,20 @@ from tests.test_connector_tails import S1, T1, _finish, _run
 pytestmark = pytest.mark.usefixtures("control_path")  # every test over the fast path and over gRPC
 
 KEY_BYTES = SPEC.block_bytes * SPEC.blocks_per_key   # one stored block, the only shard
+
+
+@pytest.mark.parametrize("mode,groups,fetch,want", [
+    ("auto", 1, 0, True), ("auto", 1, 3, True), ("auto", 1, 4, False),   # a budget of 3 keys' bytes
+    ("sync", 1, 100, True), ("async", 1, 0, False),
+    ("auto", 2, 0, False), ("sync", 2, 0, False),                          # several KV cache groups: never
+])
+def test_the_load_policy(mode: str, groups: int, fetch: int, want: bool) -> None:
+    config = ConnectorConfig.from_extra({"load_mode": mode, "sync_fetch_bytes": 3 * KEY_BYTES})
+    policy = LoadPolicy(config, StageLayouts([SPEC]), groups)
+    assert policy.sync(fetch) is want
+    ram, disk, peer = int(Tier.RAM), int(Tier.DISK), int(Tier.PEER)
+    assert [policy.fetch_keys([disk, ram, peer, disk], local) for local in (0, T, T + 4, 2 * T, 4 * T)] == [
+        3, 2, 2, 2, 0]                                   # a key partly in vLLM's cache (T + 4) still counts
 
 
 def _disk_daemon(make_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
