@@ -74,6 +74,7 @@ from connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplaine
 from connector.namespace import KVLayoutSpec, StageLayouts
 from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.probe import ShardProbe
+from connector.request_attrs import lora_name, mm_hashes, num_tokens
 from connector.stats import ConnectorCounters
 from connector.scheduler_tails import SchedulerTails
 from connector.tails import Tail
@@ -118,26 +119,6 @@ class _ReqState:
     #                             scheduling follows the next build)
 
 
-def _mm_hashes(request: Any) -> list[str]:
-    out = []
-    for f in getattr(request, "mm_features", None) or ():
-        h = getattr(f, "identifier", None) or getattr(f, "mm_hash", None)
-        if h is not None:
-            out.append(str(h))
-    return out
-
-
-def _num_tokens(request: Any) -> int:
-    """The request's tokens so far (vLLM's Request.num_tokens: prompt and output)."""
-    n = getattr(request, "num_tokens", None)
-    return int(n) if n is not None else len(getattr(request, "all_token_ids", None) or ())
-
-
-def _lora_name(request: Any) -> str | None:
-    lora = getattr(request, "lora_request", None)
-    return getattr(lora, "lora_name", None) if lora is not None else None
-
-
 class SchedulerSide(SchedulerTails):
     def __init__(self, config: ConnectorConfig, spec: KVLayoutSpec, link: StoreLink,
                  counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None,
@@ -176,8 +157,8 @@ class SchedulerSide(SchedulerTails):
     def _state(self, request: Any) -> _ReqState:
         st = self._reqs.get(request.request_id)
         if st is None:
-            mm = _mm_hashes(request)
-            root = chain_root(self.config.key_seed, lora_name=_lora_name(request), mm_hashes=mm)
+            mm = mm_hashes(request)
+            root = chain_root(self.config.key_seed, lora_name=lora_name(request), mm_hashes=mm)
             salt = getattr(request, "cache_salt", None) or None
             memo = self.key_memo is not None and not mm and getattr(request, "prompt_embeds", None) is None
             st = _ReqState(request, self.stages.names(salt), salt,
@@ -197,7 +178,7 @@ class SchedulerSide(SchedulerTails):
         hashes = getattr(st.request, "block_hashes", None) if memo is not None and st.memo else None
         if not hashes or memo is None:
             return chain.extend(tokens)
-        if len(hashes) * self.spec.block_size > _num_tokens(st.request):
+        if len(hashes) * self.spec.block_size > num_tokens(st.request):
             return chain.extend(tokens)  # hashed in blocks finer than the KV blocks: not for the memo (key_memo.py)
         g = self.blocks_per_key
         if not chain.keys:
@@ -415,7 +396,7 @@ class SchedulerSide(SchedulerTails):
         self.counters.add(save_keys=full - first)
         t = self.tokens_per_key
         self._stored.append(StoredRecord(list(keys), st.chain.keys[first - 1] if first else None,
-                                         list(tokens[first * t: full * t]), t, _lora_name(req)))
+                                         list(tokens[first * t: full * t]), t, lora_name(req)))
         return SaveJob(req.request_id, st.salt, list(keys), blocks)
 
     def _save_blocks(self, group: int, table: list[int], first: int, full: int, prompt_len: int,
