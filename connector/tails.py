@@ -29,8 +29,10 @@ Load: the tail's block is one more key of the request's load, copied whole into 
 those tokens; positions past the tail are overwritten by vLLM's forward before anything reads them (attention
 reads positions below the sequence length only). A failed tail load is a failed block: vLLM recomputes it. The
 load may be synchronous or asynchronous (vLLM 0.32 and 0.33 take an asynchronous hit that ends inside a block as
-it is); with load_mode "auto" a tail on disk counts toward sync_fetch_bytes like any block. Exists asks this
-node's daemon only, so a tail that only a peer holds is not found.
+it is); with load_mode "auto" a tail on disk counts toward sync_fetch_bytes like any block. The Exists is
+cluster-wide: lengths this node's daemon lacks are asked of their owners on the peer tier (one metadata-only
+probe per peer, in parallel), so a tail another node saved is found, and the probe that follows starts its
+fetch like any peer hit.
 
 Where: one stored block per vLLM block (blocks_per_key 1: the default wherever a vLLM block reaches 0.5 MiB)
 and one KV cache group (no hybrid model); elsewhere tails are off.
@@ -77,7 +79,7 @@ def find_tail(link: StoreLink, namespaces: list[str], parent: bytes, tokens: Seq
     def probe(c: Client) -> Tail | None:
         # Exists first: it neither counts as a lookup nor starts a promotion, so the daemon's lookup and hit
         # counters (its hit rate) see one key per tail found, not every length asked for
-        present = c.exists(namespaces[0], keys)
+        present = c.exists(namespaces[0], keys, cluster=True)
         t = max((i + 1 for i, p in enumerate(present) if p), default=0)  # keys[t - 1] names the first t tokens
         if not t:
             return None

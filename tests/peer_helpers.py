@@ -32,7 +32,9 @@ class Cluster:
     def __init__(self, stack: ExitStack, plane: str = "tcp", ttl_s: float = 2.0, timeout_s: float = 1.0,
                  names: tuple[str, ...] = ("a", "b", "c"), **opts: object) -> None:
         self.etcd = stack.enter_context(EtcdProcess())
-        tag = os.urandom(3).hex()
+        self.stack = stack
+        self.options = dict(plane=plane, ttl_s=ttl_s, timeout_s=timeout_s, **opts)  # a joining node's (join())
+        self.tag = tag = os.urandom(3).hex()
         self.ids = [f"{n}-{tag}" for n in names]
         self.nodes: dict[str, DaemonProcess] = {}
         for name, node_id in zip(names, self.ids):
@@ -43,6 +45,16 @@ class Cluster:
             self.nodes[name] = d.start()
         self.clients = {n: stack.enter_context(d.client()) for n, d in self.nodes.items()}
         self.wait_members(len(names))
+
+    def join(self, name: str) -> DaemonProcess:
+        """Start one more daemon with the same options; it joins the cluster (its client is in `clients`)."""
+        node = DaemonProcess(node_id=f"{name}-{self.tag}", **peer_options(self.etcd, **self.options))
+        self.stack.callback(node.close)
+        self.stack.callback(_report_if_dead, name, node)
+        self.nodes[name] = node.start()
+        self.clients[name] = self.stack.enter_context(node.client())
+        self.ids.append(node.node_id)
+        return node
 
     def wait_members(self, n: int, on: tuple[str, ...] | None = None, timeout_s: float = 15.0) -> None:
         for name in on or tuple(self.clients):

@@ -187,7 +187,8 @@ def print_stats(s: Stats) -> None:
         c.print(Text("disk tier: off"))
     p = s.peers
     if p is not None:
-        c.print(_kv_table("peer tier", [("members", _peers_line(p)), ("pending pushes", p.pending_pushes)]
+        c.print(_kv_table("peer tier", [("members", _peers_line(p)), ("pending pushes", p.pending_pushes),
+                                         ("pending hand-offs", p.pending_handoffs)]
                           + [(k.replace("_", " "), v) for k, v in p.counters.items()]))
     counters = Table(title="counters", title_justify="left", show_header=False, box=None, padding=(0, 2))
     for _ in range(2):

@@ -311,10 +311,12 @@ class Client(DataCalls, SessionCalls):
         return probes.tiers_many(self._control, self._check_incarnation, self.max_batch_keys, namespaces, keys)
 
     # -- management -------------------------------------------------------------------------------------
-    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+    def exists(self, namespace: str, keys: Sequence[bytes], *, cluster: bool = False) -> list[bool]:
+        """Per key: held by this daemon (RAM, disk). `cluster`: or by its owner on the peer tier (one
+        metadata-only probe per peer for the keys missing here; no bytes move, no lookup is counted)."""
         out: list[bool] = []
         for part in chunks(len(keys), self.max_batch_keys):
-            out.extend(self._control.exists(namespace, list(keys[part])))
+            out.extend(self._control.exists(namespace, list(keys[part]), cluster))
         return out
 
     def _count(self, rpc: str, namespace: str, keys: Sequence[bytes]) -> int:

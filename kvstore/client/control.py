@@ -58,7 +58,7 @@ class ControlPlane(Protocol):
     def slot_bank(self, size: int, on_incarnation: Callable[[int], None]) -> SlotBank | None: ...
     def lookup_here(self, namespace: str, keys: Sequence[bytes]) -> Lease | None: ...
     def probe_many(self, namespaces: Sequence[str], keys: Sequence[bytes], prefix: bool = True) -> list[Lease]: ...
-    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...
+    def exists(self, namespace: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]: ...
     def settle(self) -> None: ...
     def close(self) -> None: ...
 
@@ -116,8 +116,8 @@ class GrpcControl:
         one without `prefix` answers every key's tier."""
         return [self.lookup(ns, keys, prefix, False, summary=prefix) for ns in namespaces]
 
-    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
-        return list(self._rpc.call("Exists", pb.KeysRequest(namespace=namespace, keys=keys)).present)
+    def exists(self, namespace: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]:
+        return list(self._rpc.call("Exists", pb.ExistsRequest(namespace=namespace, keys=keys, cluster=cluster)).present)
 
     def settle(self) -> None:
         """Every call is answered: nothing to wait for."""
@@ -397,12 +397,13 @@ class FastControl:
             return self._grpc.release(lease_ids)
         return decoded_reply(fp.decode_count, self.channel.call(fp.RELEASE, body))
 
-    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+    def exists(self, namespace: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]:
         try:
             body = fp.encode_exists(namespace, keys)
         except UNENCODABLE:
-            return self._grpc.exists(namespace, keys)
-        return decoded_reply(fp.decode_bools, self.channel.call(fp.EXISTS, body))
+            return self._grpc.exists(namespace, keys, cluster)
+        return decoded_reply(fp.decode_bools,
+                             self.channel.call(fp.EXISTS, body, fp.EXISTS_CLUSTER if cluster else 0))
 
     def echo(self, payload: bytes) -> bytes:
         """A round trip that does nothing in the daemon (the fast path's own cost, for bench.micro)."""

@@ -44,6 +44,7 @@ class PeerTierStats:
     members: list[PeerMember]
     counters: dict[str, int]
     pending_pushes: int
+    pending_handoffs: int = 0  # hand-off passes queued or running after membership changes
 
 
 @dataclass(frozen=True)

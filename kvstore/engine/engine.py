@@ -312,13 +312,20 @@ class Engine(EngineQueries):
         with self._lock:
             return self._leases.release(lease_ids)
 
-    def exists(self, ns_name: str, keys: Sequence[bytes]) -> list[bool]:
-        """Present in RAM (or being promoted) or on disk; no lease, no promotion."""
+    def exists(self, ns_name: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]:
+        """Present in RAM (or being promoted) or on disk; no lease, no promotion. `cluster`: keys missing here
+        are asked of the peer tier (their owners; metadata only, no lock held), and count as present there."""
         self._check_keys(keys)
         with self._lock:
             ns = self._names.get(ns_name)
             _, tiers = self._lookups.locate(ns, keys)
-            return (tiers != _NONE).tolist()
+            present: list[bool] = (tiers != _NONE).tolist()
+        remote = self._writes.remote
+        if cluster and remote is not None and not all(present):
+            missing = [k for k, p in zip(keys, present) if not p]
+            elsewhere = dict(zip(missing, remote.held_elsewhere(ns_name, missing)))
+            present = [p or elsewhere.get(k, False) for k, p in zip(keys, present)]
+        return present
 
     # -- removal and pins (a leased block is DOOMED, not freed: its slot goes at the last release) -------
     def delete(self, ns_name: str, keys: Sequence[bytes]) -> int:

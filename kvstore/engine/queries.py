@@ -48,6 +48,24 @@ class EngineQueries:
             records, ram_more = self._views.ram_page(ns, cursor, limit)
         return self._views.page(ns.name, records, ram_more, cursor, limit)
 
+    def held_keys(self, ns_name: str) -> list[bytes]:
+        """Every key this node holds in the namespace, committed in RAM or on disk, each once, unordered: what the
+        peer tier walks after a membership change to hand blocks to their new owners. O(keys): the RAM half
+        under the lock, the disk half after it (a key evicted or written between the two is simply missed or
+        listed: the hand-off asks the target first and reads under a lease, so a stale name costs a miss)."""
+        with self._lock:
+            keys = self._views.ram_keys(self._names.get(ns_name))
+        store = self._disk.store
+        if store is None:
+            return keys
+        seen = set(keys)
+        cursor = b""
+        while True:
+            page, cursor = store.list_keys(ns_name, cursor, 10000)
+            keys.extend(r.key for r in page if r.key not in seen)
+            if not cursor:
+                return keys
+
     def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
         """Records of the present keys among `keys` (any tier), in request order."""
         self._check_keys(keys)

@@ -45,6 +45,11 @@ class Views:
         ram = sorted((k, e) for k, e in ns.index.items() if cat.state[e] == _COMMITTED and k > cursor)
         return {k: key_record(cat, k, e) for k, e in ram[:limit]}, len(ram) > limit
 
+    def ram_keys(self, ns: Namespace) -> list[bytes]:
+        """Under the lock: every key committed in RAM, unordered."""
+        state = self._cat.state
+        return [k for k, e in ns.index.items() if state[e] == _COMMITTED]
+
     def page(self, ns_name: str, records: dict[bytes, KeyRecord], ram_more: bool, cursor: bytes,
              limit: int) -> tuple[list[KeyRecord], bytes]:
         """No lock: merge the disk tier's page into `ram_page`'s; one page in byte order and the next cursor

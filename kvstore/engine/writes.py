@@ -36,6 +36,7 @@ class RemoteHooks(Protocol):
     def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a leased Lookup, no lock held
     def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
+    def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...  # Exists(cluster), no lock
 
 
 class Writes:

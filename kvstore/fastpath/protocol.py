@@ -30,7 +30,8 @@ the length of every key, or 0 followed by u8 length[n] when they differ)::
     COMMIT   req  u64 reservation_id | u32 m | u64 checksums[m]        rep  u32 committed
     ABORT    req  u64 reservation_id                                    rep  u32 aborted
     RELEASE  req  u32 m | u64 lease_ids[m]                              rep  u32 released
-    EXISTS   req  ns keys                                               rep  u32 n | u8 present[n]
+    EXISTS   req  flags: 1 cluster (keys missing here are asked of their owners),  ns keys
+             rep  u32 n | u8 present[n]
     ECHO     req  any bytes (<= 64 KiB)                                 rep  the same bytes
     PROBE    req  ns u32 m | u32 entry_ids[m] | u32 serials[m] | keys
              rep  u32 num_prefix | u32 n | u64 incarnation | u8 tiers[n]   (present: num_prefix Trues, then
@@ -69,7 +70,7 @@ from kvstore.fastpath.wire import ns_field as _ns
 from kvstore.fastpath.wire import u64s_field as _u64s
 
 __all__ = [
-    "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "ECHO", "PROBE", "LOOKUP_IDS",
+    "HEADER", "HELLO", "LOOKUP", "RESERVE", "COMMIT", "ABORT", "RELEASE", "EXISTS", "EXISTS_CLUSTER", "ECHO", "PROBE", "LOOKUP_IDS",
     "HITS", "HITS_READ", "SPARE", "STORE", "ONE_WAY", "OP_NAMES", "OK", "ERROR", "MAGIC", "VERSION", "MAX_BODY", "HELLO_WANT_INDEX", "FrameError",
     "Header", "Reader", "LookupReply", "frame", "encode_hello", "decode_hello", "encode_hello_reply",
     "decode_hello_reply", "encode_error", "decode_error", "encode_lookup", "decode_lookup", "encode_lookup_reply",
@@ -87,6 +88,7 @@ OP_NAMES = {HELLO: "Hello", LOOKUP: "Lookup", RESERVE: "Reserve", COMMIT: "Commi
 ONE_WAY = frozenset({HITS})  # requests the daemon never answers
 OK, ERROR = 0, 1
 LOOKUP_PREFIX, LOOKUP_LEASE, LOOKUP_SUMMARY = 1, 2, 4
+EXISTS_CLUSTER = 1  # an EXISTS whose local misses are asked of their owners (a daemon without peers ignores it)
 HITS_READ = 8  # a HITS of a get: the client read the blocks (hit bytes count, as for a leased Lookup)
 CLOSING = 1  # flag of an error reply: the daemon closes the connection after it (bad frame, revoked token)
 HELLO_WANT_ARENA, HELLO_WANT_INDEX = 1, 2  # the reply carries the arena file / the key index (one of them)

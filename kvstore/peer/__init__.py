@@ -1,9 +1,13 @@
 """The remote peer tier: kvstore-servers that share blocks over etcd membership and a TCP / UCX data plane.
 
     cluster.py       PeerCluster, the facade the daemon builds (PeerConfig in, engine hooks out)
-    membership.py    this node's lease and record in etcd; the live member set
+    membership.py    this node's lease and record in etcd; the live member set, by watch
     etcd.py          a minimal etcd v3 JSON-gateway client (standard library only)
-    placement.py     rendezvous hashing: the owner (and replica) of a block
+    etcd_watch.py    one watch stream on a key prefix over that gateway
+    change.py        a membership change as a value; the member view with its hand-off window
+    placement.py     rendezvous hashing: the owner (and replica) of a block, hand-off targets, read order
+    handoff.py       after a change: hand the blocks this node holds to their new owners (and on leave)
+    intake.py        what a node takes when handed blocks: ownership and a byte budget
     remote_tier.py   reads: a local miss asks the owner, one batched call per peer
     replicator.py    writes: after a put, push to the owner in the background (bounded, never blocks)
     local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive

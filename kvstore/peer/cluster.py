@@ -1,13 +1,22 @@
-"""The peer tier as one object the composition root builds: membership, placement, data plane, reads, pushes.
+"""The peer tier as one object the composition root builds: membership, placement, data plane, reads, pushes,
+hand-off.
 
     PeerCluster(PeerConfig, engine, arena view, transfer meter)
-      start()     data-plane listener, then join etcd (a down etcd is retried; the node serves alone meanwhile),
-                  then the pusher; the engine gets this object as its `remote` hooks
-      fill()      engine hook on a leased Lookup: fetch local misses from their owners (remote_tier.RemoteTier)
+      start()     data-plane listener, then join etcd and watch the member set (a down etcd is retried; the node
+                  serves alone meanwhile), then the pusher and the hand-off thread; the engine gets this object
+                  as its `remote` hooks
+      fill()      engine hook on a leased Lookup: fetch local misses from their owners (remote_tier.RemoteTier),
+                  then from their previous owners during a hand-off window
       prefetch()  engine hook on a Lookup without lease: probe owners, fetch in the background
+      held_elsewhere()  engine hook of a cluster-wide Exists: which keys their owners hold (metadata only)
       committed() engine hook on Commit: queue pushes to owners (replicator.Replicator)
-      stats()     members, etcd state, counters (Stats, Health, metrics)
-      stop()      leave etcd (revoke the lease), stop pushing, close the listener
+      status()    members, etcd state, counters, pushes and hand-offs pending (Stats, Health, metrics)
+      leave()     SIGTERM: hand this node's blocks to their next owners (bounded by leave_timeout_s), then stop()
+      stop()      leave etcd (revoke the lease), stop pushing and handing off, close the listener
+
+Every member-set change the watch reports becomes a change.MemberChange (before -> after): the view keeps
+the earlier sets for `handoff_window_s` (reads ask previous owners; the intake accepts blocks it owned), and
+the hand-off thread moves the blocks this node holds for new owners (handoff.py).
 
 Without `etcd_endpoints` the daemon never builds one, and nothing of this runs.
 """
@@ -23,8 +32,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvstore.errors import ConfigError
+from kvstore.peer.change import MemberView
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.etcd import EtcdClient
+from kvstore.peer.handoff import HandOff, PassReport
+from kvstore.peer.intake import HandOffIntake
 from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member, Membership
 from kvstore.peer.plane import DataPlane
@@ -75,6 +87,10 @@ class PeerConfig:
     # a data-plane connection that carries no frame for this long is closed (tcp and ucx listeners)
     idle_timeout_s: float = 60.0
     etcd_security: EtcdSecurity | None = None  # etcd's CA, client certificate and user (security/etcd.py)
+    handoff_bytes_per_s: int = 1 << 30          # hand-off sending rate (handoff.py)
+    handoff_intake_bytes_per_s: int = 4 << 30   # hand-off intake budget (intake.py)
+    handoff_window_s: float = 120.0             # reads ask previous owners this long after a change (change.py)
+    leave_timeout_s: float = 20.0               # SIGTERM: hand-off before leaving, at most this long
 
     def __post_init__(self) -> None:
         for url in self.etcd_endpoints:
@@ -107,6 +123,15 @@ class PeerConfig:
                  f"peer_idle_timeout_s={self.idle_timeout_s}: use 1..3600 seconds")
         _require(1 <= self.push_queue_blocks <= 1 << 20,
                  f"peer_push_queue_blocks={self.push_queue_blocks}: use 1..1048576")
+        for name, rate in (("peer_handoff_bytes_per_s", self.handoff_bytes_per_s),
+                           ("peer_handoff_intake_bytes_per_s", self.handoff_intake_bytes_per_s)):
+            _require(1 << 20 <= rate <= 1 << 40,
+                     f"{name}={rate}: use 1MiB..1TiB per second (a hand-off slower than 1 MiB/s never finishes)")
+        _require(0 <= self.handoff_window_s <= 86400,
+                 f"peer_handoff_window_s={self.handoff_window_s}: use 0..86400 seconds (0: never ask previous owners)")
+        _require(0 <= self.leave_timeout_s <= 3600,
+                 f"peer_leave_timeout_s={self.leave_timeout_s}: use 0..3600 seconds (keep it below the pod's "
+                 "terminationGracePeriodSeconds)")
 
 
 def _one_of(names: tuple[str, ...]) -> str:
@@ -128,6 +153,7 @@ class PeerStatus:
     members: tuple[Member, ...]
     counters: dict[str, int]
     pending_pushes: int
+    pending_handoffs: int = 0
 
 
 def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter: TransferMeter) -> DataPlane:
@@ -159,11 +185,16 @@ class PeerCluster:
         self._engine = engine
         self.membership: Membership | None = None
         copies = COPIES[cfg.replication]
+        self.view = MemberView(cfg.node_id, copies, cfg.handoff_window_s)
         self.remote = RemoteTier(engine, self.plane, self._members, cfg.node_id, copies=copies,
                                  timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, counters=self.counters,
-                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2))
+                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.view.previous)
         self.replicator = Replicator(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                      queue_blocks=cfg.push_queue_blocks, counters=self.counters)
+        self.handoff = HandOff(self.local, self.plane, self._members, cfg.node_id, copies=copies,
+                               bytes_per_s=cfg.handoff_bytes_per_s, counters=self.counters,
+                               batch_keys=min(32, cfg.max_keys))
+        self.local.set_handoff_gate(HandOffIntake(self.view, self.counters, cfg.handoff_intake_bytes_per_s))
 
     def _members(self) -> dict[str, Member]:
         if self.membership is None:
@@ -176,12 +207,21 @@ class PeerCluster:
         me = Member(cfg.node_id, cfg.control_address, self.plane.address, cfg.data_plane, cfg.capacity_bytes)
         etcd = EtcdClient(cfg.etcd_endpoints, timeout_s=min(1.0, cfg.lease_ttl_s / 3), security=cfg.etcd_security)
         self.membership = Membership(etcd, cfg.etcd_prefix, me, ttl_s=cfg.lease_ttl_s, refresh_s=cfg.refresh_s,
-                                     counters=self.counters, on_change=self._check_planes)
+                                     counters=self.counters, on_change=self._changed)
         self.replicator.start()
+        self.handoff.start()
         self.membership.start()
         self._engine.attach_remote(self)
         log.info("peer tier: node=%s plane=%s data=%s replication=%s etcd=%s", cfg.node_id, cfg.data_plane,
                  self.plane.address, cfg.replication, ",".join(cfg.etcd_endpoints))
+
+    def _changed(self, members: dict[str, Member]) -> None:
+        """The watch saw a new member set: record the change, hand off what moved (in the background)."""
+        self._check_planes(members)
+        change = self.view.apply(members)
+        if change is not None:  # this node's own join too: blocks it recovered from disk may belong elsewhere
+            log.info("member change %s: %d members", change.describe(), len(change.after))
+            self.handoff.schedule(change)
 
     def _check_planes(self, members: dict[str, Member]) -> None:
         for m in members.values():
@@ -189,8 +229,21 @@ class PeerCluster:
                 log.warning("member %s speaks data plane %s, this node %s: calls to it will fail (use one plane "
                             "per cluster)", m.node_id, m.plane, self.cfg.data_plane)
 
+    def leave(self) -> PassReport | None:
+        """A graceful leave (SIGTERM): hand every block this node owns to the member that owns it next, within
+        leave_timeout_s, while still a member (peers keep reading from it meanwhile), then stop(). None when
+        there is nobody to hand to (alone, replication off, leave_timeout_s 0)."""
+        report = None
+        members = self.view.current()
+        if self.cfg.leave_timeout_s > 0 and len(members) > 1 and self.membership is not None:
+            self.replicator.flush(self.cfg.leave_timeout_s / 2)  # queued pushes first: they are new blocks
+            report = self.handoff.leave(members, self.cfg.leave_timeout_s)
+        self.stop()
+        return report
+
     def stop(self) -> None:
         self._engine.attach_remote(None)
+        self.handoff.stop()
         self.replicator.stop()
         if self.membership is not None:
             self.membership.stop()
@@ -207,10 +260,20 @@ class PeerCluster:
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
         self.replicator.committed(reservation_id, namespace, keys)
 
+    def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        """Per key: a peer holds it (its owner, or a previous owner during a hand-off window); metadata only."""
+        if len(self._members()) < 2 or not keys:
+            return [False] * len(keys)
+        found = self.remote.locate(namespace, list(keys))
+        self.counters.add("exists_remote_calls")
+        held = {k for _, ks in found for k in ks}
+        self.counters.add("exists_remote_hits", len(held))
+        return [k in held for k in keys]
+
     # -- inspection -----------------------------------------------------------------------------------------
     def status(self) -> PeerStatus:
         members = self._members()
         return PeerStatus(self.cfg.node_id, bool(self.membership and self.membership.connected), self.cfg.data_plane,
                           self.plane.address, self.cfg.replication,
                           tuple(members[k] for k in sorted(members)), self.counters.snapshot(),
-                          self.replicator.pending)
+                          self.replicator.pending, self.handoff.pending)

@@ -37,6 +37,24 @@ COUNTER_HELP: dict[str, str] = {
     "checksum_failures": "Blocks from a peer whose xxh3 did not match (misses, not stored)",
     "etcd_errors": "Failed calls to etcd (the node keeps serving its own tiers)",
     "rejoins": "Times this node registered itself in etcd (first join included)",
+    "member_changes": "Changes of the member set this node saw (a join, a leave, a death; its own join)",
+    "watch_restarts": "Member watches opened again after etcd ended one (restart, compaction, lost stream)",
+    "fallback_keys": "Keys asked of a previous owner because their current owner did not hold them "
+                     "(a hand-off still under way)",
+    "fallback_hits": "Keys a previous owner held and this node fetched (or found) through it",
+    "handoff_scans": "Hand-off passes over this node's blocks after membership changes (or a leave)",
+    "handoff_keys_scanned": "Keys a hand-off pass looked at",
+    "handoff_blocks": "Blocks handed to a new owner after a membership change (stored there)",
+    "handoff_bytes": "Bytes of the blocks handed to new owners",
+    "handoff_present": "Blocks a hand-off found at their new owner already (not sent again)",
+    "handoff_dropped": "Blocks a hand-off could not deliver: owner down, call failed, refused, or the leave's "
+                       "deadline passed",
+    "handoff_received": "Blocks other nodes handed to this node that it stored",
+    "handoff_refused": "Handed-off blocks refused because this node does not own them (dropped, counted)",
+    "handoff_flood_refused": "Hand-off frames refused whole because hand-offs arrived faster than "
+                             "peer_handoff_intake_bytes_per_s",
+    "exists_remote_calls": "Metadata-only calls asking owners about keys a cluster-wide Exists missed here",
+    "exists_remote_hits": "Keys a cluster-wide Exists found at a peer",
 }
 
 

@@ -3,9 +3,10 @@
 Why not a gRPC etcd client: `etcd3` 0.12 breaks on protobuf >= 4 and this daemon pins protobuf 7 for its own
 stubs; `aetcd` is asyncio-only and ships its own generated stubs, another protobuf coupling to keep in step.
 Membership needs five calls (lease grant / keepalive / revoke, put, prefix range), each a tiny JSON POST that
-every etcd >= 3.4 serves on its client port, so urllib is enough and nothing can drift against our protobuf.
-Watches are not used: the member set is a few keys, re-read every `peer_refresh_s` (one small range request),
-which also heals by itself after an etcd outage without tracking watch revisions.
+every etcd >= 3.4 serves on its client port, so urllib is enough and nothing can drift against our protobuf,
+and one watch: the gateway streams a watch's answers as newline-separated JSON objects on one long POST
+(`open_stream`; etcd_watch.py reads them), so a member that joins or leaves is seen at once by every node and
+etcd's load does not grow with nodes x refresh rate.
 
 Security (kvstore/security/etcd.py says why it matters): https:// endpoints verify etcd's certificate and host
 name against `etcd_ca` (or the system store) and may present a client certificate; with `etcd_user` the
@@ -258,9 +259,73 @@ class EtcdClient:
 
     def range_prefix(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Every (key, value) under `prefix`."""
+        return self.range_prefix_at(prefix)[1]
+
+    def range_prefix_at(self, prefix: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """(the store's revision of the answer, every (key, value) under `prefix`): a watch from revision + 1
+        then misses no change and repeats none."""
         answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
         try:
-            return [(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")))
-                    for kv in answer.get("kvs", [])]
-        except (KeyError, ValueError, TypeError) as exc:
+            revision = int(answer.get("header", {}).get("revision", 0))
+            return revision, [(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")))
+                              for kv in answer.get("kvs", [])]
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise EtcdUnavailable(f"etcd range answered {answer!r}") from exc
+
+    @staticmethod
+    def prefix_end(prefix: bytes) -> bytes:
+        return _prefix_end(prefix)
+
+    # -- streams (watch) --------------------------------------------------------------------------------------
+    def open_stream(self, path: str, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """A streaming POST on the first endpoint that answers 200 (the preferred one first): its connection
+        (close it, or shut its socket down from another thread, to end the stream) and response (read it a line
+        at a time). Logs in first where a user is set; a refusal raises EtcdRefused, no answer EtcdUnavailable."""
+        with self._lock:
+            errors: list[EtcdUnavailable] = []
+            n = len(self._endpoints)
+            for i in range(n):
+                idx = (self._preferred + i) % n
+                try:
+                    opened = self._open_one(self._endpoints[idx], path, body)
+                except EtcdUnavailable as exc:
+                    errors.append(exc)
+                    continue
+                self._preferred = idx
+                return opened
+        refused = [e for e in errors if isinstance(e, EtcdRefused)]
+        first = refused[0] if refused else errors[0]
+        raise type(first)("; ".join(str(e) for e in (refused or errors))) from first
+
+    def _open_one(self, endpoint: str, path: str,
+                  body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        if self._login_needed and not self._token:
+            self._login(endpoint, "")
+        parts = urlsplit(endpoint)
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=self._timeout,
+                                               context=self._context)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self._timeout)
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = self._token
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            conn.close()
+            raise self._transport_error(endpoint, exc) from exc
+        if resp.status != 200:
+            raw = resp.read()
+            conn.close()
+            try:
+                answer = json.loads(raw or b"{}")
+            except ValueError:
+                answer = {"error": raw.decode(errors="replace")[:300]}
+            err = _error_of(resp.status, answer if isinstance(answer, dict) else {}) or f"HTTP {resp.status}"
+            if self._security.user and any(text in err for text in _RELOGIN):
+                self._token = ""  # the next open logs in again
+            raise self._refusal(endpoint, path, err)
+        return conn, resp

@@ -4,7 +4,8 @@
       magic     4s   b"KVSP"
       version   u8   1
       op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY | PROBE | PROBE_REPLY
-      flags     u16  0 (reserved)
+      flags     u16  HANDOFF (1) on a PUSH that hands blocks to their new owner after a membership change;
+                     every other bit is reserved (a frame with one set is refused)
       request   u64  request id; a reply carries its request's id
       count     u32  keys in the batch (<= max_batch_keys)
       meta_len  u32  bytes of metadata after the header (<= MAX_META_BYTES)
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH",
+__all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH", "HANDOFF",
            "PUSH_REPLY", "PROBE", "PROBE_REPLY", "MAX_META_BYTES", "encode_presence", "decode_presence",
            "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes", "encode_push", "decode_push",
            "check_header"]
@@ -42,6 +43,8 @@ MAGIC = b"KVSP"
 VERSION = 1
 FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY = 1, 2, 3, 4, 5, 6
 _OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY)
+HANDOFF = 1          # flags: this PUSH hands blocks over after a membership change (the receiver checks ownership)
+_KNOWN_FLAGS = HANDOFF
 HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META_BYTES = 1 << 20
 
@@ -57,9 +60,11 @@ class Header:
     count: int
     meta_len: int
     payload_len: int
+    flags: int = 0
 
     def pack(self) -> bytes:
-        return HEADER.pack(MAGIC, VERSION, self.op, 0, self.request_id, self.count, self.meta_len, self.payload_len)
+        return HEADER.pack(MAGIC, VERSION, self.op, self.flags, self.request_id, self.count, self.meta_len,
+                           self.payload_len)
 
 
 @dataclass(frozen=True)
@@ -76,20 +81,24 @@ class NamespaceDesc:
 def check_header(raw: bytes, *, max_keys: int, max_block_bytes: int, expect: tuple[int, ...] = _OPS) -> Header:
     if len(raw) != HEADER.size:
         raise FrameError(f"truncated header: {len(raw)} of {HEADER.size} bytes")
-    magic, version, op, _flags, rid, count, meta_len, payload = HEADER.unpack(raw)
+    magic, version, op, flags, rid, count, meta_len, payload = HEADER.unpack(raw)
     if magic != MAGIC:
         raise FrameError(f"bad magic {magic!r}")
     if version != VERSION:
         raise FrameError(f"unsupported version {version}")
     if op not in expect:
         raise FrameError(f"unexpected op {op}")
+    if flags & ~_KNOWN_FLAGS:
+        raise FrameError(f"unknown flags {flags:#x}")
+    if flags & HANDOFF and op != PUSH:
+        raise FrameError(f"the hand-off flag on op {op} (only a push hands blocks over)")
     if count > max_keys:
         raise FrameError(f"{count} keys in one frame (max {max_keys})")
     if meta_len > MAX_META_BYTES:
         raise FrameError(f"metadata of {meta_len} bytes (max {MAX_META_BYTES})")
     if payload > count * max_block_bytes:
         raise FrameError(f"payload of {payload} bytes for {count} blocks of at most {max_block_bytes}")
-    return Header(op, rid, count, meta_len, payload)
+    return Header(op, rid, count, meta_len, payload, flags)
 
 
 class _Reader:

@@ -107,7 +107,7 @@ class GrpcPlane(DataPlane):
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
         """Exists on the peer's control port (it answers from its own tiers; an unknown namespace: none)."""
         try:
-            r = self._stub(member).Exists(pb.KeysRequest(namespace=namespace, keys=keys), timeout=self._timeout,
+            r = self._stub(member).Exists(pb.ExistsRequest(namespace=namespace, keys=keys), timeout=self._timeout,
                                           metadata=PEER_METADATA)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
@@ -117,7 +117,9 @@ class GrpcPlane(DataPlane):
             raise PeerError(f"{member.node_id} (grpc): {len(r.present)} answers for {len(keys)} keys")
         return list(r.present)
 
-    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
+        """A Put stream to the member's gRPC port (a hand-off too: the stream carries no flag, so the receiver
+        stores it like any put, without the ownership check the tcp and ucx planes make)."""
         stub = self._stub(member)
         try:
             if (member.control, desc.name) not in self._registered:

@@ -21,6 +21,9 @@ the one that was writing and has stopped).
 
 Reservations made here are remembered (`is_own`) so the engine's commit hook does not push a block that came
 from a peer back out again.
+
+`admit_handoff(ns, keys, payload_bytes)`: which blocks of a hand-off this node takes; the peer tier installs
+its intake (intake.py: ownership and a byte budget) with `set_handoff_gate`; without one, all of them.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class LocalStore:
         self._own: set[int] = set()
         self._own_lock = threading.Lock()
         self._descs: dict[str, NamespaceDesc] = {}
+        self._handoff_gate: Callable[[str, list[bytes], int], list[bool]] | None = None
 
     # -- sending ----------------------------------------------------------------------------------------
     def open_for_send(self, namespace: str, keys: list[bytes]) -> Outgoing:
@@ -134,6 +138,32 @@ class LocalStore:
             return self._engine.exists(namespace, keys)
         except KVStoreError:   # unknown namespace, keys the engine refuses: nothing here
             return [False] * len(keys)
+
+    def namespaces(self) -> list[str]:
+        """The namespaces registered here (a hand-off walks each)."""
+        return [ns.name for ns in self._engine.stats().namespaces]
+
+    def held(self, namespace: str) -> list[bytes]:
+        """Every key held here in the namespace (RAM or disk), unordered; [] for an unknown namespace."""
+        try:
+            return self._engine.held_keys(namespace)
+        except KVStoreError:
+            return []
+
+    def sizes(self, namespace: str, keys: list[bytes]) -> dict[bytes, int]:
+        """Sizes of the keys held here (absent keys are left out)."""
+        try:
+            return {r.key: r.size for r in self._engine.describe(namespace, keys)}
+        except KVStoreError:
+            return {}
+
+    def set_handoff_gate(self, gate: Callable[[str, list[bytes], int], list[bool]] | None) -> None:
+        self._handoff_gate = gate
+
+    def admit_handoff(self, namespace: str, keys: list[bytes], payload_bytes: int) -> list[bool]:
+        """Per block of a hand-off: take it (True) or read it into scratch and drop it."""
+        gate = self._handoff_gate
+        return [True] * len(keys) if gate is None else gate(namespace, keys, payload_bytes)
 
     def describe(self, namespace: str) -> NamespaceDesc:
         """The namespace's description, for pushes (cached: descriptions never change once registered)."""

@@ -1,17 +1,28 @@
-"""This node's place in the cluster: its record in etcd under a lease, and the live member set.
+"""This node's place in the cluster: its record in etcd under a lease, and the live member set, by watch.
 
-One thread does everything on a fixed tick (`refresh_s`): register (grant a lease with `ttl_s`, put the
-record), renew the lease, re-read the member records. A member is live while its record exists, i.e. while
-its daemon keeps its lease alive; a daemon killed with -9 drops out when its lease expires (at most `ttl_s`).
+Two threads:
+
+    keepalive  every `refresh_s`: register (grant a lease with `ttl_s`, put this node's record under it) or
+               renew the lease. A member is live while its record exists, i.e. while its daemon keeps its lease
+               alive; a daemon killed with -9 drops out when its lease expires (at most `ttl_s`).
+    watcher    reads every record under the prefix once (a range, which also says etcd's revision), then
+               watches the prefix from the next revision (etcd_watch.py): every join and leave arrives as it
+               happens, at every node, for one open stream per node. etcd's load is N keepalives per
+               `refresh_s`, plus one event per change per node; no node re-reads the member set on a timer.
+               A watch that ends (etcd restarted, compacted, `watch_idle_s` without a change) is opened again
+               after a fresh read, so nothing is missed across it.
 
 etcd down: calls fail (counted), this node keeps the last member set it read (peers that are alive keep
-working; calls to dead ones time out and are misses) and retries every tick. When etcd answers again, the
-keepalive finds the lease gone (it expired meanwhile) and the node registers again (a rejoin, counted).
-etcd refusing this node (untrusted certificate, wrong password, no permission: EtcdRefused) is handled the
-same way, since the fix may land on etcd's side while the node runs; each distinct failure is logged once
-per outage (an error for a refusal), so a wrong password is one clear line, not one a tick, even when
-timeouts come in between.
+working; calls to dead ones time out and are misses) and retries every tick; the keepalive thread ends a
+watch it cannot trust any more (its own call failed) so the watcher reads again once etcd answers. When etcd
+answers again, the keepalive finds the lease gone (it expired meanwhile) and the node registers again (a
+rejoin, counted). etcd refusing this node (untrusted certificate, wrong password, no permission: EtcdRefused)
+is handled the same way, since the fix may land on etcd's side while the node runs; each distinct failure is
+logged once per outage (an error for a refusal), so a wrong password is one clear line, not one a tick.
 No consensus or gossip of our own: etcd is the only source of membership.
+
+`on_change(members)` runs on the watcher thread (or in start()) after every change of the set, with the new
+set; PeerCluster turns it into a change.MemberChange for placement, hand-off and reads.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.etcd import EtcdClient, EtcdRefused, EtcdUnavailable
+from kvstore.peer.etcd_watch import PrefixWatch, WatchCanceled, WatchEvent, WatchIdle
 
 __all__ = ["Member", "Membership"]
 
@@ -55,21 +67,26 @@ class Member:
 
 class Membership:
     def __init__(self, etcd: EtcdClient, prefix: str, me: Member, *, ttl_s: float, refresh_s: float,
-                 counters: PeerCounters, on_change: Callable[[dict[str, Member]], None] = lambda m: None) -> None:
+                 counters: PeerCounters, on_change: Callable[[dict[str, Member]], None] = lambda m: None,
+                 watch_idle_s: float = 60.0) -> None:
         self._etcd = etcd
         self._prefix = prefix.encode()
         self.me = me
         self._ttl = max(1, round(ttl_s))  # etcd leases have whole seconds
         self._refresh = refresh_s
+        self._idle = watch_idle_s
         self._counters = counters
         self._on_change = on_change
         self._lease = 0
         self._members: dict[str, Member] = {me.node_id: me}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # _members, _watch
+        self._change_lock = threading.Lock()   # one change applied and reported at a time, in order
         self._stop = threading.Event()
+        self._watch: PrefixWatch | None = None
         self.connected = False
         self._logged: set[str] = set()  # failures logged during this outage (cleared when etcd answers)
-        self._thread = threading.Thread(target=self._loop, name="kvstore-membership", daemon=True)
+        self._keeper = threading.Thread(target=self._keep_loop, name="kvstore-membership", daemon=True)
+        self._watcher = threading.Thread(target=self._watch_loop, name="kvstore-member-watch", daemon=True)
 
     # -- reads (any thread) ------------------------------------------------------------------------------
     def members(self) -> dict[str, Member]:
@@ -79,60 +96,42 @@ class Membership:
 
     # -- life cycle --------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._tick()  # join before serving peers when etcd is up; a down etcd only logs and retries
-        self._thread.start()
+        """Join and read the member set before serving peers when etcd is up (a down etcd only logs and
+        retries), then keep the lease alive and watch."""
+        try:
+            self._keep_registered()
+            self._read_all()
+        except EtcdUnavailable as exc:
+            self._failed(exc)
+        self._keeper.start()
+        self._watcher.start()
 
     def stop(self) -> None:
         """Leave at once (revoke the lease) so peers stop routing here without waiting for the TTL."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self._end_watch()
+        for t in (self._keeper, self._watcher):
+            if t.is_alive():
+                t.join(timeout=5)
         if self._lease:
             try:
                 self._etcd.revoke(self._lease)
             except EtcdUnavailable:
                 pass  # the lease expires by itself
 
-    def _loop(self) -> None:
+    # -- keepalive thread --------------------------------------------------------------------------------
+    def _keep_loop(self) -> None:
         while not self._stop.wait(self._refresh):
             try:
-                self._tick()
+                self._keep_registered()
+            except EtcdUnavailable as exc:
+                self._failed(exc)
+                self._end_watch()  # the watcher reads again (and says what changed) once etcd answers
+                continue
             except Exception:  # membership must outlive a bug in one tick; the log says what happened
-                log.exception("membership tick failed")
-
-    def _tick(self) -> None:
-        try:
-            self._keep_registered()
-            records = self._etcd.range_prefix(self._prefix)
-        except EtcdUnavailable as exc:
-            self._counters.add("etcd_errors")
-            if str(exc) not in self._logged and len(self._logged) < 64:
-                self._logged.add(str(exc))
-                if isinstance(exc, EtcdRefused):
-                    log.error("etcd refused this node, serving with the last member set (%d members): %s",
-                              len(self._members), exc)
-                else:
-                    log.warning("etcd unreachable, serving with the last member set (%d members): %s",
-                                len(self._members), exc)
-            self.connected = False
-            return
-        if not self.connected:
-            log.info("etcd reachable: registered as %s", self.me.node_id)
-        self.connected = True
-        self._logged.clear()
-        found = {self.me.node_id: self.me}
-        for _, raw in records:
-            m = Member.decode(raw)
-            if m is None:
-                log.warning("ignoring an unreadable member record under %s", self._prefix.decode())
-            elif m.node_id != self.me.node_id:
-                found[m.node_id] = m
-        with self._lock:
-            changed = found != self._members
-            self._members = found
-        if changed:
-            log.info("member set: %s", ", ".join(sorted(found)))
-            self._on_change(found)
+                log.exception("membership keepalive failed")
+                continue
+            self._answered()
 
     def _keep_registered(self) -> None:
         if self._lease and self._etcd.keepalive(self._lease) > 0:
@@ -143,3 +142,101 @@ class Membership:
         self._lease = self._etcd.grant(self._ttl)
         self._etcd.put(self._prefix + self.me.node_id.encode(), self.me.encode(), self._lease)
         self._counters.add("rejoins")
+
+    # -- watcher thread ----------------------------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                revision = self._read_all()
+                watch = PrefixWatch.open(self._etcd, self._prefix, revision + 1, self._idle)
+                with self._lock:
+                    if self._stop.is_set():
+                        watch.close()
+                        return
+                    self._watch = watch
+                for batch in watch.batches():
+                    self._apply(batch)
+            except WatchIdle:
+                continue  # a quiet prefix: read and watch again (no error)
+            except WatchCanceled as exc:
+                self._counters.add("watch_restarts")
+                log.info("etcd ended the member watch (%s): reading the member set again", exc)
+                continue
+            except EtcdUnavailable as exc:
+                if not self._stop.is_set():
+                    self._failed(exc)
+                    self._stop.wait(self._refresh)
+                continue
+            except Exception:
+                log.exception("member watch failed")
+                self._stop.wait(self._refresh)
+            finally:
+                self._end_watch()
+            if not self._stop.is_set():
+                self._counters.add("watch_restarts")  # etcd closed the stream: read and watch again
+
+    def _read_all(self) -> int:
+        """Read every member record; the member set becomes exactly those. Returns etcd's revision."""
+        revision, records = self._etcd.range_prefix_at(self._prefix)
+        found = {self.me.node_id: self.me}
+        for _, raw in records:
+            m = Member.decode(raw)
+            if m is None:
+                log.warning("ignoring an unreadable member record under %s", self._prefix.decode())
+            elif m.node_id != self.me.node_id:
+                found[m.node_id] = m
+        self._answered()
+        self._set(found)
+        return revision
+
+    def _apply(self, batch: list[WatchEvent]) -> None:
+        """One revision's changes under the prefix, applied to the member set."""
+        found = self.members()
+        for ev in batch:
+            node_id = ev.key[len(self._prefix):].decode(errors="replace")
+            if node_id == self.me.node_id:
+                continue  # this node is a member while it runs; a lost lease is the keepalive's to mend
+            if ev.kind == "delete":
+                found.pop(node_id, None)
+                continue
+            m = Member.decode(ev.value)
+            if m is None or m.node_id != node_id:
+                log.warning("ignoring an unreadable member record %r under %s", node_id, self._prefix.decode())
+                continue
+            found[node_id] = m
+        self._set(found)
+
+    def _set(self, found: dict[str, Member]) -> None:
+        with self._change_lock:
+            with self._lock:
+                changed = found != self._members
+                self._members = found
+            if changed:
+                self._counters.add("member_changes")
+                log.info("member set: %s", ", ".join(sorted(found)))
+                self._on_change(dict(found))
+
+    def _end_watch(self) -> None:
+        with self._lock:
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
+    # -- etcd state --------------------------------------------------------------------------------------
+    def _failed(self, exc: EtcdUnavailable) -> None:
+        self._counters.add("etcd_errors")
+        if str(exc) not in self._logged and len(self._logged) < 64:
+            self._logged.add(str(exc))
+            if isinstance(exc, EtcdRefused):
+                log.error("etcd refused this node, serving with the last member set (%d members): %s",
+                          len(self._members), exc)
+            else:
+                log.warning("etcd unreachable, serving with the last member set (%d members): %s",
+                            len(self._members), exc)
+        self.connected = False
+
+    def _answered(self) -> None:
+        if not self.connected:
+            log.info("etcd reachable: registered as %s", self.me.node_id)
+        self.connected = True
+        self._logged.clear()

@@ -5,7 +5,10 @@
       address                    what this node advertises as its data address
       fetch(member, ns, keys)    one batched call: blocks the member has land in local arena slots;
                                  returns how many were stored here (the rest are misses)
-      push(member, desc, keys)   one batched call: send these local blocks; returns how many it stored
+      push(member, desc, keys, handoff)
+                                 one batched call: send these local blocks; returns how many it stored.
+                                 `handoff`: they move to a new owner after a membership change (the tcp and
+                                 ucx receivers take only blocks they own; grpc's Put stream cannot say so)
       probe(member, ns, keys)    one batched call, metadata only: which keys the member holds (a scheduler's
                                  Lookup asks this, then fetches in the background: remote_tier.py)
 
@@ -58,7 +61,7 @@ class DataPlane(ABC):
     def fetch(self, member: Member, namespace: str, keys: list[bytes]) -> int: ...
 
     @abstractmethod
-    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int: ...
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int: ...
 
     @abstractmethod
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]: ...

@@ -16,10 +16,15 @@ writes, this module decides.
       probe: probe_result(h, meta) -> [held?]                  served.reply(blocks stored)
       push:  after sending the blocks, push_result(h) -> stored
 
-    running a ReceivePlan: inc = local.receive(plan.namespace, plan.keys, plan.sizes, plan.desc)
+    running a ReceivePlan: inc = plan.reserve(local)   (local.receive of the blocks it keeps)
       for (view, size) in plan.landing(inc): read `size` bytes into view (None: into scratch, dropped)
       then inc.finish(plan.checksums); a receive cut short at block j after `received` bytes leaves
       plan.left_after(j, received) bytes of the frame to drain
+
+Hand-off (a PUSH with the HANDOFF flag, sent after a membership change: handoff.py): the receiver asks
+`local.admit_handoff` which blocks it takes (those it owns; none when hand-offs arrive faster than its intake
+budget) and reads the others into scratch; its reply counts what it stored, so the sender counts the rest as
+not delivered.
 
 Validation: every header, metadata section and reply is checked against the request it answers and the
 limits before a byte more is read; a violation raises frames.FrameError saying what was wrong, and the plane
@@ -33,6 +38,7 @@ closes that connection or endpoint (a byte stream cannot be resynchronised). The
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,6 +86,11 @@ class LocalBlocks(Protocol):
 
     def present(self, namespace: str, keys: list[bytes]) -> list[bool]: ...
 
+    def admit_handoff(self, namespace: str, keys: list[bytes], payload_bytes: int) -> list[bool]: ...
+
+    def receive(self, namespace: str, keys: list[bytes], sizes: list[int],
+                desc: NamespaceDesc | None = None) -> Incoming | None: ...
+
 
 @dataclass(frozen=True)
 class ReceivePlan:
@@ -91,6 +102,7 @@ class ReceivePlan:
     sizes: list[int]
     checksums: np.ndarray
     desc: NamespaceDesc | None = None  # a push's namespace description (the receiver may not know it yet)
+    refused: frozenset[int] = frozenset()  # blocks (indexes into keys) read into scratch, never stored
 
     @classmethod
     def of(cls, namespace: str, keys: list[bytes], sizes: np.ndarray, checksums: np.ndarray,
@@ -103,6 +115,22 @@ class ReceivePlan:
     @property
     def payload_bytes(self) -> int:
         return sum(self.sizes)
+
+    def reserve(self, local: LocalBlocks) -> Incoming | None:
+        """Slots for the blocks this plan keeps (local.receive), as an Incoming over all of its blocks (None
+        for a refused one: read and dropped); None when nothing is kept or nothing can be stored."""
+        if not self.refused:
+            return local.receive(self.namespace, self.keys, self.sizes, self.desc)
+        kept = [i for i in range(len(self.keys)) if i not in self.refused]
+        if not kept:
+            return None
+        inc = local.receive(self.namespace, [self.keys[i] for i in kept], [self.sizes[i] for i in kept], self.desc)
+        if inc is not None:
+            views: list[memoryview | None] = [None] * len(self.keys)
+            for i, view in zip(kept, inc.views):
+                views[i] = view
+            inc.views = views
+        return inc
 
     def landing(self, inc: Incoming | None) -> list[tuple[memoryview | None, int]]:
         """Per block on the wire: the reserved slot its bytes go into, or None (read into scratch and drop:
@@ -133,14 +161,16 @@ def probe_request(request_id: int, namespace: str, keys: list[bytes]) -> Frame:
 
 
 def push_request(request_id: int, desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray,
-                 checksums: np.ndarray) -> Frame | None:
+                 checksums: np.ndarray, handoff: bool = False) -> Frame | None:
     """A push of the keys held locally (size > 0, e.g. local.Outgoing's sizes); None when none is (send
-    nothing). The blocks follow the frame in key order."""
+    nothing). The blocks follow the frame in key order. `handoff`: blocks handed to their new owner after a
+    membership change (the receiver checks it owns each one)."""
     found = np.flatnonzero(sizes)
     if not len(found):
         return None
     meta = fr.encode_push(desc, [keys[i] for i in found.tolist()], sizes[found], checksums[found])
-    return Frame(Header(fr.PUSH, request_id, len(found), len(meta), int(sizes[found].sum())), meta)
+    return Frame(Header(fr.PUSH, request_id, len(found), len(meta), int(sizes[found].sum()),
+                        fr.HANDOFF if handoff else 0), meta)
 
 
 def parse_reply(raw: bytes, request: Header, limits: Limits) -> Header:
@@ -212,10 +242,17 @@ class Answer:
 
 @dataclass(frozen=True)
 class Intake:
-    """A push to take in: run `plan` (its blocks follow the metadata), then send reply(blocks stored)."""
+    """A push to take in: run `plan` (its blocks follow the metadata), then send reply(blocks stored).
+    `handoff`: a hand-off after a membership change (counted apart from the pushes that follow puts)."""
 
     request_id: int
     plan: ReceivePlan
+    handoff: bool = False
+
+    @property
+    def counter(self) -> str:
+        """The counter the blocks stored go to."""
+        return "handoff_received" if self.handoff else "received_pushes"
 
     def reply(self, stored: int) -> Frame:
         if not 0 <= stored <= len(self.plan.keys):
@@ -245,7 +282,12 @@ def serve(header: Header, meta: bytes, local: LocalBlocks, limits: Limits) -> An
     _check_request(header)
     if header.op == fr.PUSH:
         desc, keys, sizes, sums = fr.decode_push(meta, header.count, header.payload_len, limits.max_block_bytes)
-        return Intake(header.request_id, ReceivePlan.of(desc.name, keys, sizes, sums, desc))
+        plan = ReceivePlan.of(desc.name, keys, sizes, sums, desc)
+        if not header.flags & fr.HANDOFF:
+            return Intake(header.request_id, plan)
+        admitted = local.admit_handoff(desc.name, plan.keys, plan.payload_bytes)
+        refused = frozenset(i for i, ok in enumerate(admitted) if not ok)
+        return Intake(header.request_id, dataclasses.replace(plan, refused=refused), handoff=True)
     namespace, keys = fr.decode_fetch(meta, header.count)
     if header.op == fr.PROBE:
         table = fr.encode_presence(local.present(namespace, keys))

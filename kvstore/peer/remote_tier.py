@@ -13,6 +13,13 @@ never one RPC per key.
                         then fetches whatever is still missing. The data plane lands the bytes in local arena
                         slots and commits them, so the Lookup that follows finds them in RAM.
 
+Whom to ask (placement.read_order): the block's owner under the current member set, then, during the
+hand-off window after a membership change, its owners under the earlier sets (`previous`). Each is a round:
+the keys the first round's peers did not hold go, batched per peer again, to their next candidate
+(`fallback_keys`, `fallback_hits`). Outside a hand-off window there is one round, as before: a miss at the
+owner costs nothing more. So a node that joined, and owns blocks it has not yet been handed, still serves
+them (from where they were); a node that left gracefully handed its blocks over first.
+
 In-flight prefetches are bounded (`max_inflight_keys`); beyond it a probe is skipped and its keys count as
 misses (`prefetch_skipped`), so a burst of scheduler lookups cannot queue unbounded transfers.
 
@@ -33,7 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.membership import Member
-from kvstore.peer.placement import rank
+from kvstore.peer.placement import read_order
 from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
 
 if TYPE_CHECKING:
@@ -48,10 +55,12 @@ log = logging.getLogger(__name__)
 
 class RemoteTier:
     def __init__(self, engine: Engine, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *, copies: int,
-                 timeout_s: float, max_keys: int, counters: PeerCounters, backoff_s: float = 1.0) -> None:
+                 timeout_s: float, max_keys: int, counters: PeerCounters, backoff_s: float = 1.0,
+                 previous: Callable[[], list[frozenset[str]]] = lambda: []) -> None:
         self._engine = engine
         self._plane = plane
         self._members = members  # () -> dict[node_id, Member], this node included
+        self._previous = previous  # () -> the member sets of the hand-off window, newest first
         self._me = me
         self._copies = copies
         self._timeout = timeout_s
@@ -69,18 +78,23 @@ class RemoteTier:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._probes.shutdown(wait=False, cancel_futures=True)
 
-    def route(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[str, list[bytes]]:
-        """Peer node id -> the keys to ask it for (each key once; keys this node owns alone are skipped)."""
-        ids = list(members)
-        routes: dict[str, list[bytes]] = {}
+    def orders(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[bytes, list[str]]:
+        """Per key (each once), the peers to ask in turn (placement.read_order); keys no peer can hold (this
+        node owns them alone, outside a hand-off window) are left out."""
+        ids = frozenset(members)
+        previous = self._previous()
+        out: dict[bytes, list[str]] = {}
         for key in keys:
-            ranked = rank(namespace, key, ids)
-            target = ranked[0]
-            if target == self._me:
-                if self._copies < 2 or len(ranked) < 2:
-                    continue
-                target = ranked[1]
-            routes.setdefault(target, []).append(key)
+            order = read_order(namespace, key, ids, previous, self._copies, self._me)
+            if order:
+                out[key] = order
+        return out
+
+    def route(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[str, list[bytes]]:
+        """Peer node id -> the keys to ask it for first (each key once; keys this node owns alone are skipped)."""
+        routes: dict[str, list[bytes]] = {}
+        for key, order in self.orders(namespace, keys, members).items():
+            routes.setdefault(order[0], []).append(key)
         return routes
 
     def _missing(self, namespace: str, keys: list[bytes]) -> list[bytes] | None:
@@ -91,17 +105,27 @@ class RemoteTier:
             return None
         return list(dict.fromkeys(k for k, p in zip(keys, present) if not p))
 
-    def _calls(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> list[tuple[Member, list[bytes]]]:
+    def _calls(self, routes: dict[str, list[bytes]], members: dict[str, Member]) -> list[tuple[Member, list[bytes]]]:
         """Per-peer batches of at most max_keys; keys of peers in backoff are misses (counted)."""
         calls: list[tuple[Member, list[bytes]]] = []
         now = time.monotonic()
-        for node, ks in self.route(namespace, keys, members).items():
-            if self._down_until.get(node, 0.0) > now:
+        for node, ks in routes.items():
+            if self._down_until.get(node, 0.0) > now or node not in members:
                 self._counters.add("fetch_misses", len(ks))
                 continue
             for i in range(0, len(ks), self._max_keys):
                 calls.append((members[node], ks[i: i + self._max_keys]))
         return calls
+
+    @staticmethod
+    def _round(orders: dict[bytes, list[str]], keys: list[bytes], r: int) -> dict[str, list[bytes]]:
+        """Round r's routes: each key to its r-th candidate (keys with fewer candidates drop out)."""
+        routes: dict[str, list[bytes]] = {}
+        for key in keys:
+            order = orders.get(key)
+            if order is not None and len(order) > r:
+                routes.setdefault(order[r], []).append(key)
+        return routes
 
     def _run_all(self, fn: Callable[[Member, list[bytes]], R], calls: list[tuple[Member, list[bytes]]],
                  pool: ThreadPoolExecutor) -> list[tuple[Member, list[bytes], R]]:
@@ -135,11 +159,7 @@ class RemoteTier:
         if len(ask) > room:
             self._counters.add("prefetch_skipped", len(ask))
             ask = []
-        calls = self._calls(namespace, ask, members) if ask else []
-        found: list[tuple[Member, list[bytes]]] = []
-        for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
-                                            self._probes):
-            found.append((member, [k for k, p in zip(ks, mask) if p]))
+        found = self.locate(namespace, ask, members) if ask else []
         usable = _usable(keys, local, held | {k for _, ks in found for k in ks}, prefix)
         for member, ks in found:
             ks = [k for k in ks if k in usable]
@@ -148,6 +168,34 @@ class RemoteTier:
                 self._track(namespace, ks, self._pool.submit(self._fetch_one, member, namespace, ks))
                 held.update(ks)
         return [k in held for k in keys]
+
+    def locate(self, namespace: str, keys: list[bytes],
+               members: dict[str, Member] | None = None) -> list[tuple[Member, list[bytes]]]:
+        """Which peer holds which of `keys`, by metadata-only probes: the owners first, then (hand-off window)
+        the previous owners of the keys the owners lacked. No bytes move."""
+        members = self._members() if members is None else members
+        orders = self.orders(namespace, keys, members)
+        found: list[tuple[Member, list[bytes]]] = []
+        left = list(orders)
+        r = 0
+        while left:
+            calls = self._calls(self._round(orders, left, r), members)
+            if not calls:
+                break
+            if r:
+                self._counters.add("fallback_keys", sum(len(ks) for _, ks in calls))
+            hit: set[bytes] = set()
+            for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
+                                                self._probes):
+                got = [k for k, p in zip(ks, mask) if p]
+                if got:
+                    found.append((member, got))
+                    hit.update(got)
+            if r:
+                self._counters.add("fallback_hits", len(hit))
+            left = [k for k in left if k not in hit]
+            r += 1
+        return found
 
     def _track(self, namespace: str, keys: list[bytes], fut: Future[int]) -> None:
         with self._lock:
@@ -162,8 +210,8 @@ class RemoteTier:
         fut.add_done_callback(untrack)
 
     def fill(self, namespace: str, keys: list[bytes]) -> int:
-        """Wait for this Lookup's prefetches in flight, then fetch the keys still missing here; returns blocks
-        stored by this call."""
+        """Wait for this Lookup's prefetches in flight, then fetch the keys still missing here, from their owners
+        and then (hand-off window) their previous owners; returns blocks stored by this call."""
         members = self._members()
         if len(members) < 2 or not keys:
             return 0
@@ -174,9 +222,26 @@ class RemoteTier:
         missing = self._missing(namespace, keys)
         if not missing:
             return 0
-        calls = self._calls(namespace, missing, members)
-        return sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
-                                                              self._pool))
+        orders = self.orders(namespace, missing, members)
+        stored = 0
+        left = list(orders)
+        r = 0
+        while left:
+            calls = self._calls(self._round(orders, left, r), members)
+            if not calls:
+                break
+            if r:
+                self._counters.add("fallback_keys", sum(len(ks) for _, ks in calls))
+            got = sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
+                                                         self._pool))
+            stored += got
+            if r:
+                self._counters.add("fallback_hits", got)
+            if not any(len(orders[k]) > r + 1 for k in left):
+                break
+            left = self._missing(namespace, left) or []
+            r += 1
+        return stored
 
     def _probe_one(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
         """One metadata-only call; a failure is 'none of them' (counted) and puts the peer in backoff."""

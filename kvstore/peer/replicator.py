@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -61,6 +62,17 @@ class Replicator:
         """Blocks queued or being pushed (0: every push so far has been attempted)."""
         with self._cond:
             return self._queued + self._busy
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued push has been attempted (True), or timeout_s (False)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queued + self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
 
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
         """Engine hook, under the engine lock: queue a commit's blocks for pushing; never blocks."""

@@ -37,7 +37,7 @@ def receive_blocks(sock: socket.socket, local: LocalStore, counters: PeerCounter
     number of blocks stored here."""
     if not plan.sizes:
         return 0
-    inc = local.receive(plan.namespace, plan.keys, plan.sizes, plan.desc)
+    inc = plan.reserve(local)
     if inc is None:
         drain(sock, plan.payload_bytes, frame)
         return 0

@@ -193,10 +193,10 @@ class TcpPlane(DataPlane):
 
         return self._call(member, call)
 
-    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:
-            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums)
+            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums, handoff)
             if req is None:
                 return 0
 

@@ -166,7 +166,7 @@ class TcpServer:
         served = proto.serve(h, meta, self._local, self._limits)
         if isinstance(served, proto.Intake):
             stored = receive_blocks(sock, self._local, self._counters, served.plan, frame)
-            self._counters.add("received_pushes", stored)
+            self._counters.add(served.counter, stored)
             self._meter.observe("tcp", "peer", "in", h.payload_len, time.perf_counter() - start)
             send_all(sock, served.reply(stored).pack(), Deadline(self._timeout, "push reply"))
             return

@@ -183,8 +183,7 @@ class UcxPlane(DataPlane):
         loop = asyncio.get_running_loop()
         if not plan.sizes:
             return 0
-        inc: Incoming | None = await loop.run_in_executor(None, self._local.receive, plan.namespace, plan.keys,
-                                                          plan.sizes, plan.desc)
+        inc: Incoming | None = await loop.run_in_executor(None, plan.reserve, self._local)
         slots = frame if inc is None else frame.until(inc.live_until, "receive into reserved slots")
         buffers: list[np.ndarray] = []
         try:
@@ -248,7 +247,7 @@ class UcxPlane(DataPlane):
         served = await loop.run_in_executor(None, proto.serve, h, meta, self._local, self._limits)
         if isinstance(served, proto.Intake):
             stored = await self._receive_blocks(ep, served.plan, frame)
-            self._counters.add("received_pushes", stored)
+            self._counters.add(served.counter, stored)
             self._meter.observe("ucx", "peer", "in", h.payload_len, time.perf_counter() - start)
             await self._send_frame(ep, served.reply(stored), Deadline(self._timeout, "push reply"))
             return
@@ -345,10 +344,10 @@ class UcxPlane(DataPlane):
 
         return self._call(member, call)
 
-    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes]) -> int:
+    def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:
-            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums)
+            req = proto.push_request(next(self._ids), desc, keys, out.sizes, out.checksums, handoff)
             if req is None:
                 return 0
 

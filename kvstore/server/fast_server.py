@@ -361,7 +361,7 @@ class FastServer:
             return fp.encode_count(ops.release(fp.decode_release(body)))
         if op == fp.EXISTS:
             ns, keys = fp.decode_exists(body)
-            return fp.encode_bools(ops.exists(ns, keys))
+            return fp.encode_bools(ops.exists(ns, keys, cluster=bool(head.flags & fp.EXISTS_CLUSTER)))
         if op == fp.LOOKUP_IDS:
             ns, ids, serials, keys = fp.decode_probe(body)
             if keys:

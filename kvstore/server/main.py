@@ -5,8 +5,10 @@ already validated; this module only wires the parts together.
 
 Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
 disk tier (recovered or wiped) -> engine -> disk I/O threads, gRPC server on the unix socket and TCP ->
-sweeper thread -> peer tier (only with etcd_endpoints: data-plane listener, etcd registration, pusher). Shutdown on SIGTERM/SIGINT runs the other way: stop accepting RPCs, let in-flight ones finish
-(grace) after leaving the cluster, stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
+sweeper thread -> peer tier (only with etcd_endpoints: data-plane listener, etcd registration and watch, pusher,
+hand-off). Shutdown on SIGTERM/SIGINT runs the other way: hand this node's blocks to their next owners while
+still a member (peer_leave_timeout_s), leave the cluster, stop accepting RPCs, let in-flight ones finish
+(grace), stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
 """
 
 from __future__ import annotations
@@ -255,7 +257,7 @@ class Daemon:
         self.info.status = "STOPPING"
         self._stop.set()
         if self.peers is not None:
-            self.peers.stop()  # leave the cluster first: peers stop routing here at once
+            self.peers.leave()  # hand blocks over, then leave the cluster: peers stop routing here at once
         if self.fast is not None:
             self.fast.stop()
         self.server.stop(SHUTDOWN_GRACE_S).wait()

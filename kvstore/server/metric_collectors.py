@@ -59,6 +59,8 @@ class PeerCollector(Collector):
         yield GaugeMetricFamily("kvstore_peer_etcd_connected", "1 while etcd answers", value=int(st.etcd_connected))
         yield GaugeMetricFamily("kvstore_peer_push_queue_blocks", "Blocks waiting to be pushed to owners",
                                 value=st.pending_pushes)
+        yield GaugeMetricFamily("kvstore_peer_handoffs_pending", "Hand-off passes queued or running after membership "
+                                "changes (0: every change seen so far is handed off)", value=st.pending_handoffs)
         for name, text in COUNTER_HELP.items():
             yield CounterMetricFamily(f"kvstore_peer_{name}", text, value=st.counters.get(name, 0))
 

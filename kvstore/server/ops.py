@@ -104,9 +104,9 @@ class ControlOps:
         self.windows.released(own)
         return released
 
-    def exists(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+    def exists(self, namespace: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]:
         self.guard.namespace(namespace)
-        return self.engine.exists(namespace, keys)
+        return self.engine.exists(namespace, keys, cluster=cluster)
 
     def explain(self, namespace: str, keys: Sequence[bytes]) -> list[KeyExplanation]:
         """Engine.explain, with another tenant's namespaces left out of other_namespaces: a key held only by

@@ -136,8 +136,10 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.ReleaseResponse(released=self.ops.release(list(request.lease_ids)))
 
     @_rpc
-    def Exists(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
-        return pb.ExistsResponse(present=self.ops.exists(request.namespace, request.keys))
+    def Exists(self, request: pb.ExistsRequest, context: grpc.ServicerContext) -> pb.ExistsResponse:
+        # a peer's own probe (grpc data plane) asks this node's tiers only: it must never fan out again
+        cluster = request.cluster and ("kvstore-peer", "1") not in tuple(context.invocation_metadata() or ())
+        return pb.ExistsResponse(present=self.ops.exists(request.namespace, request.keys, cluster=cluster))
 
     @_rpc
     def Delete(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:

@@ -126,13 +126,23 @@ class ServerConfig:
     peer_advertise: str = _s("peer", "data address peers dial; '' = peer_listen", "")
     peer_control_advertise: str = _s("peer", "gRPC address peers see in the member set; '' = listen", "")
     peer_lease_ttl_s: float = _s("peer", "TTL of this node's etcd lease: a dead node leaves after it", 5.0)
-    peer_refresh_s: float = _s("peer", "how often the member set is re-read and the lease kept alive", 0.5)
+    peer_refresh_s: float = _s("peer", "how often this node's etcd lease is renewed (the member set is watched: a "
+                               "change is seen at once); also the retry interval while etcd is down", 0.5)
     peer_replication: str = _s("peer", f"push after a put: {', '.join(COPIES)} (owner and one replica)", "owner")
     peer_data_plane: str = _s("peer", f"peer data plane: {', '.join(PLANES)} (tcp: framed, zero-copy; ucx: ucxx)",
                               "tcp")
     peer_timeout_s: float = _s("peer", "bound on one batched call to a peer; past it the keys are misses", 2.0)
     peer_push_queue_blocks: int = _s("peer", "bound of the background push queue; beyond it pushes drop", 4096)
     peer_idle_timeout_s: float = _s("peer", "a peer data connection idle this long is closed (both ends)", 60.0)
+    peer_handoff_bytes_per_s: int = _s("peer", "after a membership change, the rate at which this node hands blocks "
+                                       "to their new owners (bytes/s, 1 s of burst)", 1 << 30)
+    peer_handoff_intake_bytes_per_s: int = _s("peer", "the rate of hand-offs this node takes in from all peers "
+                                              "(bytes/s); a hand-off frame past it is refused whole and counted",
+                                              4 << 30)
+    peer_handoff_window_s: float = _s("peer", "after a membership change, how long a read that misses at a block's "
+                                      "owner also asks its previous owners (until the hand-off lands)", 120.0)
+    peer_leave_timeout_s: float = _s("peer", "on SIGTERM, the longest this node spends handing its blocks to their "
+                                     "next owners before it leaves the cluster; 0 leaves at once", 20.0)
     tls_cert: str = _s("security", "PEM certificate chain: TLS on the TCP gRPC listener and the peer data plane", "")
     tls_key: str = _s("security", "PEM private key of tls_cert (must be owner-only, mode 0600)", "")
     tls_ca: str = _s("security", "PEM CA bundle: gRPC clients must present a certificate it signed (mutual TLS); "
@@ -225,6 +235,9 @@ class ServerConfig:
             refresh_s=self.peer_refresh_s, replication=self.peer_replication, data_plane=self.peer_data_plane,
             timeout_s=self.peer_timeout_s, push_queue_blocks=self.peer_push_queue_blocks,
             idle_timeout_s=self.peer_idle_timeout_s, max_keys=self.max_batch_keys,
+            handoff_bytes_per_s=self.peer_handoff_bytes_per_s,
+            handoff_intake_bytes_per_s=self.peer_handoff_intake_bytes_per_s,
+            handoff_window_s=self.peer_handoff_window_s, leave_timeout_s=self.peer_leave_timeout_s,
             max_block_bytes=self.max_block_bytes, capacity_bytes=capacity_bytes,
             tls=self.tls if self.tls.enabled else None, etcd_security=self.etcd_security,
         )

@@ -1,0 +1,115 @@
+"""A membership change as a value, and the recent member sets every placement question reads.
+
+    MemberChange(before, after)  what one change did: joined = after - before, left = before - after. The
+                                 membership watch (membership.py) makes one per change it sees; placement,
+                                 hand-off (handoff.py) and reads (remote_tier.py) consume it. compose() folds
+                                 a later change into an earlier one that has not been acted on yet.
+    MemberView                   the current member ids and the earlier member sets of the hand-off window
+                                 (`window_s`, newest first). Reads ask a block's current owner first and then
+                                 its owners under those earlier sets (placement.read_order): a block is where it
+                                 was until its hand-off lands. A receiver takes a hand-off only for blocks it
+                                 owns under the current set, one step past it (the successor of a node that
+                                 is leaving and has not yet left), or an earlier set of the window (accepts()).
+
+A block's life across nodes (what the peer tier promises; docs/peer-tier.md has the figures):
+
+    put on W ──push──► OWNED at O (and, under owner+1, at the replica R); W keeps its copy in its own tiers
+       │
+       ├─ X joins and outranks O  ─► O hands it to X (background, bounded rate); until it lands a read that
+       │                             misses at X asks O (the previous owner, read_order)
+       ├─ O leaves (SIGTERM)      ─► O hands it to the next-ranked member before it revokes its lease
+       ├─ O dies (kill -9)        ─► R (owner+1) is the owner now and holds it; R re-replicates to the new
+       │                             replica. Without a replica the survivors that hold it (W) hand it to the
+       │                             new owner once etcd drops O (its lease TTL)
+       └─ evicted everywhere      ─► gone (a miss; recomputed)
+
+Thread-safe: the membership thread applies changes, reads come from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+
+from kvstore.peer.placement import owners, read_order
+
+__all__ = ["MemberChange", "MemberView"]
+
+
+@dataclass(frozen=True)
+class MemberChange:
+    before: frozenset[str]
+    after: frozenset[str]
+
+    @property
+    def joined(self) -> frozenset[str]:
+        return self.after - self.before
+
+    @property
+    def left(self) -> frozenset[str]:
+        return self.before - self.after
+
+    def compose(self, later: MemberChange) -> MemberChange:
+        """This change followed by `later` (whose before is this one's after), as one change."""
+        return MemberChange(self.before, later.after)
+
+    def describe(self) -> str:
+        parts = [f"+{m}" for m in sorted(self.joined)] + [f"-{m}" for m in sorted(self.left)]
+        return " ".join(parts) or "no change"
+
+
+class MemberView:
+    def __init__(self, me: str, copies: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.me = me
+        self.copies = copies
+        self._window = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._current: frozenset[str] = frozenset({me})
+        self._earlier: list[tuple[float, frozenset[str]]] = []  # (time it stopped being current, set), newest first
+
+    def apply(self, members: Iterable[str]) -> MemberChange | None:
+        """Make `members` (this node's included or not: a leaving node's view drops itself) the current set;
+        the change, or None when nothing changed."""
+        after = frozenset(members)
+        now = self._clock()
+        with self._lock:
+            before = self._current
+            if after == before:
+                return None
+            if before != {self.me}:  # this node alone is its view before it first reads etcd, not a cluster's
+                self._earlier.insert(0, (now, before))
+            self._current = after
+            self._trim(now)
+        return MemberChange(before, after)
+
+    def _trim(self, now: float) -> None:
+        self._earlier = [(t, s) for t, s in self._earlier if now - t <= self._window][:16]
+
+    def current(self) -> frozenset[str]:
+        with self._lock:
+            return self._current
+
+    def previous(self) -> list[frozenset[str]]:
+        """The member sets of the hand-off window before the current one, newest first."""
+        with self._lock:
+            self._trim(self._clock())
+            return [s for _, s in self._earlier]
+
+    def read_order(self, namespace: str, key: bytes, current: Collection[str] | None = None,
+                   previous: list[frozenset[str]] | None = None) -> list[str]:
+        """placement.read_order over this view (pass `current`/`previous` read once for a whole batch)."""
+        cur = self.current() if current is None else current
+        prev = self.previous() if previous is None else previous
+        return read_order(namespace, key, cur, prev, self.copies, self.me)
+
+    def accepts(self, namespace: str, key: bytes) -> bool:
+        """Whether this node takes a block handed to it: it owns the block under the current member set, or
+        one rank past it (a member that is leaving hands its blocks over before it leaves the set), or under an
+        earlier set of the window (a sender that saw a change this node has not seen yet, or the reverse)."""
+        copies = max(1, self.copies)
+        if self.me in owners(namespace, key, self.current(), copies + 1):
+            return True
+        return any(self.me in owners(namespace, key, s, copies) for s in self.previous())
