@@ -168,3 +168,41 @@ def test_a_hit_with_blocks_at_a_peer_loads_in_the_step_within_the_budget() -> No
         assert b.sched.counters.totals["load_sync_fetch_requests"] == int(peer > 0)
         assert cluster.counters("b")["fetched_blocks"] == on_a_only   # every block a alone held, fetched once
         a.close(), b.close()
+
+
+@needs_etcd
+def test_a_tail_that_only_a_peer_holds_is_found_and_loaded_with_exact_bytes() -> None:
+    """The scheduler's tail question is cluster-wide: a's request saved its partial last block, which only a holds
+    (a owns its key, so no push moved it); b's next turn of that context finds it through the owner and loads its
+    exact bytes, tail included. The same lookup with the Exists kept local would stop at the full blocks."""
+    with ExitStack() as stack:
+        cluster = Cluster(stack, names=("a", "b"), timeout_s=5.0, peer_handoff_window_s=0)
+        ns = namespace_for(S1)
+        for start in range(640, 1640, 10):        # a request whose tail key a owns
+            first = Req(f"t1-{start}", prompt_tokens(10, start=start), output=[901])
+            full = KeyChain(T1, 0, chain_root(0)).extend(first.prompt_token_ids)
+            tail_key = tail_keys(full[1], first.prompt_token_ids[8:], 0)[-1]
+            if cluster.owner(ns, tail_key) == "a":
+                break
+        a = Side(cluster.nodes["a"].address, make_caches(start), S1, save="all", load_mode="auto")
+        _run(a, first, [0, 1, 2])
+        assert _finish(a, first, [0, 1, 2])[0] is True
+        cluster.wait_pushes("a")
+        b = Side(cluster.nodes["b"].address, make_caches(start + 1), S1, save="all", load_mode="auto")
+        with Client(cluster.nodes["b"].address) as cb:
+            wait_until(lambda: cb.exists(ns, [tail_key], cluster=True) == [True], what="the tail, seen from b")
+            assert cb.exists(ns, [tail_key]) == [False]        # b itself does not hold it
+        before = cluster.counters("b")
+        req = Req("t2", first.all_token_ids + prompt_tokens(5, start=start + 50))
+        assert b.sched.num_new_matched_tokens(req, 0) == (10, False)
+        assert b.sched.counters.totals["tail_hit_tokens"] == 2
+        after = cluster.counters("b")
+        assert after["exists_remote_calls"] - before["exists_remote_calls"] == 1
+        assert after["exists_remote_hits"] - before["exists_remote_hits"] == 1
+        target = [20, 21, 22, 23]
+        b.sched.after_alloc(req, [target], 10)
+        req.num_computed_tokens = 10
+        plan = b.sched.build([ScheduledRequest("t2", [target], True, 6)])
+        b.worker.start_loads(plan.loads)
+        assert [block_bytes_of(b.caches, x) for x in target[:3]] == [block_bytes_of(a.caches, x) for x in range(3)]
+        a.close(), b.close()

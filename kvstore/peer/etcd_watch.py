@@ -23,6 +23,7 @@ import base64
 import http.client
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ class PrefixWatch:
         self._resp = resp
         self._idle = idle_s
         self._closed = False
+        self._reading = False           # a thread is inside batches(): it closes the connection when it ends
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, client: EtcdClient, prefix: bytes, start_revision: int, idle_s: float = 60.0) -> PrefixWatch:
@@ -103,30 +106,42 @@ class PrefixWatch:
     def batches(self) -> Iterator[list[WatchEvent]]:
         """The changes under the prefix, one list per revision etcd reports, until the stream ends (raises
         WatchCanceled or EtcdUnavailable; after close() it just stops)."""
-        while not self._closed:
-            try:
-                result = self._next_result()
-            except EtcdUnavailable:
-                if self._closed:
-                    return
-                raise
-            if result.get("canceled"):
-                raise WatchCanceled(f"etcd canceled the watch: {result.get('cancel_reason') or ''} "
-                                    f"(compact_revision {result.get('compact_revision', 0)})")
-            events = result.get("events") or []
-            if events:
-                yield [_event(e) for e in events]
+        with self._lock:
+            self._reading = True
+        try:
+            while not self._closed:
+                try:
+                    result = self._next_result()
+                except EtcdUnavailable:
+                    if self._closed:
+                        return
+                    raise
+                if result.get("canceled"):
+                    raise WatchCanceled(f"etcd canceled the watch: {result.get('cancel_reason') or ''} "
+                                        f"(compact_revision {result.get('compact_revision', 0)})")
+                events = result.get("events") or []
+                if events:
+                    yield [_event(e) for e in events]
+        finally:
+            with self._lock:
+                self._reading = False
+            self._conn.close()
 
     def close(self) -> None:
-        """End the stream; safe from any thread and more than once (a reader blocked in batches() returns)."""
-        self._closed = True
-        sock = self._conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._conn.close()
+        """End the stream; safe from any thread and more than once. A reader blocked in batches() wakes up (the
+        socket is shut down under it), returns and closes the connection itself: closing it here, under the
+        reader, would pull the buffer out of its readline."""
+        with self._lock:
+            self._closed = True
+            reading = self._reading
+            sock = self._conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if not reading:
+            self._conn.close()
 
 
 def _event(e: object) -> WatchEvent:

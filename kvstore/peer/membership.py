@@ -146,6 +146,7 @@ class Membership:
     # -- watcher thread ----------------------------------------------------------------------------------
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
+            opened = False
             try:
                 revision = self._read_all()
                 watch = PrefixWatch.open(self._etcd, self._prefix, revision + 1, self._idle)
@@ -154,26 +155,24 @@ class Membership:
                         watch.close()
                         return
                     self._watch = watch
+                opened = True
                 for batch in watch.batches():
                     self._apply(batch)
             except WatchIdle:
-                continue  # a quiet prefix: read and watch again (no error)
+                continue  # a quiet prefix: read and watch again (neither an error nor a restart)
             except WatchCanceled as exc:
-                self._counters.add("watch_restarts")
                 log.info("etcd ended the member watch (%s): reading the member set again", exc)
-                continue
             except EtcdUnavailable as exc:
                 if not self._stop.is_set():
                     self._failed(exc)
                     self._stop.wait(self._refresh)
-                continue
             except Exception:
                 log.exception("member watch failed")
                 self._stop.wait(self._refresh)
             finally:
                 self._end_watch()
-            if not self._stop.is_set():
-                self._counters.add("watch_restarts")  # etcd closed the stream: read and watch again
+            if opened and not self._stop.is_set():
+                self._counters.add("watch_restarts")  # the watch ended under us: read and watch again
 
     def _read_all(self) -> int:
         """Read every member record; the member set becomes exactly those. Returns etcd's revision."""
