@@ -17,6 +17,7 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     connector_hybrid.py  `--model gemma3-like`: a hybrid (sliding-window) layout, window trimming on and off
     hybrid_rig.py        its rig: vLLM's hybrid block tables, one namespace per KV cache group
     remote.py            `python -m bench.remote`: the peer tier against loopback sockets between processes
+    cluster/             `python -m bench.cluster`: N daemons on etcd against one node, through membership churn
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU
     gpu_checks.py        its transfer checks (DMA through the pinned arena, per-tenant pins, save + load)
     gpu_overwrite.py     its overwrite-during-save check (a save reads blocks as they were when issued)

@@ -25,8 +25,10 @@ def cluster(request):
     with ExitStack() as stack:
         # a generous per-call bound: on a loaded 2-core CI box a 1 s call can time out and turn a hit into a miss.
         # No hand-off window: these are the steady-state counts (a cluster that just formed would otherwise ask
-        # the previous owners of the last joiner's keys too: tests/test_peer_membership_change.py)
-        yield Cluster(stack, plane=request.param, timeout_s=5.0, peer_handoff_window_s=0)
+        # the previous owners of the last joiner's keys too: tests/test_peer_membership_change.py). Copies of
+        # blocks a node does not own are kept as ordinary entries, so what a read fetched is a local hit after
+        # it; the default drops them (tests/test_peer_guests.py, test_peer_membership_change.py).
+        yield Cluster(stack, plane=request.param, timeout_s=5.0, peer_handoff_window_s=0, peer_local_copies="keep")
 
 
 def test_members_and_health(cluster: Cluster) -> None:

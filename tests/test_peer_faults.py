@@ -41,9 +41,10 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def test_a_raw_probe_gets_exactly_the_presence_of_each_key(cluster: Cluster) -> None:
     ns = f"probe-{time.monotonic_ns()}"
     register(cluster.clients, ns)
-    cluster.clients["b"].put_many(ns, [b"here"], [b"x" * 5000])
+    owner = cluster.owner(ns, b"here")  # the writer keeps no copy of a block it does not own (guests.py)
+    cluster.clients[owner].put_many(ns, [b"here"], [b"x" * 5000])
     meta = fr.encode_fetch(ns, [b"absent", b"here", b"here"])
-    with socket.create_connection(_data_port(cluster, "b")) as s:
+    with socket.create_connection(_data_port(cluster, owner)) as s:
         s.sendall(fr.Header(fr.PROBE, 42, 3, len(meta), 0).pack() + meta)
         h = fr.check_header(_recv(s, fr.HEADER.size), max_keys=16, max_block_bytes=1 << 20)
         assert (h.op, h.request_id, h.count, h.meta_len, h.payload_len) == (fr.PROBE_REPLY, 42, 3, 3, 0)

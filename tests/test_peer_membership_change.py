@@ -4,8 +4,9 @@ found from every live node, with exact bytes, and no call fails; the blocks the 
 the ones lost (replication "owner"). Under "owner+1", the killed node's own blocks survive too and two copies
 are restored (re-replication from the survivor).
 
-Placement is computed here with the same rendezvous hash, so every expectation is exact. A check reads through
-every node and then deletes, on that node, the copies its reads fetched, so one check cannot make the next one
+Placement is computed here with the same rendezvous hash, so every expectation is exact. The daemons drop the
+copies of blocks they do not own once the owner has them (peer_local_copies = "drop", the default): a writer's
+after its push, a reader's after its load; the checks assert that too, so one check cannot make the next one
 pass by leaving copies behind.
 """
 
@@ -52,17 +53,15 @@ def _holders(cl: Cluster, live: str, keys: list[bytes]) -> dict[bytes, set[str]]
 
 def _check_found(cl: Cluster, live: str, data: dict[bytes, tuple[str, bytes]], keys: list[bytes]) -> None:
     """Every key in `keys` is read with exact bytes from every live node (and found by a cluster-wide Exists);
-    the copies a node's reads fetched are deleted on it again."""
+    afterwards a node holds no copy its reads fetched (it dropped them: their owner has them)."""
     for name in live:
         c = cl.clients[name]
         assert c.exists(NS, keys, cluster=True) == [True] * len(keys), name
         here = c.exists(NS, keys)
-        remote = [k for k, h in zip(keys, here) if not h]
         got = c.get_many(NS, keys)
         bad = [k for k, g in zip(keys, got) if g != data[k][1]]
         assert not bad, f"{name} read {len(bad)} of {len(keys)} blocks wrong or missing: {bad[:4]}"
-        if remote:
-            assert c.delete(NS, remote) == len(remote)
+        wait_until(lambda: c.exists(NS, keys) == here, 10, 0.05, f"{name} to drop the copies it fetched")
 
 
 def _wait_handoffs(cl: Cluster, live: str) -> None:
@@ -85,6 +84,10 @@ def test_join_leave_and_kill_keep_every_block_a_live_node_holds() -> None:
         register(cl.clients, NS)
         data = _write_all(cl, "abcd")
         keys = sorted(data)
+        ids4 = _ids(cl, "abcd")
+        name_of = {cl.nodes[n].node_id: n for n in "abcd"}
+        # each block lives once, at its owner: the writers dropped their copies once the pushes landed
+        assert _holders(cl, "abcd", keys) == {k: {name_of[owners(NS, k, ids4, 1)[0]]} for k in keys}
         _check_found(cl, "abcd", data, keys)
 
         # a fifth node joins: it owns about a fifth of the blocks, which it never received
@@ -114,10 +117,10 @@ def test_join_leave_and_kill_keep_every_block_a_live_node_holds() -> None:
         _wait_handoffs(cl, "acde")
         _check_found(cl, "acde", data, keys)             # every block: nothing was only on b
 
-        # c is killed: what it alone held (blocks it owned whose writer is c itself or b, gone) is lost; the rest
-        # is found
+        # c is killed: what it owned is lost (one copy each under replication "owner"; its writers dropped theirs),
+        # the rest is found
         ids4 = _ids(cl, "acde")
-        lost = {k for k in keys if data[k][0] in "bc" and owners(NS, k, ids4, 1)[0] == cl.nodes["c"].node_id}
+        lost = {k for k in keys if owners(NS, k, ids4, 1)[0] == cl.nodes["c"].node_id}
         cl.nodes["c"].stop(signal.SIGKILL)
         cl.clients.pop("c").close()
         cl.wait_members(3, on=tuple("ade"), timeout_s=15.0)
@@ -125,10 +128,10 @@ def test_join_leave_and_kill_keep_every_block_a_live_node_holds() -> None:
         held = _holders(cl, "ade", keys)
         assert {k for k, h in held.items() if not h} == lost
         _check_found(cl, "ade", data, [k for k in keys if k not in lost])
-        # each surviving block sits at its owner under the three survivors (handed off by its writer)
+        # each surviving block sits at its owner under the three survivors, and only there
         ids3 = _ids(cl, "ade")
         name_of = {cl.nodes[n].node_id: n for n in "ade"}
-        assert all(name_of[owners(NS, k, ids3, 1)[0]] in held[k] for k in keys if k not in lost)
+        assert all(held[k] == {name_of[owners(NS, k, ids3, 1)[0]]} for k in keys if k not in lost)
         assert _counter_sum(cl, "ade", "handoff_refused") == 0
 
 
@@ -149,7 +152,7 @@ def test_owner_plus_one_keeps_the_killed_nodes_blocks_and_restores_two_copies() 
         held = _holders(cl, "acd", keys)
         for k in keys:
             want = {name_of[m] for m in owners(NS, k, ids3, 2)}
-            assert want <= held[k], (k, want, held[k])
+            assert held[k] == want, (k, want, held[k])
         assert _counter_sum(cl, "acd", "handoff_blocks") > 0
 
 

@@ -233,8 +233,14 @@ class Engine(EngineQueries):
         if remote is not None and not local_only:  # peer tier first (no lock held)
             if lease:
                 remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
-            else:
-                at_peers = remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
+                res = self._lookup(ns_name, keys, prefix, lease, summary, at_peers)
+                remote.loaded(ns_name, keys)     # the blocks it fetched are leased now: guests from here on
+                return res
+            at_peers = remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background
+        return self._lookup(ns_name, keys, prefix, lease, summary, at_peers)
+
+    def _lookup(self, ns_name: str, keys: Sequence[bytes], prefix: bool, lease: bool, summary: bool,
+                at_peers: list[bool] | None) -> LookupResult:
         with self._lock:
             ns = self._names.get(ns_name)
             eids, tiers = self._lookups.locate(ns, keys, at_peers)
@@ -264,9 +270,14 @@ class Engine(EngineQueries):
         self._check_entry_ids(prior_ids, prior_serials, len(tail))
         if tail:
             self._check_keys(tail)
+        remote = self._writes.remote
         with self._lock:
             k, done = self._lookups.probe_head(self._names.get(ns_name), prior_ids, prior_serials, len(tail),
                                                read and not tail)
+            keys = ([self._cat.keys[e] for e in prior_ids.tolist() if self._cat.keys[e] is not None]
+                    if read and not tail and remote is not None else None)
+        if keys and remote is not None:
+            remote.loaded(ns_name, keys)
         if done is not None:
             return done
         return Lookups.after_head(k, self.lookup(ns_name, tail, prefix=True, lease=False, summary=True))
@@ -277,8 +288,13 @@ class Engine(EngineQueries):
         answer, effects and lease of `lookup(those keys, ...)` when every entry still holds; None, with nothing
         done or counted, when one does not (evicted since): the caller then sends the Lookup with its keys."""
         self._check_entry_ids(ids, serials, 0)
+        remote = self._writes.remote
         with self._lock:
-            return self._lookups.entries(self._names.get(ns_name), ids, serials, prefix, lease, summary and not lease)
+            res = self._lookups.entries(self._names.get(ns_name), ids, serials, prefix, lease, summary and not lease)
+            keys = [self._cat.keys[e] for e in ids.tolist()] if res is not None and lease and remote else None
+        if keys and remote is not None:
+            remote.loaded(ns_name, keys)
+        return res
 
     def _check_entry_ids(self, ids: np.ndarray, serials: np.ndarray, more_keys: int) -> None:
         if len(ids) != len(serials):
@@ -380,6 +396,13 @@ class Engine(EngineQueries):
         probed = self.lookup(ns_name, keys, lease=False, summary=True).tiers if act is HintAction.PREFETCH else None
         with self._lock:
             return self._hints.apply(self._names.get(ns_name), keys, act, ttl, time.monotonic(), probed)
+
+    def let_go(self, ns_name: str, keys: Sequence[bytes], drop: bool = False) -> int:
+        """RAM copies this node does not own (the peer tier's): first to go, or dropped now (hints.py let_go);
+        unknown keys and namespaces are ignored. The entries marked or dropped."""
+        with self._lock:
+            ns = self._cat.by_name.get(ns_name)
+            return 0 if ns is None else self._hints.let_go(ns, keys, drop)
 
     # -- time -------------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> None:

@@ -47,7 +47,7 @@ from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.ram_space import RamSpace
 from kvstore.errors import InvalidRequestError
 from kvstore.hint_vocab import HintAction, HintOutcome
-from kvstore.policies.hinted import RELEASED, RETAINED, HintedPolicy
+from kvstore.policies.hinted import NORMAL, RELEASED, RETAINED, HintedPolicy
 from kvstore.vocab import Tier
 
 __all__ = ["Hints", "parse_hint"]
@@ -143,6 +143,31 @@ class Hints:
         if act is HintAction.DEMOTE:
             return self._demote(eid, key)
         return self._pin(ns, eid, key, until, timed)
+
+    def let_go(self, ns: Namespace, keys: Sequence[bytes], drop: bool = False) -> int:
+        """The peer tier's word on copies this node does not own (pushed to their owner, fetched from it, or
+        handed to a new one), so a cluster's RAM holds each block about once: first to go, as a Release makes
+        them, or with `drop` their RAM copy goes now: as an eviction would take it, or, when a reader holds it
+        (a load that fetched it), hidden from every later lookup at once and freed when that reader lets go, as
+        a delete of a leased block is (a disk copy stays either way). An entry an agent's hint or a pin marked
+        is left as it is; not counted as a hint or a delete. Returns the entries marked or dropped."""
+        self._ram.apply_touches()
+        eids, _ = self._lookups.locate(ns, keys)
+        state, pins = self._cat.state, self._cat.pins
+        done = 0
+        for eid in eids.tolist():
+            if eid < 0 or state[eid] != _COMMITTED or pins[eid] or self._policy.priority(eid) == RETAINED:
+                continue
+            if drop and self._ram.evictable(eid):
+                self._policy.on_remove(eid)
+                self._ram.evict(eid)
+                done += 1
+            elif drop and self._cat.leases[eid]:  # a reader holds it: hidden now, freed when it lets go
+                self._ram.delete(eid, counted=False)
+                done += 1
+            elif self._policy.priority(eid) == NORMAL:
+                done += self._policy.set_priority(eid, RELEASED)
+        return done
 
     # -- hints on blocks still being written ------------------------------------------------------------
     def _defer(self, ns: Namespace, eid: int, key: bytes, act: HintAction, until: float,

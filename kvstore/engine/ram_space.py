@@ -257,15 +257,16 @@ class RamSpace:
         counters.evictions += 1
         counters.evicted_bytes += size
 
-    def delete(self, eid: int) -> None:
-        """Remove a COMMITTED entry on request: freed now, or DOOMED (invisible) until its last lease goes."""
+    def delete(self, eid: int, counted: bool = True) -> None:
+        """Remove a COMMITTED entry on request: freed now, or DOOMED (invisible) until its last lease goes.
+        `counted`: a delete a client asked for (deleted_blocks); the peer tier's dropped guests are not."""
         cat = self._cat
         self._touches.apply()
         self.policy.on_remove(eid)
         if self._events.subscribers:
             self._events.publish(REMOVED, cat.namespace_of(eid).name, [cat.keys[eid]], Tier.RAM)  # type: ignore[list-item]  # a live entry's key is set (None only once dropped)
         self.forget_committed(eid)
-        self._counters.deleted_blocks += 1
+        self._counters.deleted_blocks += counted
         if cat.leases[eid] > 0:
             cat.state[eid] = _DOOMED
         else:

@@ -37,6 +37,7 @@ class RemoteHooks(Protocol):
     def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
     def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...  # Exists(cluster), no lock
+    def loaded(self, namespace: str, keys: Sequence[bytes]) -> None: ...  # after a leased Lookup, no lock
 
 
 class Writes:

@@ -8,6 +8,7 @@
     placement.py     rendezvous hashing: the owner (and replica) of a block, hand-off targets, read order
     handoff.py       after a change: hand the blocks this node holds to their new owners (and on leave)
     intake.py        what a node takes when handed blocks: ownership and a byte budget
+    guests.py        copies of blocks this node does not own: dropped once their owner has them
     remote_tier.py   reads: a local miss asks the owner, one batched call per peer
     replicator.py    writes: after a put, push to the owner in the background (bounded, never blocks)
     local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive

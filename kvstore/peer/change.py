@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvstore.peer.placement import owners, read_order
+from kvstore.peer.placement import owners_of, read_orders
 
 __all__ = ["MemberChange", "MemberView"]
 
@@ -98,18 +98,18 @@ class MemberView:
             self._trim(self._clock())
             return [s for _, s in self._earlier]
 
-    def read_order(self, namespace: str, key: bytes, current: Collection[str] | None = None,
-                   previous: list[frozenset[str]] | None = None) -> list[str]:
-        """placement.read_order over this view (pass `current`/`previous` read once for a whole batch)."""
-        cur = self.current() if current is None else current
-        prev = self.previous() if previous is None else previous
-        return read_order(namespace, key, cur, prev, self.copies, self.me)
+    def read_orders(self, namespace: str, keys: Sequence[bytes]) -> list[list[str]]:
+        """placement.read_orders over this view."""
+        return read_orders(namespace, keys, self.current(), self.previous(), self.copies, self.me)
 
-    def accepts(self, namespace: str, key: bytes) -> bool:
-        """Whether this node takes a block handed to it: it owns the block under the current member set, or
-        one rank past it (a member that is leaving hands its blocks over before it leaves the set), or under an
-        earlier set of the window (a sender that saw a change this node has not seen yet, or the reverse)."""
-        copies = max(1, self.copies)
-        if self.me in owners(namespace, key, self.current(), copies + 1):
-            return True
-        return any(self.me in owners(namespace, key, s, copies) for s in self.previous())
+    def accepts(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether this node takes a block handed to it: it owns the block under the current member set,
+        or one rank past it (a member that is leaving hands its blocks over before it leaves the set), or under
+        an earlier set of the window (a sender that saw a change this node has not seen yet, or the reverse)."""
+        copies, me = max(1, self.copies), self.me
+        out = [me in o for o in owners_of(namespace, keys, self.current(), copies + 1)]
+        for s in self.previous():
+            if all(out):
+                break
+            out = [ok or me in o for ok, o in zip(out, owners_of(namespace, keys, s, copies))]
+        return out

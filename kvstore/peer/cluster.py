@@ -35,6 +35,7 @@ from kvstore.errors import ConfigError
 from kvstore.peer.change import MemberView
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.etcd import EtcdClient
+from kvstore.peer.guests import LOCAL_COPIES, Guests
 from kvstore.peer.handoff import HandOff, PassReport
 from kvstore.peer.intake import HandOffIntake
 from kvstore.peer.local import LocalStore
@@ -91,6 +92,7 @@ class PeerConfig:
     handoff_intake_bytes_per_s: int = 4 << 30   # hand-off intake budget (intake.py)
     handoff_window_s: float = 120.0             # reads ask previous owners this long after a change (change.py)
     leave_timeout_s: float = 20.0               # SIGTERM: hand-off before leaving, at most this long
+    local_copies: str = "drop"                  # copies this node does not own: dropped (guests.py)
 
     def __post_init__(self) -> None:
         for url in self.etcd_endpoints:
@@ -129,6 +131,8 @@ class PeerConfig:
                      f"{name}={rate}: use 1MiB..1TiB per second (a hand-off slower than 1 MiB/s never finishes)")
         _require(0 <= self.handoff_window_s <= 86400,
                  f"peer_handoff_window_s={self.handoff_window_s}: use 0..86400 seconds (0: never ask previous owners)")
+        _require(self.local_copies in LOCAL_COPIES,
+                 f"peer_local_copies={self.local_copies!r}: use {_one_of(LOCAL_COPIES)}")
         _require(0 <= self.leave_timeout_s <= 3600,
                  f"peer_leave_timeout_s={self.leave_timeout_s}: use 0..3600 seconds (keep it below the pod's "
                  "terminationGracePeriodSeconds)")
@@ -186,14 +190,17 @@ class PeerCluster:
         self.membership: Membership | None = None
         copies = COPIES[cfg.replication]
         self.view = MemberView(cfg.node_id, copies, cfg.handoff_window_s)
+        guests = Guests(self.local, self.view, self.counters, cfg.local_copies if copies else "keep")
         self.remote = RemoteTier(engine, self.plane, self._members, cfg.node_id, copies=copies,
                                  timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, counters=self.counters,
-                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.view.previous)
+                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.view.previous,
+                                 fetched=guests.read)
         self.replicator = Replicator(self.local, self.plane, self._members, cfg.node_id, copies=copies,
-                                     queue_blocks=cfg.push_queue_blocks, counters=self.counters)
+                                     queue_blocks=cfg.push_queue_blocks, counters=self.counters,
+                                     landed=guests.sent)
         self.handoff = HandOff(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                bytes_per_s=cfg.handoff_bytes_per_s, counters=self.counters,
-                               batch_keys=min(32, cfg.max_keys))
+                               batch_keys=min(32, cfg.max_keys), landed=guests.sent)
         self.local.set_handoff_gate(HandOffIntake(self.view, self.counters, cfg.handoff_intake_bytes_per_s))
 
     def _members(self) -> dict[str, Member]:
@@ -259,6 +266,9 @@ class PeerCluster:
 
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None:
         self.replicator.committed(reservation_id, namespace, keys)
+
+    def loaded(self, namespace: str, keys: Sequence[bytes]) -> None:
+        self.remote.loaded(namespace, list(keys))
 
     def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         """Per key: a peer holds it (its owner, or a previous owner during a hand-off window); metadata only."""

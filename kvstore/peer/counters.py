@@ -53,6 +53,8 @@ COUNTER_HELP: dict[str, str] = {
     "handoff_refused": "Handed-off blocks refused because this node does not own them (dropped, counted)",
     "handoff_flood_refused": "Hand-off frames refused whole because hand-offs arrived faster than "
                              "peer_handoff_intake_bytes_per_s",
+    "guest_copies": "RAM copies of blocks this node does not own, dropped or marked first to go once their "
+                    "owner had them (pushed, fetched and read, or handed over; peer_local_copies)",
     "exists_remote_calls": "Metadata-only calls asking owners about keys a cluster-wide Exists missed here",
     "exists_remote_hits": "Keys a cluster-wide Exists found at a peer",
 }

@@ -35,7 +35,7 @@ from kvstore.peer.counters import PeerCounters
 from kvstore.peer.intake import TokenBucket
 from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member
-from kvstore.peer.placement import handoff_targets
+from kvstore.peer.placement import handoff_targets_of
 from kvstore.peer.plane import DataPlane, PeerCallError
 
 __all__ = ["HandOff", "PassReport"]
@@ -63,7 +63,8 @@ class _Cut(Exception):
 
 class HandOff:
     def __init__(self, local: LocalStore, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *,
-                 copies: int, bytes_per_s: float, counters: PeerCounters, batch_keys: int = 32) -> None:
+                 copies: int, bytes_per_s: float, counters: PeerCounters, batch_keys: int = 32,
+                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
         self._local = local
         self._plane = plane
         self._members = members
@@ -72,6 +73,7 @@ class HandOff:
         self._bucket = TokenBucket(bytes_per_s)
         self._counters = counters
         self._batch = batch_keys
+        self._landed = landed  # keys now at their new owner (guests.py lets go of this node's copy)
         self._cond = threading.Condition()
         self._pending: MemberChange | None = None
         self._generation = 0      # bumped by every schedule(): a running pass stops when it moves
@@ -168,15 +170,18 @@ class HandOff:
         report.scanned += len(keys)
         self._counters.add("handoff_keys_scanned", len(keys))
         batches: dict[str, list[bytes]] = {}
-        for i, key in enumerate(keys):
-            if i % 1024 == 0 and cut():
+        for lo in range(0, len(keys), 1024):
+            if cut():
                 raise _Cut
-            for target in handoff_targets(namespace, key, change.before, change.after, self._copies, self._me):
-                batch = batches.setdefault(target, [])
-                batch.append(key)
-                if len(batch) >= self._batch:
-                    self._send(members.get(target), namespace, batch, report, cut)
-                    batches[target] = []
+            part = keys[lo:lo + 1024]
+            for key, targets in zip(part, handoff_targets_of(namespace, part, change.before, change.after,
+                                                             self._copies, self._me)):
+                for target in targets:
+                    batch = batches.setdefault(target, [])
+                    batch.append(key)
+                    if len(batch) >= self._batch:
+                        self._send(members.get(target), namespace, batch, report, cut)
+                        batches[target] = []
         for target, batch in batches.items():
             if batch:
                 self._send(members.get(target), namespace, batch, report, cut)
@@ -195,6 +200,8 @@ class HandOff:
             return
         missing = [k for k, p in zip(keys, present) if not p]
         already = len(keys) - len(missing)
+        if already:
+            self._landed(namespace, [k for k, p in zip(keys, present) if p])
         report.present += already
         self._counters.add("handoff_present", already)
         sizes = self._local.sizes(namespace, missing)
@@ -215,6 +222,8 @@ class HandOff:
             return
         report.sent += stored
         report.sent_bytes += nbytes
+        if stored == len(missing):
+            self._landed(namespace, missing)
         self._counters.add("handoff_blocks", stored)
         self._counters.add("handoff_bytes", nbytes)
         self._dropped(report, len(missing) - stored)

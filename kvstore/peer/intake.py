@@ -72,7 +72,7 @@ class HandOffIntake:
         if not self._bucket.try_take(payload_bytes):
             self._counters.add("handoff_flood_refused")
             return [False] * len(keys)
-        out = [self._view.accepts(namespace, k) for k in keys]
+        out = self._view.accepts(namespace, keys)
         refused = out.count(False)
         if refused:
             self._counters.add("handoff_refused", refused)

@@ -157,6 +157,10 @@ class LocalStore:
         except KVStoreError:
             return {}
 
+    def let_go(self, namespace: str, keys: list[bytes], drop: bool = False) -> int:
+        """These RAM copies first to go, or dropped now (guests.py); how many."""
+        return self._engine.let_go(namespace, keys, drop)
+
     def set_handoff_gate(self, gate: Callable[[str, list[bytes], int], list[bool]] | None) -> None:
         self._handoff_gate = gate
 

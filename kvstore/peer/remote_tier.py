@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.membership import Member
-from kvstore.peer.placement import read_order
+from kvstore.peer.placement import read_orders
 from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
 
 if TYPE_CHECKING:
@@ -50,17 +51,22 @@ R = TypeVar("R")
 
 __all__ = ["RemoteTier"]
 
+MAX_UNREAD = 1 << 16  # fetched blocks remembered until a load reads them (oldest forgotten first)
+
 log = logging.getLogger(__name__)
 
 
 class RemoteTier:
     def __init__(self, engine: Engine, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *, copies: int,
                  timeout_s: float, max_keys: int, counters: PeerCounters, backoff_s: float = 1.0,
-                 previous: Callable[[], list[frozenset[str]]] = lambda: []) -> None:
+                 previous: Callable[[], list[frozenset[str]]] = lambda: [],
+                 fetched: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
         self._engine = engine
         self._plane = plane
         self._members = members  # () -> dict[node_id, Member], this node included
         self._previous = previous  # () -> the member sets of the hand-off window, newest first
+        self._fetched = fetched    # blocks fetched here and since read (guests.py lets go of those not owned)
+        self._unread: OrderedDict[tuple[str, bytes], None] = OrderedDict()  # fetched, not yet read by a load
         self._me = me
         self._copies = copies
         self._timeout = timeout_s
@@ -81,14 +87,9 @@ class RemoteTier:
     def orders(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[bytes, list[str]]:
         """Per key (each once), the peers to ask in turn (placement.read_order); keys no peer can hold (this
         node owns them alone, outside a hand-off window) are left out."""
-        ids = frozenset(members)
-        previous = self._previous()
-        out: dict[bytes, list[str]] = {}
-        for key in keys:
-            order = read_order(namespace, key, ids, previous, self._copies, self._me)
-            if order:
-                out[key] = order
-        return out
+        keys = list(dict.fromkeys(keys))
+        orders = read_orders(namespace, keys, frozenset(members), self._previous(), self._copies, self._me)
+        return {k: o for k, o in zip(keys, orders) if o}
 
     def route(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[str, list[bytes]]:
         """Peer node id -> the keys to ask it for first (each key once; keys this node owns alone are skipped)."""
@@ -281,7 +282,24 @@ class RemoteTier:
             self._down_until.pop(member.node_id, None)
         self._counters.add("fetched_blocks", stored)
         self._counters.add("fetch_misses", len(keys) - stored)
+        if stored:
+            with self._lock:
+                for k in keys:
+                    self._unread[(namespace, k)] = None
+                while len(self._unread) > MAX_UNREAD:
+                    self._unread.popitem(last=False)
         return stored
+
+    def loaded(self, namespace: str, keys: list[bytes]) -> None:
+        """A leased Lookup of `keys` is done: the blocks fetched for it are leased by it now, so marking them
+        guests (first to go) cannot take them from under this load; before it, the next batch landing for the
+        same load could have. Blocks a scheduler's probe fetched and no load read stay ordinary entries."""
+        with self._lock:
+            read = [k for k in keys if (namespace, k) in self._unread]
+            for k in read:
+                del self._unread[(namespace, k)]
+        if read:
+            self._fetched(namespace, read)
 
 
 def _usable(keys: list[bytes], local: list[bool], remote: set[bytes], prefix: bool) -> set[bytes]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member
-from kvstore.peer.placement import owners
+from kvstore.peer.placement import owners_of
 from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
 
 __all__ = ["Replicator"]
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class Replicator:
     def __init__(self, local: LocalStore, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *,
-                 copies: int, queue_blocks: int, counters: PeerCounters, batch_keys: int = 32) -> None:
+                 copies: int, queue_blocks: int, counters: PeerCounters, batch_keys: int = 32,
+                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
         self._local = local
         self._plane = plane
         self._members = members
@@ -39,6 +40,7 @@ class Replicator:
         self._max_queue = queue_blocks
         self._batch = batch_keys
         self._counters = counters
+        self._landed = landed  # keys now at their owner (guests.py lets go of this node's copy)
         self._queue: deque[tuple[str, tuple[bytes, ...]]] = deque()
         self._queued = 0
         self._busy = 0
@@ -107,13 +109,14 @@ class Replicator:
 
     def _push(self, items: list[tuple[str, tuple[bytes, ...]]]) -> None:
         members = self._members()
-        ids = list(members)
+        ids = frozenset(members)
         batches: dict[tuple[str, str], list[bytes]] = {}
         for namespace, keys in items:
-            for key in keys:
-                for target in owners(namespace, key, ids, self._copies):
+            for key, targets in zip(keys, owners_of(namespace, keys, ids, self._copies)):
+                for target in targets:
                     if target != self._me:
                         batches.setdefault((target, namespace), []).append(key)
+        failed: set[tuple[str, bytes]] = set()
         for (target, namespace), queued in batches.items():
             desc = self._local.describe(namespace)
             for i in range(0, len(queued), self._batch):
@@ -124,5 +127,12 @@ class Replicator:
                     self._counters.add("pushes_dropped", len(part))
                     self._counters.add("timeouts" if isinstance(exc, PeerTimeout) else "errors")
                     log.info("push of %d blocks to %s dropped: %s", len(part), target, exc)
+                    failed.update((namespace, k) for k in part)
                     continue
                 self._counters.add("pushed_blocks", len(part))
+        # only now, when every owner of a block has been sent it: the owner's push reads this node's copy
+        landed: dict[str, list[bytes]] = {}
+        for (_, namespace), queued in batches.items():
+            landed.setdefault(namespace, []).extend(k for k in queued if (namespace, k) not in failed)
+        for namespace, sent in landed.items():
+            self._landed(namespace, list(dict.fromkeys(sent)))

@@ -141,6 +141,10 @@ class ServerConfig:
                                               4 << 30)
     peer_handoff_window_s: float = _s("peer", "after a membership change, how long a read that misses at a block's "
                                       "owner also asks its previous owners (until the hand-off lands)", 120.0)
+    peer_local_copies: str = _s("peer", "RAM copies of blocks this node does not own, once their owner has them (its "
+                                "own puts once pushed, blocks fetched from peers once read, blocks handed to a new "
+                                "owner): drop = freed now, so the cluster's RAM holds each block once; guest = "
+                                "first to go; keep = ordinary entries", "drop")
     peer_leave_timeout_s: float = _s("peer", "on SIGTERM, the longest this node spends handing its blocks to their "
                                      "next owners before it leaves the cluster; 0 leaves at once", 20.0)
     tls_cert: str = _s("security", "PEM certificate chain: TLS on the TCP gRPC listener and the peer data plane", "")
@@ -238,6 +242,7 @@ class ServerConfig:
             handoff_bytes_per_s=self.peer_handoff_bytes_per_s,
             handoff_intake_bytes_per_s=self.peer_handoff_intake_bytes_per_s,
             handoff_window_s=self.peer_handoff_window_s, leave_timeout_s=self.peer_leave_timeout_s,
+            local_copies=self.peer_local_copies,
             max_block_bytes=self.max_block_bytes, capacity_bytes=capacity_bytes,
             tls=self.tls if self.tls.enabled else None, etcd_security=self.etcd_security,
         )
