@@ -99,6 +99,9 @@ def test_membership_follows_by_watch_through_an_etcd_restart() -> None:
             c = member("c")
             c.start()
             wait_until(lambda: set(a.members()) == {"a", "b", "c"}, 5, 0.01, "a to see c after the restart")
+            assert c.mark_leaving()                       # draining: still a member, marked in its record
+            wait_until(lambda: a.members()["c"].leaving, 5, 0.01, "a to see c leaving")
+            assert set(a.members()) == {"a", "b", "c"} and not a.members()["b"].leaving
             c.stop()
             wait_until(lambda: set(a.members()) == {"a", "b"}, 5, 0.01, "a to see c leave")
             b.stop()
@@ -107,5 +110,5 @@ def test_membership_follows_by_watch_through_an_etcd_restart() -> None:
             b.stop()
             a.stop()
         assert seen[0] in ({"a", "b"}, {"a"})
-        assert seen[-3:] == [{"a", "b", "c"}, {"a", "b"}, {"a"}]
+        assert seen[-4:] == [{"a", "b", "c"}, {"a", "b", "c"}, {"a", "b"}, {"a"}]  # the second: c's record, leaving
         assert counters.get("etcd_errors") >= 1 and counters.get("watch_restarts") >= 1

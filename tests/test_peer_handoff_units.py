@@ -59,21 +59,22 @@ def test_after_a_change_every_new_owner_holds_every_block_a_live_node_held(copie
             assert set(owners(NS, k, after, copies)) <= holders, (k, holders)
 
 
-def test_only_an_old_owner_sends_while_one_survives_and_every_holder_when_none_does() -> None:
+def test_an_owner_keeps_what_it_owns_and_any_other_holder_hands_its_copy_to_the_owner() -> None:
     four, three = ["a", "b", "c", "d"], ["a", "b", "c"]
-    moved = [k for k in KEYS if owners(NS, k, four, 1)[0] == "d"]   # d dies: its keys move
-    kept = [k for k in KEYS if owners(NS, k, four, 1)[0] != "d"]
-    for k in kept:  # nothing moves
-        assert all(handoff_targets(NS, k, four, three, 1, h) == [] for h in three)
-    for k in moved:  # every survivor that holds it sends to the new owner (it probes first)
+    for k in KEYS:  # d dies: the owner keeps its blocks; a copy anywhere else goes to the owner (probed first)
         new = owners(NS, k, three, 1)
         assert all(handoff_targets(NS, k, four, three, 1, h) == ([] if h in new else new) for h in three)
-    # a join: only the previous owner sends, writers do not
     five = four + ["e"]
-    for k in KEYS:
-        old, new = owners(NS, k, four, 1)[0], owners(NS, k, five, 1)[0]
+    for k in KEYS:  # a join: a block e now owns goes to e from whoever holds it; the rest to their owner
+        new = owners(NS, k, five, 1)
         for h in four:
-            assert handoff_targets(NS, k, four, five, 1, h) == (["e"] if new == "e" and h == old else [])
+            assert handoff_targets(NS, k, four, five, 1, h) == ([] if h in new else new)
+    # owner+1: a death takes one of two owners; the survivor (and only an owner) restores the second copy
+    for k in KEYS[:100]:
+        old, new = owners(NS, k, four, 2), owners(NS, k, three, 2)
+        for h in three:
+            want = ([] if h not in new else [m for m in new if m not in old and m != h]) if h in new else new
+            assert handoff_targets(NS, k, four, three, 2, h) == want
     assert handoff_targets(NS, KEYS[0], four, five, 0, "a") == []  # replication off: nothing to hand off
 
 
@@ -100,9 +101,11 @@ def test_member_view_keeps_earlier_sets_for_the_window_only() -> None:
     clock.t += 5
     ch2 = v.apply(["a", "c", "d"])
     assert (ch2.joined, ch2.left, ch2.describe()) == ({"d"}, {"b"}, "+d -b")
-    assert v.previous() == [frozenset({"a", "b", "c"})]  # not {a}: this node's view before it first read etcd
+    # not {a}, this node's view before it first read etcd, but the cluster it joined: {b, c} (without it)
+    assert v.previous() == [frozenset({"a", "b", "c"}), frozenset({"b", "c"})]
     assert ch.compose(ch2) == MemberChange(frozenset({"a"}), frozenset({"a", "c", "d"}))
     clock.t += 6
+    assert v.previous() == [frozenset({"a", "b", "c"})]  # {b, c} left the window (10 s after it was current)
     v.apply(["a", "c"])
     assert v.previous() == [frozenset({"a", "c", "d"}), frozenset({"a", "b", "c"})]
     clock.t += 5
@@ -275,3 +278,13 @@ def test_a_read_that_misses_at_the_new_owner_is_served_by_the_previous_one(nodes
     assert [r.read(k) for k in keys] == [values[k] for k in keys]
     pc = r.counters.snapshot()
     assert (pc["fallback_keys"], pc["fallback_hits"], pc["fetched_blocks"]) == (12, 12, 6)
+
+
+def test_a_member_that_is_leaving_owns_nothing_new_but_is_still_asked_for_what_it_had() -> None:
+    four, three = ["a", "b", "c", "l"], frozenset(["a", "b", "c"])
+    k = next(k for k in KEYS if owners(NS, k, four, 1)[0] == "l")
+    new = owners(NS, k, three, 1)[0]
+    asker = next(m for m in "abc" if m != new)
+    # the placement set leaves l out; l is still reachable and was the owner before: asked second
+    assert read_order(NS, k, three, [frozenset(four)], 1, asker, reachable=set(four)) == [new, "l"]
+    assert read_order(NS, k, three, [frozenset(four)], 1, asker) == [new]   # once it is gone: not asked

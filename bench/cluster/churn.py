@@ -9,13 +9,19 @@ What an event cost, from the per-request records (drive.Record) of the cluster a
 reference over the same requests (its hits are what capacity C gives these requests):
     failed / wrong   calls that raised, loaded blocks with wrong marks, from the event to the next one
     level            the cluster's hit blocks / the reference's over the WINDOW requests before the event
-    dip              that level less the lowest level of any WINDOW requests from the event to the next one
-    back_s           seconds from the event until the end of the first WINDOW requests whose level is within
-                     TOLERANCE of the level before it (None: not back before the next event or the end)
+    after            the same over the second half of the requests from the event to the next one: where the
+                     cluster settled (a kill or a leave takes a node's capacity with it, so it may settle lower)
+    dip              `level` less the lowest level of any WINDOW requests from the event to the next one
+    back_s           seconds from the event until the level of every WINDOW requests from then to the next
+                     event stays within the tolerance of min(level, after) (None: it never does). The
+                     tolerance is the steady state's own noise: twice the standard deviation of the window
+                     levels before the first event (at least TOLERANCE), so "back" means back within what the
+                     cluster varies by when nothing happens
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 from bench.cluster.drive import Record
 from bench.cluster.rig import Rig
 
-__all__ = ["Churn", "Event", "EventCost", "costs", "WINDOW", "TOLERANCE"]
+__all__ = ["Churn", "Event", "EventCost", "costs", "noise", "WINDOW", "TOLERANCE"]
 
 FRACTIONS = (0.2, 0.4, 0.6, 0.8)
 KINDS = ("join", "kill", "leave", "restart")
@@ -51,6 +57,7 @@ class EventCost:
     failed: int
     wrong: int
     level: float
+    after: float
     dip: float
     back_s: float | None
     extra: dict[str, int] = field(default_factory=dict)
@@ -106,18 +113,32 @@ def _level(cl: Sequence[Record], ref: Sequence[int], lo: int, hi: int) -> float 
     return sum(r.hit for r in cl[lo:hi]) / want if want else None
 
 
+def noise(events: Sequence[Event], cl: Sequence[Record], ref: Sequence[int]) -> float:
+    """The tolerance: twice the spread of the window levels before the first event, at least TOLERANCE."""
+    first = events[0].index if events else len(cl)
+    levels = [lv for j in range(0, max(0, first - WINDOW)) if (lv := _level(cl, ref, j, j + WINDOW)) is not None]
+    return max(TOLERANCE, 2 * statistics.pstdev(levels)) if len(levels) > 1 else TOLERANCE
+
+
 def costs(events: Sequence[Event], cl: Sequence[Record], ref: Sequence[int]) -> list[EventCost]:
+    tol = noise(events, cl, ref)
     out = []
     for k, ev in enumerate(events):
         end = events[k + 1].index if k + 1 < len(events) else len(cl)
         before = _level(cl, ref, max(0, ev.index - WINDOW), ev.index) or 0.0
+        after = _level(cl, ref, (ev.index + end) // 2, end) or 0.0
         levels = [(j, _level(cl, ref, j, j + WINDOW)) for j in range(ev.index, max(ev.index + 1, end - WINDOW + 1))]
         seen = [lv for _, lv in levels if lv is not None]
-        back = next((j for j, lv in levels if lv is not None and lv >= before - TOLERANCE), None)
+        floor = min(before, after) - tol
+        back = None
+        for j, lv in reversed(levels):  # the earliest j from which every later window stays above the floor
+            if lv is not None and lv < floor:
+                break
+            back = j
         back_s = (max(0.0, cl[min(back + WINDOW, len(cl)) - 1].t - ev.t_start) if back is not None else None)
         part = cl[ev.index:end]
         out.append(EventCost(ev.kind, ev.node, ev.t_start, ev.t_done - ev.t_start, sum(r.failed for r in part),
-                             sum(r.wrong for r in part), round(before, 4),
+                             sum(r.wrong for r in part), round(before, 4), round(after, 4),
                              round(max(0.0, before - min(seen)), 4) if seen else 0.0,
                              None if back_s is None else round(back_s, 2)))
     return out

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench._common import emit_json, progress
-from bench.cluster.churn import Churn, costs
+from bench.cluster.churn import Churn, costs, noise
 from bench.cluster.drive import Record, by_session, drive, round_robin
 from bench.cluster.report import churn_table, plot_churn, steady_table
 from bench.cluster.rig import Rig, RigConfig, single
@@ -158,11 +158,13 @@ def _churn(reqs: list[Request], cfg: RigConfig, n: int, ref: list[int], out_dir:
         churn.finish()
         s = _summary(recs, ref, cfg.block_bytes, rig.counters())
     cs = costs(churn.events, recs, ref)
+    tolerance = noise(churn.events, recs, ref)
     png = plot_churn(out_dir / f"cluster_churn_{n}.png", n, recs, ref, churn.events)
     events = [{"kind": c.kind, "node": c.node, "at_s": round(c.at_s, 2), "took_s": round(c.took_s, 2),
-               "failed_calls": c.failed, "wrong_blocks": c.wrong, "level_before": c.level, "dip": c.dip,
+               "failed_calls": c.failed, "wrong_blocks": c.wrong, "level_before": c.level, "level_after": c.after,
+               "dip": c.dip,
                "back_s": c.back_s, "error": ev.error} for c, ev in zip(cs, churn.events)]
-    return {**s, "plot": str(png), "events": events}, cs
+    return {**s, "plot": str(png), "back_tolerance": round(tolerance, 4), "events": events}, cs
 
 
 def _headline(out: dict, spreads: list[str]) -> None:

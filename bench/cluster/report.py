@@ -28,9 +28,11 @@ def steady_table(rows: Sequence[dict]) -> None:
 
 def churn_table(nodes: int, cs: Sequence[EventCost]) -> None:
     print_table(f"bench.cluster: churn at N = {nodes} (level = cluster hits / one node's over {WINDOW} requests)",
-                ["event", "node", "at s", "took s", "failed", "wrong", "level before", "dip", "back after s"],
+                ["event", "node", "at s", "took s", "failed", "wrong", "level before", "after", "dip",
+                 "back after s"],
                 [[c.kind, c.node, f"{c.at_s:.1f}", f"{c.took_s:.1f}", c.failed, c.wrong, f"{c.level:.3f}",
-                  f"{c.dip:.3f}", "not back" if c.back_s is None else f"{c.back_s:.1f}"] for c in cs])
+                  f"{c.after:.3f}", f"{c.dip:.3f}", "not back" if c.back_s is None else f"{c.back_s:.1f}"]
+                 for c in cs])
 
 
 def _rolling(values: Sequence[int], totals: Sequence[int]) -> list[float]:

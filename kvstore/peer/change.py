@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvstore.peer.placement import owners_of, read_orders
@@ -71,16 +71,20 @@ class MemberView:
         self._earlier: list[tuple[float, frozenset[str]]] = []  # (time it stopped being current, set), newest first
 
     def apply(self, members: Iterable[str]) -> MemberChange | None:
-        """Make `members` (this node's included or not: a leaving node's view drops itself) the current set;
-        the change, or None when nothing changed."""
+        """Make `members` (the placement set: members that are not leaving) the current set; the change, or
+        None when nothing changed."""
         after = frozenset(members)
         now = self._clock()
         with self._lock:
             before = self._current
             if after == before:
                 return None
-            if before != {self.me}:  # this node alone is its view before it first reads etcd, not a cluster's
+            if before != {self.me}:
                 self._earlier.insert(0, (now, before))
+            elif len(after) > 1:
+                # this node alone is its view before it first reads etcd, not a cluster's: the cluster it joined
+                # is the set without it, and that is where the blocks it now owns are until they are handed over
+                self._earlier.insert(0, (now, after - {self.me}))
             self._current = after
             self._trim(now)
         return MemberChange(before, after)
@@ -98,9 +102,10 @@ class MemberView:
             self._trim(self._clock())
             return [s for _, s in self._earlier]
 
-    def read_orders(self, namespace: str, keys: Sequence[bytes]) -> list[list[str]]:
+    def read_orders(self, namespace: str, keys: Sequence[bytes],
+                    reachable: Collection[str] | None = None) -> list[list[str]]:
         """placement.read_orders over this view."""
-        return read_orders(namespace, keys, self.current(), self.previous(), self.copies, self.me)
+        return read_orders(namespace, keys, self.current(), self.previous(), self.copies, self.me, reachable)
 
     def accepts(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         """Per key, whether this node takes a block handed to it: it owns the block under the current member set,

@@ -194,10 +194,10 @@ class PeerCluster:
         self.remote = RemoteTier(engine, self.plane, self._members, cfg.node_id, copies=copies,
                                  timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, counters=self.counters,
                                  backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.view.previous,
-                                 fetched=guests.read)
+                                 fetched=guests.read, placement=self.view.current)
         self.replicator = Replicator(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                      queue_blocks=cfg.push_queue_blocks, counters=self.counters,
-                                     landed=guests.sent)
+                                     landed=guests.sent, placement=self.view.current)
         self.handoff = HandOff(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                bytes_per_s=cfg.handoff_bytes_per_s, counters=self.counters,
                                batch_keys=min(32, cfg.max_keys), landed=guests.sent)
@@ -225,7 +225,7 @@ class PeerCluster:
     def _changed(self, members: dict[str, Member]) -> None:
         """The watch saw a new member set: record the change, hand off what moved (in the background)."""
         self._check_planes(members)
-        change = self.view.apply(members)
+        change = self.view.apply(m for m, rec in members.items() if not rec.leaving)
         if change is not None:  # this node's own join too: blocks it recovered from disk may belong elsewhere
             log.info("member change %s: %d members", change.describe(), len(change.after))
             self.handoff.schedule(change)
@@ -243,8 +243,12 @@ class PeerCluster:
         report = None
         members = self.view.current()
         if self.cfg.leave_timeout_s > 0 and len(members) > 1 and self.membership is not None:
-            self.replicator.flush(self.cfg.leave_timeout_s / 2)  # queued pushes first: they are new blocks
-            report = self.handoff.leave(members, self.cfg.leave_timeout_s)
+            # out of placement first (peers stop pushing here and read what it owned from it until it lands at
+            # its next owners), then what is queued, then the hand-off; pushes already on the wire land during
+            # a grace of one call's bound, and the hand-off runs again over what arrived meanwhile
+            self.membership.mark_leaving()
+            self.replicator.flush(self.cfg.leave_timeout_s / 4)
+            report = self.handoff.leave(members, self.cfg.leave_timeout_s, grace_s=min(1.0, self.cfg.timeout_s))
         self.stop()
         return report
 

@@ -108,16 +108,27 @@ class HandOff:
             self._generation += 1
             self._cond.notify_all()
 
-    def leave(self, members: frozenset[str], deadline_s: float) -> PassReport:
-        """Hand every block this node owns to its owner in `members` less this node, within deadline_s; the
-        background thread is stopped first (what it had queued is moot once this node leaves)."""
+    def leave(self, members: frozenset[str], deadline_s: float, grace_s: float = 0.0) -> PassReport:
+        """Hand every block this node owns to its owner in `members` less this node, within deadline_s: after
+        `grace_s` (pushes already on the wire land), one pass over what it holds, then passes over what arrived
+        during the last one, until nothing new did. The background thread is stopped first (what it had queued
+        is moot once this node leaves)."""
         self.stop()
-        change = MemberChange(members, members - {self._me})
         end = time.monotonic() + deadline_s
-        report = self._pass(change, lambda: time.monotonic() > end)
+        time.sleep(max(0.0, min(grace_s, deadline_s / 4)))
+        change = MemberChange(members, members - {self._me})
+        seen: dict[str, set[bytes]] = {}
+        report = self._pass(change, lambda: time.monotonic() > end, seen)
+        for _ in range(3):
+            if not report.finished:
+                break
+            more = self._pass(change, lambda: time.monotonic() > end, seen)
+            report = _merged(report, more)
+            if not more.scanned:
+                break
         log.info("leave hand-off: %d blocks handed over (%d bytes), %d already there, %d not delivered, in %.2fs%s",
                  report.sent, report.sent_bytes, report.present, report.dropped, report.seconds,
-                 "" if report.finished else " (deadline reached: the rest stays on this node's disk only)")
+                 "" if report.finished else " (peer_leave_timeout_s reached: the rest leaves with this node)")
         return report
 
     # -- the background thread ---------------------------------------------------------------------------
@@ -151,22 +162,28 @@ class HandOff:
         return lambda: self._generation != generation or self._stopping
 
     # -- one pass ------------------------------------------------------------------------------------------
-    def _pass(self, change: MemberChange, cut: Callable[[], bool]) -> PassReport:
+    def _pass(self, change: MemberChange, cut: Callable[[], bool],
+              seen: dict[str, set[bytes]] | None = None) -> PassReport:
+        """One walk over the keys held here (with `seen`: only those not in it, which it then records)."""
         start = time.monotonic()
         report = PassReport(change.describe())
         self._counters.add("handoff_scans")
         members = self._members()
         try:
             for namespace in self._local.namespaces():
-                self._namespace(namespace, change, members, report, cut)
+                keys = self._local.held(namespace)
+                if seen is not None:
+                    done = seen.setdefault(namespace, set())
+                    keys = [k for k in keys if k not in done]
+                    done.update(keys)
+                self._namespace(namespace, keys, change, members, report, cut)
         except _Cut:
             report.finished = False
         report.seconds = time.monotonic() - start
         return report
 
-    def _namespace(self, namespace: str, change: MemberChange, members: dict[str, Member], report: PassReport,
-                   cut: Callable[[], bool]) -> None:
-        keys = self._local.held(namespace)
+    def _namespace(self, namespace: str, keys: list[bytes], change: MemberChange, members: dict[str, Member],
+                   report: PassReport, cut: Callable[[], bool]) -> None:
         report.scanned += len(keys)
         self._counters.add("handoff_keys_scanned", len(keys))
         batches: dict[str, list[bytes]] = {}
@@ -232,3 +249,9 @@ class HandOff:
         if n:
             report.dropped += n
             self._counters.add("handoff_dropped", n)
+
+
+def _merged(a: PassReport, b: PassReport) -> PassReport:
+    """Two passes of one leave as one report."""
+    return PassReport(a.change, a.scanned + b.scanned, a.sent + b.sent, a.sent_bytes + b.sent_bytes,
+                      a.present + b.present, a.dropped + b.dropped, b.finished, a.seconds + b.seconds)

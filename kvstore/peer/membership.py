@@ -22,11 +22,14 @@ logged once per outage (an error for a refusal), so a wrong password is one clea
 No consensus or gossip of our own: etcd is the only source of membership.
 
 `on_change(members)` runs on the watcher thread (or in start()) after every change of the set, with the new
-set; PeerCluster turns it into a change.MemberChange for placement, hand-off and reads.
+set; PeerCluster turns it into a change.MemberChange for placement, hand-off and reads. A member whose record
+says `leaving` (mark_leaving: a node draining on SIGTERM) is still in the set, so it can still be read from,
+but placement leaves it out: nothing new is pushed to it and its blocks' next owners are their owners now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -51,6 +54,7 @@ class Member:
     data: str           # data-plane host:port
     plane: str          # tcp | ucx | grpc: the plane its data address speaks
     capacity_bytes: int
+    leaving: bool = False  # draining (SIGTERM): still serving, no longer an owner of anything new
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -60,7 +64,7 @@ class Member:
         try:
             d = json.loads(raw)
             return Member(str(d["node_id"]), str(d["control"]), str(d["data"]), str(d["plane"]),
-                          int(d["capacity_bytes"]))
+                          int(d["capacity_bytes"]), bool(d.get("leaving", False)))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -105,6 +109,21 @@ class Membership:
             self._failed(exc)
         self._keeper.start()
         self._watcher.start()
+
+    def mark_leaving(self) -> bool:
+        """Rewrite this node's record as leaving (same lease): every watcher takes it out of placement at once
+        while it still serves reads. False when etcd did not take it (the leave then goes on regardless)."""
+        self.me = dataclasses.replace(self.me, leaving=True)
+        with self._lock:
+            self._members[self.me.node_id] = self.me
+        if not self._lease:
+            return False
+        try:
+            self._etcd.put(self._prefix + self.me.node_id.encode(), self.me.encode(), self._lease)
+        except EtcdUnavailable as exc:
+            log.warning("could not mark this node leaving in etcd (%s): peers learn it from the lease revoke", exc)
+            return False
+        return True
 
     def stop(self) -> None:
         """Leave at once (revoke the lease) so peers stop routing here without waiting for the TTL."""

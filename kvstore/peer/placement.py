@@ -102,14 +102,21 @@ def owners(namespace: str, key: bytes, members: Collection[str], copies: int) ->
 def handoff_targets_of(namespace: str, keys: Sequence[bytes], before: Collection[str], after: Collection[str],
                        copies: int, me: str) -> list[list[str]]:
     """Per key this node holds, the members it hands the block to when the member set goes from `before` to
-    `after`: the block's owners under `after` that were not owners under `before`, when this node is
-    responsible for moving it. Responsible: this node was one of its owners, or none of its owners survived
-    (then every holder sends, and the target's answer to a probe keeps the bytes from crossing twice)."""
+    `after` (the target's answer to a probe keeps bytes it has from crossing again):
+    - this node does not own the block under `after`: every owner under `after`. Its copy is a stray: it owned
+      it under `before` (a join outranked it), or under a set between the two (changes that arrive together
+      are one pass: MemberChange.compose), or it is a writer's or reader's copy the guests rule keeps;
+    - it owns the block: the owners under `after` that were not owners under `before` (a replica to restore
+      after a death), when this node is responsible: it was an owner under `before` too, or none of those
+      owners survived."""
     if copies <= 0:
         return [[] for _ in keys]
     after_set = after if isinstance(after, frozenset) else frozenset(after)
     out = []
     for old, new in zip(_ranked(namespace, keys, before, copies), _ranked(namespace, keys, after_set, copies)):
+        if me not in new:
+            out.append(list(new))
+            continue
         targets = [m for m in new if m not in old and m != me]
         out.append(targets if targets and (me in old or not any(m in after_set for m in old)) else [])
     return out
@@ -122,12 +129,14 @@ def handoff_targets(namespace: str, key: bytes, before: Collection[str], after: 
 
 
 def read_orders(namespace: str, keys: Sequence[bytes], current: Collection[str],
-                previous: Sequence[Collection[str]], copies: int, me: str) -> list[list[str]]:
+                previous: Sequence[Collection[str]], copies: int, me: str,
+                reachable: Collection[str] | None = None) -> list[list[str]]:
     """Per key this node does not hold, whom it asks, in order: the owner under the current member set (or,
     when that is this node, the replica under `owner+1`), then the owners under each earlier member set of the
-    hand-off window (`previous`, newest first) that are still members: until a hand-off lands, the block is
-    where it was."""
+    hand-off window (`previous`, newest first) that are still reachable (`reachable`: the current set, and
+    members that are leaving and still serve): until a hand-off lands, the block is where it was."""
     cur = current if isinstance(current, frozenset) else frozenset(current)
+    can_ask = cur if reachable is None else frozenset(reachable)
     depth = max(1, copies)
     heads = _ranked(namespace, keys, cur, depth)
     earlier = [_ranked(namespace, keys, p, depth) for p in previous]
@@ -140,13 +149,13 @@ def read_orders(namespace: str, keys: Sequence[bytes], current: Collection[str],
             order.append(head[1])
         for ranked in earlier:
             for m in ranked[i]:
-                if m != me and m in cur and m not in order:
+                if m != me and m in can_ask and m not in order:
                     order.append(m)
         out.append(order)
     return out
 
 
 def read_order(namespace: str, key: bytes, current: Collection[str], previous: Sequence[Collection[str]],
-               copies: int, me: str) -> list[str]:
+               copies: int, me: str, reachable: Collection[str] | None = None) -> list[str]:
     """read_orders for one key."""
-    return read_orders(namespace, [key], current, previous, copies, me)[0]
+    return read_orders(namespace, [key], current, previous, copies, me, reachable)[0]

@@ -60,11 +60,13 @@ class RemoteTier:
     def __init__(self, engine: Engine, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *, copies: int,
                  timeout_s: float, max_keys: int, counters: PeerCounters, backoff_s: float = 1.0,
                  previous: Callable[[], list[frozenset[str]]] = lambda: [],
+                 placement: Callable[[], frozenset[str]] | None = None,
                  fetched: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
         self._engine = engine
         self._plane = plane
         self._members = members  # () -> dict[node_id, Member], this node included
         self._previous = previous  # () -> the member sets of the hand-off window, newest first
+        self._placement = placement  # () -> the members that own blocks (not leaving); None: every member
         self._fetched = fetched    # blocks fetched here and since read (guests.py lets go of those not owned)
         self._unread: OrderedDict[tuple[str, bytes], None] = OrderedDict()  # fetched, not yet read by a load
         self._me = me
@@ -88,7 +90,9 @@ class RemoteTier:
         """Per key (each once), the peers to ask in turn (placement.read_order); keys no peer can hold (this
         node owns them alone, outside a hand-off window) are left out."""
         keys = list(dict.fromkeys(keys))
-        orders = read_orders(namespace, keys, frozenset(members), self._previous(), self._copies, self._me)
+        reachable = frozenset(members)
+        owning = self._placement() if self._placement is not None else reachable
+        orders = read_orders(namespace, keys, owning, self._previous(), self._copies, self._me, reachable)
         return {k: o for k, o in zip(keys, orders) if o}
 
     def route(self, namespace: str, keys: list[bytes], members: dict[str, Member]) -> dict[str, list[bytes]]:

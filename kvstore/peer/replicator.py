@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 class Replicator:
     def __init__(self, local: LocalStore, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *,
                  copies: int, queue_blocks: int, counters: PeerCounters, batch_keys: int = 32,
-                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
+                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None,
+                 placement: Callable[[], frozenset[str]] | None = None) -> None:
         self._local = local
         self._plane = plane
         self._members = members
@@ -41,6 +42,7 @@ class Replicator:
         self._batch = batch_keys
         self._counters = counters
         self._landed = landed  # keys now at their owner (guests.py lets go of this node's copy)
+        self._placement = placement  # () -> the members that own blocks (not leaving); None: every member
         self._queue: deque[tuple[str, tuple[bytes, ...]]] = deque()
         self._queued = 0
         self._busy = 0
@@ -109,12 +111,12 @@ class Replicator:
 
     def _push(self, items: list[tuple[str, tuple[bytes, ...]]]) -> None:
         members = self._members()
-        ids = frozenset(members)
+        ids = self._placement() if self._placement is not None else frozenset(members)
         batches: dict[tuple[str, str], list[bytes]] = {}
         for namespace, keys in items:
             for key, targets in zip(keys, owners_of(namespace, keys, ids, self._copies)):
                 for target in targets:
-                    if target != self._me:
+                    if target != self._me and target in members:
                         batches.setdefault((target, namespace), []).append(key)
         failed: set[tuple[str, bytes]] = set()
         for (target, namespace), queued in batches.items():
