@@ -34,7 +34,8 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from kvstore.errors import ConfigError
@@ -42,6 +43,8 @@ from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import is_loopback_host
 
 __all__ = ["EtcdClient", "EtcdUnavailable", "EtcdRefused"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -218,19 +221,24 @@ class EtcdClient:
         return answer
 
     def _post(self, path: str, body: dict) -> dict:
+        return self._first(lambda endpoint: self._call(endpoint, path, body))
+
+    def _first(self, fn: Callable[[str], T]) -> T:
+        """fn on the endpoints in turn, the preferred one first, until one answers; all failing raises the most
+        telling failure (a refusal says more than a down endpoint) with every endpoint's reason."""
         with self._lock:
             errors: list[EtcdUnavailable] = []
             n = len(self._endpoints)
             for i in range(n):
                 idx = (self._preferred + i) % n
                 try:
-                    answer = self._call(self._endpoints[idx], path, body)
+                    answer = fn(self._endpoints[idx])
                 except EtcdUnavailable as exc:
                     errors.append(exc)
                     continue
                 self._preferred = idx
                 return answer
-        refused = [e for e in errors if isinstance(e, EtcdRefused)]  # a refusal says more than a down endpoint
+        refused = [e for e in errors if isinstance(e, EtcdRefused)]
         first = refused[0] if refused else errors[0]
         raise type(first)("; ".join(str(e) for e in (refused or errors))) from first
 
@@ -281,21 +289,7 @@ class EtcdClient:
         """A streaming POST on the first endpoint that answers 200 (the preferred one first): its connection
         (close it, or shut its socket down from another thread, to end the stream) and response (read it a line
         at a time). Logs in first where a user is set; a refusal raises EtcdRefused, no answer EtcdUnavailable."""
-        with self._lock:
-            errors: list[EtcdUnavailable] = []
-            n = len(self._endpoints)
-            for i in range(n):
-                idx = (self._preferred + i) % n
-                try:
-                    opened = self._open_one(self._endpoints[idx], path, body)
-                except EtcdUnavailable as exc:
-                    errors.append(exc)
-                    continue
-                self._preferred = idx
-                return opened
-        refused = [e for e in errors if isinstance(e, EtcdRefused)]
-        first = refused[0] if refused else errors[0]
-        raise type(first)("; ".join(str(e) for e in (refused or errors))) from first
+        return self._first(lambda endpoint: self._open_one(endpoint, path, body))
 
     def _open_one(self, endpoint: str, path: str,
                   body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:

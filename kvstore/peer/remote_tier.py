@@ -179,16 +179,9 @@ class RemoteTier:
         """Which peer holds which of `keys`, by metadata-only probes: the owners first, then (hand-off window)
         the previous owners of the keys the owners lacked. No bytes move."""
         members = self._members() if members is None else members
-        orders = self.orders(namespace, keys, members)
         found: list[tuple[Member, list[bytes]]] = []
-        left = list(orders)
-        r = 0
-        while left:
-            calls = self._calls(self._round(orders, left, r), members)
-            if not calls:
-                break
-            if r:
-                self._counters.add("fallback_keys", sum(len(ks) for _, ks in calls))
+
+        def probe_round(calls: list[tuple[Member, list[bytes]]]) -> set[bytes]:
             hit: set[bytes] = set()
             for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
                                                 self._probes):
@@ -196,11 +189,29 @@ class RemoteTier:
                 if got:
                     found.append((member, got))
                     hit.update(got)
+            return hit
+
+        self._rounds(self.orders(namespace, keys, members), members, probe_round)
+        return found
+
+    def _rounds(self, orders: dict[bytes, list[str]], members: dict[str, Member],
+                run: Callable[[list[tuple[Member, list[bytes]]]], set[bytes]]) -> None:
+        """Ask each key's candidates in turn (read_orders): round r sends every key still unanswered to its r-th
+        candidate, batched per peer; `run(calls)` makes a round's calls and answers which keys it found.
+        Rounds past the first are the hand-off window's fallbacks (counted)."""
+        left = list(orders)
+        r = 0
+        while left:
+            calls = self._calls(self._round(orders, left, r), members)
+            if not calls:
+                return
+            if r:
+                self._counters.add("fallback_keys", sum(len(ks) for _, ks in calls))
+            hit = run(calls)
             if r:
                 self._counters.add("fallback_hits", len(hit))
             left = [k for k in left if k not in hit]
             r += 1
-        return found
 
     def _track(self, namespace: str, keys: list[bytes], fut: Future[int]) -> None:
         with self._lock:
@@ -227,25 +238,18 @@ class RemoteTier:
         missing = self._missing(namespace, keys)
         if not missing:
             return 0
-        orders = self.orders(namespace, missing, members)
         stored = 0
-        left = list(orders)
-        r = 0
-        while left:
-            calls = self._calls(self._round(orders, left, r), members)
-            if not calls:
-                break
-            if r:
-                self._counters.add("fallback_keys", sum(len(ks) for _, ks in calls))
-            got = sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
-                                                         self._pool))
-            stored += got
-            if r:
-                self._counters.add("fallback_hits", got)
-            if not any(len(orders[k]) > r + 1 for k in left):
-                break
-            left = self._missing(namespace, left) or []
-            r += 1
+
+        def fetch_round(calls: list[tuple[Member, list[bytes]]]) -> set[bytes]:
+            nonlocal stored
+            stored += sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
+                                                             self._pool))
+            asked = [k for _, ks in calls for k in ks]
+            missing_now = self._missing(namespace, asked)
+            still = set(asked if missing_now is None else missing_now)
+            return {k for k in asked if k not in still}
+
+        self._rounds(self.orders(namespace, missing, members), members, fetch_round)
         return stored
 
     def _probe_one(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
