@@ -19,7 +19,9 @@ the same run are the numbers to read. The last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import mmap
 import multiprocessing as mp
+import os
 import socket
 import time
 from contextlib import ExitStack
@@ -36,9 +38,22 @@ BLOCK, BATCH = 2 * MIB, 32
 NS = "bench@remote/t"
 
 
+def shared_buffer(total: int) -> np.ndarray:
+    """`total` bytes of the memory the arena is made of (a memfd mapped shared), pre-faulted: the limit moves
+    bytes between the same kind of buffers as the product."""
+    fd = os.memfd_create("bench-remote", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, total)
+        buf = np.frombuffer(mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), dtype=np.uint8)
+    finally:
+        os.close(fd)
+    buf[:] = 1
+    return buf
+
+
 def _sender(port: int, total: int) -> None:
     """Child process: for each 8-byte request, send `total` bytes in BLOCK pieces from one buffer."""
-    buf = np.ones(total, dtype=np.uint8)  # pre-faulted
+    buf = shared_buffer(total)
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         view = memoryview(buf)  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
@@ -62,7 +77,7 @@ class RawSocket:
         self.proc.start()
         self.sock, _ = srv.accept()
         srv.close()
-        self.dst = np.ones(total, dtype=np.uint8)
+        self.dst = shared_buffer(total)
         self.view = memoryview(self.dst)  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
 
     def get(self, _: object = None) -> None:
