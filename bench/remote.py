@@ -3,7 +3,7 @@ Mooncake Store's remote get over its TCP transport when its venv is there.
 
     raw socket   the limit (bench/remote_limit.py): a child process sends 32 x 2 MiB over one loopback
                  connection, this process receives them into a buffer of the arena's kind (a memfd mapping);
-                 two ways (kernel defaults, and the TCP plane's socket settings), the faster median is the limit
+                 two ways (kernel defaults, and the TCP plane's socket buffers), the faster median is the limit
     remote get   two daemons joined through a real etcd; 32 blocks of 2 MiB live on the source node (their
                  owner); one leased prefix Lookup (a load) on the other node misses locally and fetches them, in
                  one batched call, into its own arena (reserve -> recv_into the slots -> xxh3 -> commit); the

@@ -5,8 +5,7 @@ receiving thread, and buffers of the arena's kind (memfd mappings, pre-faulted) 
 drive the socket, both measured in the same run; the faster median is the limit (bench.remote says which):
 
     plain   the kernel's defaults (autotuned socket buffers); sendall each block, recv_into until it is full
-    tuned   the socket as the TCP plane sets it up (kvstore.peer.sockio.tune: no Nagle, 4 MiB buffers) and one
-            MSG_WAITALL recv per block, as the plane's receive does
+    tuned   the socket as the TCP plane sets it up (kvstore.peer.sockio.tune: no Nagle, 4 MiB buffers)
 
 Why both: the product's socket settings must not be allowed to make the limit weaker (if the plane's buffers
 were the slower choice, the plain socket would show it), nor the product beat the limit with a trick the raw
@@ -76,18 +75,17 @@ class RawSocket:
         srv.close()
         if variant == "tuned":
             tune(self.sock)
-        self._flags = socket.MSG_WAITALL if variant == "tuned" else 0
         self.dst = shared_buffer(total)
         self.view = memoryview(self.dst)  # type: ignore[arg-type]  # numpy's stubs do not declare ndarray a Buffer
 
     def get(self, _: object = None) -> None:
         self.sock.sendall(b"\x00" * 8)
-        block, flags = self.block, self._flags
+        block = self.block
         for pos in range(0, self.total, block):
             v = self.view[pos: pos + block]
             got = 0
             while got < block:
-                got += self.sock.recv_into(v[got:], block - got, flags)
+                got += self.sock.recv_into(v[got:], block - got)
 
     def close(self) -> None:
         self.sock.close()
