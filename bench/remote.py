@@ -27,6 +27,7 @@ numbers to read. The last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -178,7 +179,11 @@ def _mooncake(stack: ExitStack, venv: Path | None) -> tuple[MooncakeRig | None, 
     why = missing(venv or DEFAULT_VENV)
     if why is not None:
         return None, why
-    rig = MooncakeRig(venv or DEFAULT_VENV, BLOCK, BATCH)
+    try:
+        rig = MooncakeRig(venv or DEFAULT_VENV, BLOCK, BATCH)
+    except (subprocess.CalledProcessError, RuntimeError) as exc:  # e.g. no CAP_SYS_ADMIN for `ip netns add`
+        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else exc
+        return None, f"could not start: {detail}"
     stack.callback(rig.close)
     return rig, "mooncake-transfer-engine 0.3.13.post1, TCP transport, in a network namespace"
 

@@ -5,6 +5,7 @@ timed in another process (Timed) is timed by its own figure, and the raw socket 
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,16 @@ def test_missing_venv_says_how_to_make_it(tmp_path: Path) -> None:
                                               "no `ip` command (apt-get install -y iproute2)")
     if os.geteuid() == 0 and rig.shutil.which("ip"):
         assert rig.missing(tmp_path / "venv") is None
+
+
+def test_a_mooncake_that_cannot_start_is_a_note_not_a_crash(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed-stamp").touch()                       # stamped, but nothing inside
+    with ExitStack() as stack:
+        got, note = remote._mooncake(stack, venv)
+    assert got is None
+    assert note == (rig.missing(venv) or f"could not start: {venv} has no site-packages: rebuild it ({rig.SETUP_HINT})")
 
 
 def test_a_timed_case_is_timed_by_the_figure_it_returns() -> None:

@@ -65,8 +65,11 @@ class MooncakeRig:
     def __init__(self, venv: Path, block: int, batch: int) -> None:
         self.ns = f"kvstore-bench-{os.getpid()}"
         self._procs: list[subprocess.Popen[str]] = []
+        self._first: dict[int, str] = {}   # pid -> the peer's first line ("ok ...")
         self._made_ns = False
-        sp = next((venv / "lib").glob("python3*/site-packages"))
+        sp = next((venv / "lib").glob("python3*/site-packages"), None)
+        if sp is None:
+            raise RuntimeError(f"{venv} has no site-packages: rebuild it ({SETUP_HINT})")
         self._env = {**os.environ, "LD_LIBRARY_PATH": f"{venv / 'cuda-stub'}:{sp / 'nvidia/cuda_runtime/lib'}",
                      "MC_STORE_MEMCPY": "0"}   # never a local memcpy shortcut: the bytes cross the transport
         self._py = str(venv / "bin" / "python")
@@ -107,7 +110,7 @@ class MooncakeRig:
             p = self._start(self._py, str(HERE / "peer.py"), role, "--host", host, *common)
             first = _readline(p, 60)
             if first.startswith("ok"):
-                p.first = first  # type: ignore[attr-defined]  # read by _ask(None)
+                self._first[p.pid] = first
                 return p
             p.kill()
             p.wait()
@@ -116,10 +119,10 @@ class MooncakeRig:
                 raise RuntimeError(f"Mooncake {role} did not start: {first.strip() or 'no answer'}")
             time.sleep(0.5)
 
-    @staticmethod
-    def _ask(p: subprocess.Popen[str], cmd: str | None) -> str:
+    def _ask(self, p: subprocess.Popen[str], cmd: str | None) -> str:
+        """The answer to `cmd` (None: the peer's first line) without its "ok "; RuntimeError for an error."""
         if cmd is None:
-            line: str = p.first  # type: ignore[attr-defined]
+            line = self._first[p.pid]
         else:
             assert p.stdin is not None
             p.stdin.write(cmd + "\n")
