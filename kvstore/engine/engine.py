@@ -15,8 +15,10 @@ exceptions from kvstore.errors; see each method):
   (bumped on every free) and treats its copy as a miss (leases.py).
 - release(lease_ids), exists, delete (every tier; a leased block is hidden at once, freed at its last
   release), pin/unpin (pinned blocks are never evicted), clear_namespace, list_keys/describe/stats (views.py),
-  sweep(now). explain(ns, keys): where each key lives, or why it is absent (misses.py); a prefix Lookup that
-  stops short counts its first miss's cause (misses_* counters). hint(ns, keys, action, ttl_s): hints.py.
+  sweep(now). note_checksums(lease, offsets, sums): remember a reader's xxh3 of leased blocks committed
+  without one (leases.py). explain(ns, keys): where each key lives, or why it is absent (misses.py); a prefix
+  Lookup that stops short counts its first miss's cause (misses_* counters). hint(ns, keys, action, ttl_s):
+  hints.py.
 
 The engine is the composition root and the orchestrator: it holds the one lock and calls small parts that own
 their state, each "called under the engine's lock":
@@ -415,6 +417,12 @@ class Engine(EngineQueries):
             self._reservations.expire(now)
             self._spares.expire(now)
             self._hints.expire(now)
+
+    def note_checksums(self, lease_id: int, offsets: Sequence[int], checksums: Sequence[int]) -> int:
+        """Remember the xxh3 a reader computed of leased blocks committed without one (leases.py): a committed
+        block's bytes never change, so a peer's send hashes it once, not at every fetch; how many were set."""
+        with self._lock:
+            return self._leases.note_checksums(lease_id, offsets, checksums)
 
     def note_checksum_failure(self) -> None:
         """Bytes that failed their checksum on the way in (counted; the block was not stored)."""

@@ -67,6 +67,23 @@ class LeaseTable:
             self._counters.lease_expirations += 1
             self.unhold(ids)
 
+    def note_checksums(self, lease_id: int, offsets: Sequence[int], checksums: Sequence[int]) -> int:
+        """Set the checksum of the lease's entries at `offsets` that have none (0); how many were set. By
+        offset, not position: the caller knows its hits by where they sit. A live lease holds its entries, so
+        each offset is still the block the caller hashed; an expired or unknown lease sets nothing."""
+        ids = self._table.get(lease_id)
+        if ids is None:
+            return 0
+        cat = self._cat
+        by_offset = dict(zip(cat.offset[ids].tolist(), ids.tolist()))
+        n = 0
+        for off, digest in zip(offsets, checksums):
+            eid = by_offset.get(off)
+            if eid is not None and digest and not cat.checksum[eid]:
+                cat.checksum[eid] = digest
+                n += 1
+        return n
+
     def namespace_of(self, lease_id: int) -> str | None:
         """The namespace a live lease reads from (None: unknown, expired or empty)."""
         ids = self._table.get(lease_id)

@@ -49,6 +49,7 @@ def receive_blocks(sock: socket.socket, local: LocalStore, counters: PeerCounter
                 continue
             try:
                 recv_into_exact(sock, view, slots)
+                inc.landed(j)  # hashed while hot; the sender keeps filling the socket meanwhile
             except DeadlineExceeded as exc:
                 if exc.deadline is frame:
                     raise
