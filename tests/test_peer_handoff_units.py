@@ -59,23 +59,38 @@ def test_after_a_change_every_new_owner_holds_every_block_a_live_node_held(copie
             assert set(owners(NS, k, after, copies)) <= holders, (k, holders)
 
 
-def test_an_owner_keeps_what_it_owns_and_any_other_holder_hands_its_copy_to_the_owner() -> None:
+def test_only_an_old_owner_sends_while_one_survives_and_every_holder_when_none_does() -> None:
     four, three = ["a", "b", "c", "d"], ["a", "b", "c"]
-    for k in KEYS:  # d dies: the owner keeps its blocks; a copy anywhere else goes to the owner (probed first)
-        new = owners(NS, k, three, 1)
-        assert all(handoff_targets(NS, k, four, three, 1, h) == ([] if h in new else new) for h in three)
+    for k in KEYS:  # d dies: a block d owned goes to its new owner from every survivor that holds it
+        old, new = owners(NS, k, four, 1)[0], owners(NS, k, three, 1)
+        for h in three:
+            assert handoff_targets(NS, k, four, three, 1, h) == ([] if old != "d" or h in new else new)
     five = four + ["e"]
-    for k in KEYS:  # a join: a block e now owns goes to e from whoever holds it; the rest to their owner
-        new = owners(NS, k, five, 1)
+    for k in KEYS:  # a join: a block e now owns goes to e from its previous owner only; writers' copies stay
+        old, new = owners(NS, k, four, 1)[0], owners(NS, k, five, 1)
         for h in four:
-            assert handoff_targets(NS, k, four, five, 1, h) == ([] if h in new else new)
-    # owner+1: a death takes one of two owners; the survivor (and only an owner) restores the second copy
-    for k in KEYS[:100]:
+            assert handoff_targets(NS, k, four, five, 1, h) == (new if new == ["e"] and h == old else [])
+    # owner+1: a death takes one of two owners; the survivor restores the second copy
+    for k in KEYS[:200]:
         old, new = owners(NS, k, four, 2), owners(NS, k, three, 2)
         for h in three:
-            want = ([] if h not in new else [m for m in new if m not in old and m != h]) if h in new else new
+            want = [m for m in new if m not in old and m != h] if h in old else []
             assert handoff_targets(NS, k, four, three, 2, h) == want
     assert handoff_targets(NS, KEYS[0], four, five, 0, "a") == []  # replication off: nothing to hand off
+
+
+def test_composed_changes_still_move_what_an_intermediate_set_gave_this_node() -> None:
+    """a leaves ({a,b,c} -> {b,c}: b takes some of a's blocks) and comes back ({b,c} -> {a,b,c}) before b's
+    hand-off thread runs: one composed pass whose before equals its after. b hands back what it owned only in
+    between; a copy b never owned stays put."""
+    three, two = frozenset("abc"), frozenset("bc")
+    change = MemberChange(three, two).compose(MemberChange(two, three))
+    assert (change.before, change.after, change.via) == (three, three, (two,))
+    for k in KEYS:
+        between = owners(NS, k, two, 1)[0]
+        now = owners(NS, k, three, 1)
+        got = handoff_targets(NS, k, change.before, change.after, 1, "b", change.via)
+        assert got == (now if between == "b" and now != ["b"] else [])
 
 
 def test_read_order_asks_the_owner_then_the_previous_owners_still_alive() -> None:
@@ -103,7 +118,7 @@ def test_member_view_keeps_earlier_sets_for_the_window_only() -> None:
     assert (ch2.joined, ch2.left, ch2.describe()) == ({"d"}, {"b"}, "+d -b")
     # not {a}, this node's view before it first read etcd, but the cluster it joined: {b, c} (without it)
     assert v.previous() == [frozenset({"a", "b", "c"}), frozenset({"b", "c"})]
-    assert ch.compose(ch2) == MemberChange(frozenset({"a"}), frozenset({"a", "c", "d"}))
+    assert ch.compose(ch2) == MemberChange(frozenset({"a"}), frozenset({"a", "c", "d"}), (frozenset({"a", "b", "c"}),))
     clock.t += 6
     assert v.previous() == [frozenset({"a", "b", "c"})]  # {b, c} left the window (10 s after it was current)
     v.apply(["a", "c"])

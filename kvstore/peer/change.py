@@ -42,6 +42,7 @@ __all__ = ["MemberChange", "MemberView"]
 class MemberChange:
     before: frozenset[str]
     after: frozenset[str]
+    via: tuple[frozenset[str], ...] = ()  # the sets in between, when changes were composed (oldest first)
 
     @property
     def joined(self) -> frozenset[str]:
@@ -52,8 +53,9 @@ class MemberChange:
         return self.before - self.after
 
     def compose(self, later: MemberChange) -> MemberChange:
-        """This change followed by `later` (whose before is this one's after), as one change."""
-        return MemberChange(self.before, later.after)
+        """This change followed by `later` (whose before is this one's after), as one change that remembers the
+        sets in between (a node that owned a block only under one of them still hands it on)."""
+        return MemberChange(self.before, later.after, (*self.via, self.after, *later.via))
 
     def describe(self) -> str:
         parts = [f"+{m}" for m in sorted(self.joined)] + [f"-{m}" for m in sorted(self.left)]

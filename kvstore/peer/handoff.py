@@ -192,7 +192,7 @@ class HandOff:
                 raise _Cut
             part = keys[lo:lo + 1024]
             for key, targets in zip(part, handoff_targets_of(namespace, part, change.before, change.after,
-                                                             self._copies, self._me)):
+                                                             self._copies, self._me, change.via)):
                 for target in targets:
                     batch = batches.setdefault(target, [])
                     batch.append(key)

@@ -100,32 +100,36 @@ def owners(namespace: str, key: bytes, members: Collection[str], copies: int) ->
 
 
 def handoff_targets_of(namespace: str, keys: Sequence[bytes], before: Collection[str], after: Collection[str],
-                       copies: int, me: str) -> list[list[str]]:
-    """Per key this node holds, the members it hands the block to when the member set goes from `before` to
-    `after` (the target's answer to a probe keeps bytes it has from crossing again):
-    - this node does not own the block under `after`: every owner under `after`. Its copy is a stray: it owned
-      it under `before` (a join outranked it), or under a set between the two (changes that arrive together
-      are one pass: MemberChange.compose), or it is a writer's or reader's copy the guests rule keeps;
-    - it owns the block: the owners under `after` that were not owners under `before` (a replica to restore
-      after a death), when this node is responsible: it was an owner under `before` too, or none of those
-      owners survived."""
+                       copies: int, me: str, via: Sequence[Collection[str]] = ()) -> list[list[str]]:
+    """Per key this node holds, the members it hands the block to when the member set went from `before`
+    (through the sets `via`, when changes were composed into one pass) to `after`. Earlier sets: `before` and
+    `via`. This node is responsible for a block when it owned it under an earlier set, or when none of its
+    owners under any earlier set is in `after` (then every holder sends; the target's answer to a probe keeps
+    bytes it has from crossing again). A responsible node that does not own the block under `after` hands it
+    to every owner under `after`; one that does, to the owners under `after` that owned it under no earlier set
+    (a replica to restore after a death). A copy this node never owned (a writer's, a reader's) moves only
+    when no earlier owner survived: otherwise that owner holds the block, or evicted it, and a stray copy
+    pushed back would evict something hotter at the owner."""
     if copies <= 0:
         return [[] for _ in keys]
     after_set = after if isinstance(after, frozenset) else frozenset(after)
-    out = []
-    for old, new in zip(_ranked(namespace, keys, before, copies), _ranked(namespace, keys, after_set, copies)):
-        if me not in new:
+    earlier = [_ranked(namespace, keys, s, copies) for s in (before, *via)]
+    out: list[list[str]] = []
+    for i, new in enumerate(_ranked(namespace, keys, after_set, copies)):
+        old = {m for ranked in earlier for m in ranked[i]}
+        if not (me in old or not old & after_set):
+            out.append([])
+        elif me not in new:
             out.append(list(new))
-            continue
-        targets = [m for m in new if m not in old and m != me]
-        out.append(targets if targets and (me in old or not any(m in after_set for m in old)) else [])
+        else:
+            out.append([m for m in new if m not in old and m != me])
     return out
 
 
 def handoff_targets(namespace: str, key: bytes, before: Collection[str], after: Collection[str], copies: int,
-                    me: str) -> list[str]:
+                    me: str, via: Sequence[Collection[str]] = ()) -> list[str]:
     """handoff_targets_of for one key."""
-    return handoff_targets_of(namespace, [key], before, after, copies, me)[0]
+    return handoff_targets_of(namespace, [key], before, after, copies, me, via)[0]
 
 
 def read_orders(namespace: str, keys: Sequence[bytes], current: Collection[str],
