@@ -303,3 +303,16 @@ def test_a_member_that_is_leaving_owns_nothing_new_but_is_still_asked_for_what_i
     # the placement set leaves l out; l is still reachable and was the owner before: asked second
     assert read_order(NS, k, three, [frozenset(four)], 1, asker, reachable=set(four)) == [new, "l"]
     assert read_order(NS, k, three, [frozenset(four)], 1, asker) == [new]   # once it is gone: not asked
+
+
+def test_pipelined_probes_answer_each_peer_in_its_slot_and_a_dead_one_with_its_error(nodes) -> None:
+    from kvstore.peer.membership import Member
+    from kvstore.peer.plane import PeerError
+    a, b, c = nodes("a"), nodes("b"), nodes("c")
+    b.put(b"kb", b"B" * 100)
+    c.put(b"kc", b"C" * 100)
+    dead = Member("dead", "", "127.0.0.1:1", "tcp", 0)  # nothing listens on port 1
+    out = a.plane.probe_many([(b.member, NS, [b"kb", b"kc"]), (dead, NS, [b"kb"]), (c.member, NS, [b"kc", b"kb"])])
+    assert out[0] == [True, False] and out[2] == [True, False]
+    assert isinstance(out[1], PeerError) and "dead" in str(out[1])
+    assert a.plane.probe_many([(b.member, NS, [b"kb"])] * 3) == [[True]] * 3   # three connections, one peer

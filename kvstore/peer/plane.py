@@ -11,6 +11,9 @@
                                  ucx receivers take only blocks they own; grpc's Put stream cannot say so)
       probe(member, ns, keys)    one batched call, metadata only: which keys the member holds (a scheduler's
                                  Lookup asks this, then fetches in the background: remote_tier.py)
+      probe_many(calls)          several probes (to several peers) at once; a plane that can send them all
+                                 from the calling thread and then read the answers says so
+                                 (`pipelines_probes`), otherwise the caller spreads them over its threads
 
 Every call is bounded by `timeout_s` as a whole (one deadline from its start, re-armed before every receive,
 never a timeout that restarts with each byte: deadline.py) and raises PeerTimeout or PeerError (both
@@ -46,6 +49,18 @@ class PeerError(PeerCallError):
 
 class DataPlane(ABC):
     name: str = ""
+    pipelines_probes: bool = False  # probe_many sends every request before reading any answer
+
+    def probe_many(self, calls: list[tuple[Member, str, list[bytes]]]) -> list[list[bool] | PeerCallError]:
+        """Per call, its probe's answer or the PeerCallError it raised; one after another unless the plane
+        pipelines them (then it overrides this)."""
+        out: list[list[bool] | PeerCallError] = []
+        for member, namespace, keys in calls:
+            try:
+                out.append(self.probe(member, namespace, keys))
+            except PeerCallError as exc:
+                out.append(exc)
+        return out
 
     @property
     @abstractmethod

@@ -42,7 +42,7 @@ from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.membership import Member
 from kvstore.peer.placement import read_orders
-from kvstore.peer.plane import DataPlane, PeerCallError, PeerTimeout
+from kvstore.peer.plane import DataPlane, PeerCallError, PeerError, PeerTimeout
 
 if TYPE_CHECKING:
     from kvstore.engine.engine import Engine
@@ -183,8 +183,7 @@ class RemoteTier:
 
         def probe_round(calls: list[tuple[Member, list[bytes]]]) -> set[bytes]:
             hit: set[bytes] = set()
-            for member, ks, mask in self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls,
-                                                self._probes):
+            for member, ks, mask in self._probe_all(namespace, calls):
                 got = [k for k, p in zip(ks, mask) if p]
                 if got:
                     found.append((member, got))
@@ -252,19 +251,41 @@ class RemoteTier:
         self._rounds(self.orders(namespace, missing, members), members, fetch_round)
         return stored
 
+    def _probe_all(self, namespace: str,
+                   calls: list[tuple[Member, list[bytes]]]) -> list[tuple[Member, list[bytes], list[bool]]]:
+        """Every probe of a round: pipelined from this thread where the plane can, else one thread each."""
+        if not self._plane.pipelines_probes or len(calls) < 2:
+            return self._run_all(lambda m, b: self._probe_one(m, namespace, b), calls, self._probes)
+        self._counters.add("probe_calls", len(calls))
+        try:
+            answers = self._plane.probe_many([(m, namespace, ks) for m, ks in calls])
+        except Exception:
+            log.exception("peer probes failed")
+            answers = [PeerError("probe_many failed")] * len(calls)
+        return [(m, ks, self._probed(m, ks, a)) for (m, ks), a in zip(calls, answers)]
+
     def _probe_one(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]:
         """One metadata-only call; a failure is 'none of them' (counted) and puts the peer in backoff."""
         self._counters.add("probe_calls")
         try:
-            return self._plane.probe(member, namespace, keys)
+            answer: list[bool] | PeerCallError = self._plane.probe(member, namespace, keys)
         except PeerCallError as exc:
-            self._counters.add("timeouts" if isinstance(exc, PeerTimeout) else "errors")
-            with self._lock:
-                self._down_until[member.node_id] = time.monotonic() + self._backoff
-            log.warning("peer probe of %d keys failed, counted as misses: %s", len(keys), exc)
+            answer = exc
         except Exception:
             log.exception("peer probe of %s failed", member.node_id)
             self._counters.add("errors")
+            self._counters.add("fetch_misses", len(keys))
+            return [False] * len(keys)
+        return self._probed(member, keys, answer)
+
+    def _probed(self, member: Member, keys: list[bytes], answer: list[bool] | PeerCallError) -> list[bool]:
+        """A probe's answer; a failure is 'none of them' (counted) and puts the peer in backoff."""
+        if not isinstance(answer, PeerCallError):
+            return answer
+        self._counters.add("timeouts" if isinstance(answer, PeerTimeout) else "errors")
+        with self._lock:
+            self._down_until[member.node_id] = time.monotonic() + self._backoff
+        log.warning("peer probe of %d keys failed, counted as misses: %s", len(keys), answer)
         self._counters.add("fetch_misses", len(keys))
         return [False] * len(keys)
 
