@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.main import SHUTDOWN_GRACE_S
+from tests.k8s_pod import Node, render_env
 from tests.required import missing
 from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 
@@ -214,15 +215,18 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
     assert _toml_keys(toml_text) <= {f.name for f in fields(ServerConfig)}
     path = tmp_path / "kvstore.toml"
     path.write_text(toml_text)
-    cfg = load_config(["--config", str(path)], {})
+    pod = ds["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    env = render_env(c, Node("gpu-node-01", "10.0.0.7"))
+    cfg = load_config(["--config", str(path)], {k: v for k, v in env.items() if k.startswith("KVSTORE_")})
     host, _, port_text = cfg.metrics_listen.rpartition(":")
     port = int(port_text)
-    assert host == "0.0.0.0"  # the kubelet probes the pod IP, not loopback
+    assert host == "10.0.0.7"  # the kubelet probes the pod IP (hostNetwork: the host IP), not loopback
+    assert (cfg.node_id, cfg.peer_listen, cfg.peer_advertise) == ("gpu-node-01", "10.0.0.7:7071", "")
+    assert cfg.peer_endpoints == []  # off as shipped: etcd_endpoints and the Secret turn it on
 
-    pod = ds["spec"]["template"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     spec = pod["spec"]
-    (c,) = spec["containers"]
     named = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = c[probe]["httpGet"]
