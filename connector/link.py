@@ -42,6 +42,7 @@ class StoreLink:
         self._down_until = 0.0
         self._registered: set[str] = set()
         self._lock = threading.Lock()
+        self._tenant: str | None = None
         self.failures = 0
 
     @property
@@ -54,10 +55,20 @@ class StoreLink:
                 return None
             try:
                 self._client = self._factory()
-                log.info("kvstore connector connected to %s (%s mode)", self._client.address, self._client.mode)
+                self._tenant = self._client.tenant
+                log.info("kvstore connector connected to %s (%s mode%s)", self._client.address, self._client.mode,
+                         f", tenant {self._tenant}" if self._tenant else "")
             except KVStoreError as exc:
                 self._mark_down_locked(exc)
             return self._client
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant of this process's token as the daemon named it on the last connect ('' without tokens);
+        None before the first one. Namespace names carry it (connector/namespace.py), so it is read through
+        `client` (which connects when a retry is due) just before a name is built."""
+        _ = self.client
+        return self._tenant
 
     def _mark_down_locked(self, exc: BaseException) -> None:
         self.failures += 1
