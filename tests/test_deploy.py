@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.main import SHUTDOWN_GRACE_S
 from tests.k8s_pod import Node, render_env
+from tests.deploy_helpers import connector_metric_names
 from tests.required import missing
 from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 
@@ -41,6 +42,8 @@ UNIT = DEPLOY / "systemd" / "kvstore-server.service"
 DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
 MIB = 1 << 20
 _SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus, not by the daemon
+# the connector's: vLLM's per-engine labels, its families' labels, and what a PodMonitor's scrape adds
+_CONNECTOR_LABELS = {"model_name", "engine", "tier", "cause", "outcome", "instance", "job", "namespace", "pod"}
 
 Exposed = dict[str, dict[str, set[str]]]  # sample name -> label name -> values seen
 
@@ -95,7 +98,13 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
     assert len(queries) > 20
     used: set[str] = set()
     for expr in queries:
-        names = set(re.findall(r"\bkvstore_[a-z0-9_]+", expr))
+        if "vllm:kvstore_" in expr:  # the connector's, on vLLM's /metrics: its names and labels (connector/prom.py)
+            assert set(re.findall(r"vllm:kvstore_[a-z0-9_]+", expr)) <= connector_metric_names(), expr
+            for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)|(\w+)=~?\"", expr):
+                for label in filter(None, (g.strip() for part in group for g in part.split(","))):
+                    assert label in _CONNECTOR_LABELS, f"{label!r} is no label of the connector's metrics: {expr}"
+            continue
+        names = set(re.findall(r"(?<![:\w])kvstore_[a-z0-9_]+", expr))
         assert names, expr
         if not etcd_binary():  # without etcd the fixture's daemon runs alone: no peer families to check
             names = {n for n in names if not n.startswith("kvstore_peer_")}
@@ -126,6 +135,9 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
                    *(("kvstore_peer_fetched_blocks_total", "kvstore_peer_errors_total", "kvstore_peer_members")
                      if etcd_binary() else ())):
         assert family in used, family
+    connector = {n for q in queries for n in re.findall(r"vllm:kvstore_[a-z0-9_]+", q)}
+    assert {"vllm:kvstore_served_tokens_total", "vllm:kvstore_hit_tokens_total", "vllm:kvstore_misses_total",
+            "vllm:kvstore_connect_failures_total", "vllm:kvstore_loaded_bytes_total"} <= connector
     assert any("histogram_quantile(0.99" in q and "kvstore_rpc_duration_seconds_bucket" in q for q in queries)
     assert any("histogram_quantile(0.5" in q for q in queries)
 
