@@ -269,3 +269,29 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
     if cfg.arena_lock == "on":  # added capabilities are effective only for UID 0
         assert sc["runAsUser"] == 0
     assert spec["terminationGracePeriodSeconds"] > SHUTDOWN_GRACE_S + 10
+
+
+def test_the_example_configs_peer_block_turns_on_with_its_two_values(tmp_path: Path) -> None:
+    """deploy/kvstore.toml (systemd): etcd_endpoints set and the files its peer settings name in place give a
+    config with the peer tier on, advertising the unit's KVSTORE_PEER_ADVERTISE (%H: this host's name)."""
+    text = EXAMPLE_TOML.read_text()
+    files = re.findall(r'^\w+ = "(/etc/kvstore/peer/[^"]+)"', text, flags=re.M)
+    assert sorted(PurePosixPath(f).name for f in files) == ["ca.pem", "etcd-ca.pem", "etcd-password", "node-key.pem",
+                                                            "node.pem"]
+    from tests.etcd_secure import make_etcd_pki  # a CA and a certificate with its key, written owner-only
+    pki = make_etcd_pki(str(tmp_path / "pki"))
+    peer = tmp_path / "peer"
+    peer.mkdir(mode=0o700)
+    sources = {"etcd-ca.pem": pki.ca, "ca.pem": pki.ca, "node.pem": pki.server.cert, "node-key.pem": pki.server.key}
+    for name, src in sources.items():
+        (peer / name).write_bytes(Path(src).read_bytes())
+        os.chmod(peer / name, 0o600)
+    (peer / "etcd-password").write_text("secret\n")
+    os.chmod(peer / "etcd-password", 0o600)
+    on = re.sub(r'^etcd_endpoints = ""', 'etcd_endpoints = "https://10.0.0.5:2379"', text, count=1, flags=re.M)
+    path = tmp_path / "kvstore.toml"
+    path.write_text(on.replace("/etc/kvstore/peer/", f"{peer}/"))
+    (advertise,) = re.findall(r"^Environment=KVSTORE_PEER_ADVERTISE=(\S+)$", UNIT.read_text(), flags=re.M)
+    cfg = load_config(["--config", str(path)], {"KVSTORE_PEER_ADVERTISE": advertise.replace("%H", "gpu-node-01")})
+    assert cfg.peer_endpoints == ["https://10.0.0.5:2379"] and cfg.tls.enabled
+    assert cfg.peer_config().advertise == "gpu-node-01:7071"
