@@ -38,6 +38,8 @@ def test_the_daemon_names_each_tokens_tenant_and_their_namespaces_keep_apart(tmp
         links = {t: StoreLink(d.address, timeout_s=5.0, client_factory=lambda f=f: Client(d.address, token_file=f),
                               namespace_spec=StageLayouts([SPEC]).registration)
                  for t, f in (("alice", alice_file), ("bob", bob_file))}
+        assert {t: link.tenant for t, link in links.items()} == {"alice": None, "bob": None}  # not connected yet
+        assert all(link.connect() for link in links.values())
         assert {t: link.tenant for t, link in links.items()} == {"alice": "alice", "bob": "bob"}
         names = {t: namespace_for(SPEC, None, link.tenant or "") for t, link in links.items()}
         for t, link in links.items():
@@ -56,5 +58,5 @@ def test_the_daemon_names_each_tokens_tenant_and_their_namespaces_keep_apart(tmp
         gen.close()
     with DaemonProcess() as plain:
         link = StoreLink(plain.address, timeout_s=5.0)
-        assert link.tenant == ""
+        assert link.connect() and link.tenant == ""
         link.close()
