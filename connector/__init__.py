@@ -17,7 +17,9 @@
     background.py      a bounded queue drained by one idle-ending thread: store work off vLLM's threads
     groups.py          KV cache groups (hybrid models): what a hit needs from sliding-window groups, what they save
     hints.py           agent hints: read from a request, aimed at a session's keys, sent off vLLM's thread
-    link.py            a fail-soft handle on the daemon for code running inside vLLM
+    link.py            a fail-soft handle on the daemon for code running inside vLLM (one address rule, a warning
+                       and a counter when it cannot be reached, retries)
+    vllm_logs.py       the connector's and the client's log lines in vLLM's log, at vLLM's level
     stats.py           counters for vLLM's stats logging and for tests: hit tokens, bytes, failures
     prom.py            those counters on vLLM's Prometheus /metrics: stable names, labels from closed vocabularies
     misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread

@@ -6,8 +6,9 @@ what to write instead, rather than turning into silent misses an hour later.
 
 Keys (all optional)::
 
-    address            kvstore-server address: a unix socket path or host:port (default: the daemon's default
-                       socket, /tmp/kvstore-$UID/kvstore.sock)
+    address            kvstore-server address: a unix socket path or host:port (default: the rule the daemon's
+                       client and CLI follow too: $KVSTORE_ADDRESS, else the daemon's default socket,
+                       $XDG_RUNTIME_DIR/kvstore.sock or /tmp/kvstore-$UID/kvstore.sock; kvstore/paths.py)
     save               "prompt" (default: full blocks of the prompt), "all" (also generated tokens), "off"
     load               true (default) / false: offer stored prefixes to the scheduler
     tails              true (default) / false: also store a finished request's partial last block and offer it

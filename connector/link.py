@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore.client import Client
-from kvstore.errors import KVStoreError, UnknownNamespaceError
+from kvstore.errors import KVStoreError, StoreUnavailableError, UnknownNamespaceError
+from kvstore.paths import default_address
 
 __all__ = ["StoreLink"]
 
@@ -32,16 +33,24 @@ T = TypeVar("T")
 class StoreLink:
     def __init__(self, address: str | None, *, timeout_s: float, copy_threads: int = 2, retry_s: float = 5.0,
                  namespace_spec: Callable[[str], dict[str, Any]] | None = None,
-                 client_factory: Callable[[], Client] | None = None) -> None:
-        self.address = address
+                 client_factory: Callable[[], Client] | None = None,
+                 on_unreachable: Callable[[], None] | None = None) -> None:
+        """``address`` None: the one rule of the daemon, its client and the CLI ($KVSTORE_ADDRESS, else the
+        daemon's default socket; kvstore/paths.py), resolved now so every message names what was dialled.
+        ``on_unreachable``: called at every connect that fails (the connector counts them)."""
+        self.address = address or default_address()
         self.timeout_s = timeout_s
         self.retry_s = retry_s
-        self._factory = client_factory or (lambda: Client(address, timeout_s=timeout_s, copy_threads=copy_threads))
+        target = self.address
+        self._factory = client_factory or (lambda: Client(target, timeout_s=timeout_s, copy_threads=copy_threads))
+        self._on_unreachable = on_unreachable or (lambda: None)
+        self._connected_once = False
         self._namespace_spec = namespace_spec or (lambda name: {})
         self._client: Client | None = None
         self._down_until = 0.0
         self._registered: set[str] = set()
         self._lock = threading.Lock()
+        self._tenant: str | None = None
         self.failures = 0
 
     @property
@@ -54,14 +63,46 @@ class StoreLink:
                 return None
             try:
                 self._client = self._factory()
-                log.info("kvstore connector connected to %s (%s mode)", self._client.address, self._client.mode)
+                self._tenant = self._client.tenant
+                log.info("kvstore connector connected to %s (%s mode%s)", self._client.address, self._client.mode,
+                         f", tenant {self._tenant}" if self._tenant else "")
+                self._connected_once = True
+            except StoreUnavailableError as exc:
+                self._on_unreachable()
+                if not self._connected_once and self._down_until == 0.0:
+                    self._warn_unreachable(exc)
+                self._mark_down_locked(exc, quiet=not self._connected_once)
             except KVStoreError as exc:
                 self._mark_down_locked(exc)
             return self._client
 
-    def _mark_down_locked(self, exc: BaseException) -> None:
+    def _warn_unreachable(self, exc: StoreUnavailableError) -> None:
+        """Once per process, the first time the daemon cannot be reached: where it was looked for and how to
+        point the connector at it. Later failed retries are counted (`on_unreachable`), not logged."""
+        log.warning("KVStoreConnector: no kvstore-server answers at %s (%s). vLLM serves without the store (every "
+                    "prompt is computed) and the connector retries every %.0fs. Fix: start kvstore-server on this "
+                    "node with its defaults, or set KVSTORE_ADDRESS (or kv_connector_extra_config.address) to its "
+                    "socket, e.g. KVSTORE_ADDRESS=unix:/run/kvstore/kvstore.sock", self.address,
+                    _reason(exc), self.retry_s)
+
+    def connect(self) -> bool:
+        """Try to reach the daemon now (at startup, so an unreachable one is reported before the first
+        request); True when connected."""
+        return self.client is not None
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant of this process's token as the daemon named it on the last connect ('' without tokens);
+        None before the first one. Namespace names carry it (connector/namespace.py): their builders ask
+        `client` first (the scheduler's lookup, the worker's saves and loads), so a name is built once the
+        tenant is known. Reading it never connects: when it did (from inside a save's steps), the link of
+        tests/test_arena_remap.py's kill -9 stress no longer came back after the last restart (why, not
+        traced further)."""
+        return self._tenant
+
+    def _mark_down_locked(self, exc: BaseException, quiet: bool = False) -> None:
         self.failures += 1
-        if self._down_until == 0.0 or self._client is not None:
+        if not quiet and (self._down_until == 0.0 or self._client is not None):
             log.warning("kvstore unavailable (%s); serving without it, retrying every %.0fs", exc, self.retry_s)
         if self._client is not None:
             self._client.close()
@@ -112,6 +153,13 @@ class StoreLink:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+def _reason(exc: StoreUnavailableError) -> str:
+    """The transport's reason without the client's own advice (the warning gives the connector's)."""
+    text = str(exc)
+    start = text.find(" unavailable (")
+    return text[start + len(" unavailable ("):text.rfind("); is kvstore-server")] if start >= 0 else text
 
 
 def _answers(c: Client) -> bool:

@@ -109,14 +109,23 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def namespace_for(spec: KVLayoutSpec, cache_salt: str | None = None) -> str:
-    """A valid kvstore namespace name (<= 200 chars of [A-Za-z0-9._:/@+=-]): vllm/<model>/<digest>[/salt=..].
+def namespace_for(spec: KVLayoutSpec, cache_salt: str | None = None, tenant: str = "") -> str:
+    """A valid kvstore namespace name (<= 200 chars of [A-Za-z0-9._:/@+=-]):
+    vllm/<model>/<digest>[/tenant=<tenant>][/salt=..].
+
+    ``tenant``: the tenant this process's token belongs to, as the daemon names it (Client.tenant; '' without
+    tokens, and the name is the one it always was). With tokens a namespace belongs to the tenant that
+    registered it, so two tenants serving the same model need two names: without the tenant in it the second
+    one's registration is refused ("taken") and its vLLM runs without the store. Tenant names are
+    [A-Za-z0-9._-]{1,64}: the longest name, with an 80-character model, a salt and a tenant, is 196 characters.
 
     The model part never holds a "/", so the digest is always the third part (`StageLayouts.registration`).
     Cached (the spec is frozen): the digest (asdict, JSON, SHA-256) cost ~0.18 ms, and a save step asked for it
     twice a part, 7 % of a 512-token step's wait_for_save (bench.connector)."""
     model = _BAD.sub("-", spec.model.strip("/").split("/")[-1] if "/" in spec.model else spec.model)[:80] or "model"
     name = f"vllm/{model}/{spec.digest()}"
+    if tenant:
+        name += "/tenant=" + tenant
     if cache_salt:
         name += "/salt=" + hashlib.sha256(cache_salt.encode()).hexdigest()[:16]
     return name
@@ -152,9 +161,9 @@ class StageLayouts:
     def tokens_per_key(self) -> int:
         return self.specs[0].tokens_per_key
 
-    def names(self, cache_salt: str | None = None) -> list[str]:
+    def names(self, cache_salt: str | None = None, tenant: str = "") -> list[str]:
         """One namespace per stage, in stage order."""
-        return [namespace_for(s, cache_salt) for s in self.specs]
+        return [namespace_for(s, cache_salt, tenant) for s in self.specs]
 
     def registration(self, name: str) -> dict[str, object]:
         """RegisterNamespace arguments of a name built by `namespace_for` from one of these stages."""

@@ -134,8 +134,7 @@ class Saves:
         """One Reserve per part, pipelined; None for a part the daemon refused (or every part, store down)."""
         if not parts or self._client() is None:
             return [None] * len(parts)
-        reqs = [(namespace_for(self.specs[g], p.cache_salt), p.keys, [self.group_key_bytes(g)] * len(p.keys))
-                for g, p in parts]
+        reqs = [(self._ns(g, p.cache_salt), p.keys, [self.group_key_bytes(g)] * len(p.keys)) for g, p in parts]
 
         def reserve(cl: Client) -> list[Reservation | KVStoreError]:
             out = cl.reserve_many(reqs)
@@ -153,6 +152,11 @@ class Saves:
             if isinstance(r, KVStoreError):
                 log.warning("kvstore reserve failed: %s", r)
         return [r if isinstance(r, Reservation) else None for r in got]
+
+    def _ns(self, group: int, cache_salt: str | None) -> str:
+        """The namespace of `group`'s blocks for this salt and this process's tenant (known: the callers hold a
+        connected client)."""
+        return namespace_for(self.specs[group], cache_salt, self.link.tenant or "")
 
     def _batch_keys(self) -> int:
         c = self.link.client
@@ -186,7 +190,7 @@ class Saves:
         if not idx:
             return  # nothing reserved: the daemon holds no reservation to abort
         m = c.acquire_arena(res.incarnation)  # held until the commit thread has waited for the gather
-        ns = namespace_for(self.specs[group], job.cache_salt)
+        ns = self._ns(group, job.cache_salt)
         if m is None:
             self.counters.add(save_failures=1)
             self.link.call(ns, lambda cl: cl.abort(res))  # a restarted daemon may not know it: then a no-op
@@ -214,7 +218,7 @@ class Saves:
         except BaseException:
             m.release()
             raise
-        ns = namespace_for(self.specs[group], job.cache_salt)
+        ns = self._ns(group, job.cache_salt)
         per_key = plan.nbytes // max(1, len(slots))
         self._futures.append(self._committer.submit(self._finish, job, ns, m, copier, handle, finish, undo, per_key,
                                                     t0))

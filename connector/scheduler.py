@@ -99,7 +99,7 @@ class ScheduledRequest:
 @dataclass
 class _ReqState:
     request: Any
-    namespaces: list[str]       # one per shard: pipeline stage x TP rank x KV cache group
+    namespaces: list[str]       # one per shard: pipeline stage x TP rank x KV cache group (`_names`)
     salt: str | None
     chain: KeyChain
     root: bytes                 # the chain's root (seed, LoRA adapter, multimodal hashes)
@@ -114,6 +114,7 @@ class _ReqState:
     lookup_tail: Tail | None = None  # the remembered lookup's partial last block (connector/tails.py)
     tail_saved: bool = False    # its final partial last block is saved (or asked for)
     missed: bool = False        # a miss cause is counted (or being explained) for this request
+    names_tenant: str | None = None  # the tenant `namespaces` were built for (None: not built yet)
     sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
     #                             reach update_connector_output after the step it ran in, which with async
     #                             scheduling follows the next build)
@@ -161,11 +162,19 @@ class SchedulerSide(SchedulerTails):
             root = chain_root(self.config.key_seed, lora_name=lora_name(request), mm_hashes=mm)
             salt = getattr(request, "cache_salt", None) or None
             memo = self.key_memo is not None and not mm and getattr(request, "prompt_embeds", None) is None
-            st = _ReqState(request, self.stages.names(salt), salt,
+            st = _ReqState(request, [], salt,
                            KeyChain(self.tokens_per_key, self.config.key_seed, root), root, memo)
             self._reqs[request.request_id] = st
         st.request = request
         return st
+
+    def _names(self, st: _ReqState) -> list[str]:
+        """The request's shard namespaces for this process's tenant (the daemon names it on connecting: its
+        namespaces carry it, connector/namespace.py), built again should the tenant change."""
+        tenant = self.link.tenant or ""
+        if st.names_tenant != tenant:
+            st.namespaces, st.names_tenant = self.stages.names(st.salt, tenant), tenant
+        return st.namespaces
 
     def track(self, request: Any) -> None:
         """vLLM's on_new_request: start the request's state (keys are hashed lazily)."""
@@ -243,7 +252,7 @@ class SchedulerSide(SchedulerTails):
 
     def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
         """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
-        return self.probe.lookup(st.namespaces, keys)
+        return self.probe.lookup(self._names(st), keys)
 
     def _workers_can_load(self) -> bool:
         """False when this process reaches the daemon only by streaming gRPC: the daemon's arena cannot be
@@ -427,7 +436,7 @@ class SchedulerSide(SchedulerTails):
         computed tokens, group 0). Drops its state and queues its hints (connector/hints.py)."""
         st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
-        self.hints.finished(request, st.namespaces, st.chain.keys[:st.stored_keys], st.root)
+        self.hints.finished(request, self._names(st), st.chain.keys[:st.stored_keys], st.root)
         return self._tail_after_finish(st, block_ids)
 
     def take_stored(self) -> list[StoredRecord]:

@@ -30,6 +30,7 @@ class SchedulerTails:
 
     if TYPE_CHECKING:  # SchedulerSide's own method this mixin calls: declared for the type checker only
         def _extend(self, st: _ReqState, tokens: Sequence[int]) -> list[bytes]: ...
+        def _names(self, st: _ReqState) -> list[str]: ...
 
     def _find_tail(self, st: _ReqState, prompt: Sequence[int], full: int) -> Tail | None:
         """The longest stored partial block after the prompt's ``full`` hit keys (an agent's next turn: the
@@ -44,7 +45,7 @@ class SchedulerTails:
         start = full * t
         fills = full == (len(prompt) - 1) // t and len(chain) > full  # the prompt fills the block after the hit
         whole = chain[full] if fills else None
-        tail = find_tail(self.link, st.namespaces, chain[full - 1] if full else st.root, prompt[start:start + t - 1],
+        tail = find_tail(self.link, self._names(st), chain[full - 1] if full else st.root, prompt[start:start + t - 1],
                          full, len(prompt) - 1 - start, self.config.key_seed, whole=whole)
         if tail is not None:
             st.fetch_keys += int(tail.tier != Tier.RAM)

@@ -40,6 +40,7 @@ COUNTER_NAMES = (
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
     # wall time vLLM's threads spent inside the connector's hooks (`timed`): its direct cost on the step's path
     "scheduler_hook_seconds", "worker_hook_seconds",
+    "connect_failures",       # connects to the daemon that failed (none answers at the address: connector/link.py)
 ) + MISS_COUNTERS + HINT_COUNTERS  # hints (connector/hints.py): outcomes per key and shard, malformed, ...
 _KNOWN = frozenset(COUNTER_NAMES)  # `add` checks every name it is given, now on every timed hook call too
 

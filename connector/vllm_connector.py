@@ -45,6 +45,7 @@ from connector.plan import StepPlan
 from connector.prom import KVStorePromMetrics
 from connector.scheduler import ScheduledRequest, SchedulerSide
 from connector.stats import ConnectorCounters, miss_summary, timed
+from connector.vllm_logs import log_where_vllm_logs
 from connector.worker import WorkerSide
 from kvstore.errors import ConfigError
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["KVStoreConnector", "KVStoreMetadata", "KVStoreStats", "shard_specs", "stage_specs"]
 
 log = logging.getLogger(__name__)
+
 
 
 class KVStoreMetadata(KVConnectorMetadata):
@@ -282,6 +284,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        log_where_vllm_logs()
         self.config = ConnectorConfig.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
         is_sched = role == KVConnectorRole.SCHEDULER
         if is_sched:
@@ -303,7 +306,9 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         timeout = self.config.lookup_timeout_s if is_sched else self.config.load_timeout_s
         self.counters = ConnectorCounters()
         self.link = StoreLink(self.config.address, timeout_s=timeout, copy_threads=self.config.copy_threads,
-                              namespace_spec=self.stages.registration)
+                              namespace_spec=self.stages.registration,
+                              on_unreachable=lambda: self.counters.add(connect_failures=1))
+        self.link.connect()  # now: a daemon nobody can reach is reported at startup, not at the first request
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if is_sched:

@@ -188,7 +188,7 @@ class WorkerSide(Saves):
         n = max(1, c.max_batch_keys)
         nbytes = nkeys = 0
         for gi, blocks in enumerate(job.block_ids):
-            ns = namespace_for(self.specs[gi], job.cache_salt)
+            ns = namespace_for(self.specs[gi], job.cache_salt, c.tenant)
             want = self._blocks(blocks)
             idx = np.flatnonzero((want >= 0).any(axis=1))
             keys = [job.keys[i] for i in idx]

@@ -17,6 +17,7 @@ subpackage's __init__ has its own):
     transfers.py   data-plane bytes and latency / GB/s histograms, read at scrape time
     hostinfo.py    host facts shared by the daemon and its clients (boot id), byte views of buffers
     paths.py       default locations shared by the daemon and its clients (socket, address, disk dir)
+    addresses.py   host:port values of the config, read once (no `$(HOST_IP)` left unexpanded, no wildcard to dial)
     _version.py    the package version
     _native/       the batched gather/scatter copy in C (GIL released)
     arena/         the shared-memory RAM tier: memfds, layout, slab allocator, libc wrappers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +13,9 @@ from tests.required import missing
 
 # The vLLM suites run in their own environments (`make test-vllm`); the main environment has no vLLM.
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_sched", "vllm_e2e"]
+# The install path runs against a venv built from the wheel (`make test-install` names it).
+if not os.environ.get("KVSTORE_WHEEL_VENV"):
+    collect_ignore.append("install")
 
 
 def pytest_configure(config: pytest.Config) -> None:

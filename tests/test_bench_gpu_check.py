@@ -161,7 +161,8 @@ def test_hybrid_check_catches_groups_that_share_a_namespace(daemon, monkeypatch:
     real = connector.worker.namespace_for
     for module in (connector.worker, connector.saves):  # loads, saves
         monkeypatch.setattr(module, "namespace_for",
-                            lambda spec, salt=None: real(replace(spec, kind=FULL, group_index=0), salt))
+                            lambda spec, salt=None, tenant="":
+                            real(replace(spec, kind=FULL, group_index=0), salt, tenant))
     out = hybrid_save_load_check(daemon.address, torch, "cpu", keys=8, window=40)
     assert out["hybrid_ok"] is False
     assert (out["hybrid_mismatched_pages"], out["hybrid_touched_pages"], out["hybrid_bad_counts"],

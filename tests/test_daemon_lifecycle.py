@@ -101,9 +101,9 @@ def _memlock_limit() -> int:
         (["--arena-bytes", "lots"], "cannot read 'lots' as a size"),
         (["--policy", "fifo"], "policy='fifo': use one of lru, s3fifo"),
         (["--high-watermark", "0.5", "--low-watermark", "0.9"], "need 0 < low <= high <= 1"),
-        (["--listen", "nowhere"], "listen='nowhere': use host:port"),
+        (["--listen", "nowhere"], "listen='nowhere': expected host:port"),
         (["--arena-bytes", "4MiB", "--max-block-bytes", "4MiB"], "must be at least 2 x max_block_bytes"),
-        (["--lease-ttl-s", "soon"], "lease_ttl_s (from --lease-ttl-s): expected a float"),
+        (["--lease-ttl-s", "soon"], "lease_ttl_s (from --lease-ttl-s): expected a number"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(args: list[str], message: str) -> None:

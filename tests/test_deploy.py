@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.main import SHUTDOWN_GRACE_S
+from tests.k8s_pod import Node, render_env
+from tests.deploy_helpers import connector_metric_names
 from tests.required import missing
 from kvstore.testing import DaemonProcess, EtcdProcess, etcd_binary, peer_options, wait_until
 
@@ -40,6 +42,8 @@ UNIT = DEPLOY / "systemd" / "kvstore-server.service"
 DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
 MIB = 1 << 20
 _SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus, not by the daemon
+# the connector's: vLLM's per-engine labels, its families' labels, and what a PodMonitor's scrape adds
+_CONNECTOR_LABELS = {"model_name", "engine", "tier", "cause", "outcome", "instance", "job", "namespace", "pod"}
 
 Exposed = dict[str, dict[str, set[str]]]  # sample name -> label name -> values seen
 
@@ -94,7 +98,13 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
     assert len(queries) > 20
     used: set[str] = set()
     for expr in queries:
-        names = set(re.findall(r"\bkvstore_[a-z0-9_]+", expr))
+        if "vllm:kvstore_" in expr:  # the connector's, on vLLM's /metrics: its names and labels (connector/prom.py)
+            assert set(re.findall(r"vllm:kvstore_[a-z0-9_]+", expr)) <= connector_metric_names(), expr
+            for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)|(\w+)=~?\"", expr):
+                for label in filter(None, (g.strip() for part in group for g in part.split(","))):
+                    assert label in _CONNECTOR_LABELS, f"{label!r} is no label of the connector's metrics: {expr}"
+            continue
+        names = set(re.findall(r"(?<![:\w])kvstore_[a-z0-9_]+", expr))
         assert names, expr
         if not etcd_binary():  # without etcd the fixture's daemon runs alone: no peer families to check
             names = {n for n in names if not n.startswith("kvstore_peer_")}
@@ -125,6 +135,9 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
                    *(("kvstore_peer_fetched_blocks_total", "kvstore_peer_errors_total", "kvstore_peer_members")
                      if etcd_binary() else ())):
         assert family in used, family
+    connector = {n for q in queries for n in re.findall(r"vllm:kvstore_[a-z0-9_]+", q)}
+    assert {"vllm:kvstore_served_tokens_total", "vllm:kvstore_hit_tokens_total", "vllm:kvstore_misses_total",
+            "vllm:kvstore_connect_failures_total", "vllm:kvstore_loaded_bytes_total"} <= connector
     assert any("histogram_quantile(0.99" in q and "kvstore_rpc_duration_seconds_bucket" in q for q in queries)
     assert any("histogram_quantile(0.5" in q for q in queries)
 
@@ -214,15 +227,18 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
     assert _toml_keys(toml_text) <= {f.name for f in fields(ServerConfig)}
     path = tmp_path / "kvstore.toml"
     path.write_text(toml_text)
-    cfg = load_config(["--config", str(path)], {})
+    pod = ds["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    env = render_env(c, Node("gpu-node-01", "10.0.0.7"))
+    cfg = load_config(["--config", str(path)], {k: v for k, v in env.items() if k.startswith("KVSTORE_")})
     host, _, port_text = cfg.metrics_listen.rpartition(":")
     port = int(port_text)
-    assert host == "0.0.0.0"  # the kubelet probes the pod IP, not loopback
+    assert host == "10.0.0.7"  # the kubelet probes the pod IP (hostNetwork: the host IP), not loopback
+    assert (cfg.node_id, cfg.peer_listen, cfg.peer_advertise) == ("gpu-node-01", "10.0.0.7:7071", "")
+    assert cfg.peer_endpoints == []  # off as shipped: etcd_endpoints and the Secret turn it on
 
-    pod = ds["spec"]["template"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     spec = pod["spec"]
-    (c,) = spec["containers"]
     named = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = c[probe]["httpGet"]
@@ -253,3 +269,29 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
     if cfg.arena_lock == "on":  # added capabilities are effective only for UID 0
         assert sc["runAsUser"] == 0
     assert spec["terminationGracePeriodSeconds"] > SHUTDOWN_GRACE_S + 10
+
+
+def test_the_example_configs_peer_block_turns_on_with_its_two_values(tmp_path: Path) -> None:
+    """deploy/kvstore.toml (systemd): etcd_endpoints set and the files its peer settings name in place give a
+    config with the peer tier on, advertising the unit's KVSTORE_PEER_ADVERTISE (%H: this host's name)."""
+    text = EXAMPLE_TOML.read_text()
+    files = re.findall(r'^\w+ = "(/etc/kvstore/peer/[^"]+)"', text, flags=re.M)
+    assert sorted(PurePosixPath(f).name for f in files) == ["ca.pem", "etcd-ca.pem", "etcd-password", "node-key.pem",
+                                                            "node.pem"]
+    from tests.etcd_secure import make_etcd_pki  # a CA and a certificate with its key, written owner-only
+    pki = make_etcd_pki(str(tmp_path / "pki"))
+    peer = tmp_path / "peer"
+    peer.mkdir(mode=0o700)
+    sources = {"etcd-ca.pem": pki.ca, "ca.pem": pki.ca, "node.pem": pki.server.cert, "node-key.pem": pki.server.key}
+    for name, src in sources.items():
+        (peer / name).write_bytes(Path(src).read_bytes())
+        os.chmod(peer / name, 0o600)
+    (peer / "etcd-password").write_text("secret\n")
+    os.chmod(peer / "etcd-password", 0o600)
+    on = re.sub(r'^etcd_endpoints = ""', 'etcd_endpoints = "https://10.0.0.5:2379"', text, count=1, flags=re.M)
+    path = tmp_path / "kvstore.toml"
+    path.write_text(on.replace("/etc/kvstore/peer/", f"{peer}/"))
+    (advertise,) = re.findall(r"^Environment=KVSTORE_PEER_ADVERTISE=(\S+)$", UNIT.read_text(), flags=re.M)
+    cfg = load_config(["--config", str(path)], {"KVSTORE_PEER_ADVERTISE": advertise.replace("%H", "gpu-node-01")})
+    assert cfg.peer_endpoints == ["https://10.0.0.5:2379"] and cfg.tls.enabled
+    assert cfg.peer_config().advertise == "gpu-node-01:7071"

@@ -391,4 +391,46 @@ def test_the_vllm_examples_kv_transfer_config_is_valid() -> None:
         assert cfg["kv_connector"] == "KVStoreConnector" and "\nclass KVStoreConnector(" in source, cfg
         assert cfg["kv_role"] == "kv_both" and cfg["kv_load_failure_policy"] == "recompute", cfg
         parsed = ConnectorConfig.from_extra(cfg["kv_connector_extra_config"])
-        assert parsed.address == "/tmp/kvstore-0/kvstore.sock", parsed
+        # no address: the connector dials $KVSTORE_ADDRESS, else the daemon's default socket (kvstore/paths.py),
+        # so the example reaches a daemon started with its defaults (tests/install/test_wheel_serve.py)
+        assert parsed.address is None and parsed.save == "all", parsed
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_the_readme_quotes_only_figures_of_the_benchmarks_summary() -> None:
+    """docs/benchmarks.md opens with its summary table (ranges over the runs it records), and every figure of
+    the README's Measured table is one that table holds: no figure in the README that the page does not."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert page.split("\n## ", 1)[1].startswith("Summary\n"), "docs/benchmarks.md must open with ## Summary"
+    summary = _section(page, "## Summary")
+    rows = [line for line in _section(README.read_text(), "## Measured").splitlines() if line.startswith("| ")][2:]
+    assert len(rows) >= 8
+    number = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w])")
+    for row in rows:
+        result = row.split("|")[2]
+        figures = number.findall(result)
+        assert figures, row
+        for figure in figures:
+            assert re.search(rf"(?<![\w.]){re.escape(figure)}(?![\d])", summary), \
+                f"README's Measured quotes {figure} ({row.strip()}), which docs/benchmarks.md's summary does not hold"
+
+
+ETCD_RULE = "a plain http:// etcd on another host is refused unless allow_insecure_remote = true"
+
+
+def test_the_plain_http_etcd_rule_is_said_one_way_everywhere() -> None:
+    """One rule (kvstore/server/config/security.py check_etcd), one sentence wherever it is stated: the docs,
+    the deploy files and the setting's help (docs/configuration.md), and no older variant of it."""
+    places = [ROOT / p for p in ("docs/security.md", "docs/configuration.md", "deploy/README.md", "deploy/kvstore.toml",
+                                 "deploy/kubernetes/daemonset.yaml")]
+    for path in places:
+        text = re.sub(r"\s*\n\s*#?\s*", " ", path.read_text()).replace("`", "").lower()
+        assert ETCD_RULE in text, f"{path.relative_to(ROOT)} does not state the etcd rule as: {ETCD_RULE}"
+    for path in [*DOC_FILES, *places]:
+        text = re.sub(r"\s+", " ", path.read_text()).lower()
+        assert "protected by tls, tokens or an etcd login unless" not in text, path

@@ -62,3 +62,23 @@ def test_the_built_wheel_holds_kvstore_and_connector_typed_and_no_bench(tmp_path
     assert {"kvstore/py.typed", "connector/py.typed", "connector/vllm_connector.py",
             "kvstore/testing/__init__.py", "kvstore/_proto/kvstore_pb2.py"} <= set(names)
     assert [n for n in names if n.startswith("kvstore/_native/_copy.") and n.endswith(".so")] != []
+
+
+def test_the_dockerfile_and_the_extras_match_what_the_readme_says_is_tested() -> None:
+    """deploy/docker/Dockerfile cannot be built here (no base-image registry); what can be checked is that it
+    extends the vLLM the README's table names, installs the wheel built from `make dist`'s sdist with a CUDA
+    extra pyproject defines, and that the CUDA extras name the cupy of their CUDA major version."""
+    import re
+
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert extras["cuda12"] == ["cupy-cuda12x>=13"] and extras["cuda13"] == ["cupy-cuda13x>=14"]
+    docker = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    (vllm,) = re.findall(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v([\d.]+)$", docker, flags=re.M)
+    assert re.search(rf"^\| vLLM \| {re.escape(vllm)};", readme, flags=re.M), vllm
+    (extra,) = re.findall(r"^ARG CUDA_EXTRA=(\w+)$", docker, flags=re.M)
+    assert extra in extras and f"`{extra}`" in readme
+    assert "COPY kvstore-*.tar.gz /src/" in docker and "pip wheel --no-deps -w /wheels /src/kvstore-*.tar.gz" in docker
+    assert '"${whl}[${CUDA_EXTRA}]"' in docker
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(PY) -m build -o $(DIST) ." in makefile and "DIST        ?= build/dist" in makefile

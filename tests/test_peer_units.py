@@ -89,5 +89,5 @@ def test_peer_settings_are_validated_even_without_etcd() -> None:
         load_config(["--peer-data-plane", "rdma"], env={})  # a typo surfaces now, not when the node joins
     cfg = load_config(["--listen", ""], env={})             # alone, an empty listen is fine
     assert cfg.peer_endpoints == []
-    cfg = load_config([], env={"KVSTORE_ETCD_ENDPOINTS": "http://a:2379, http://b:2379"})
-    assert cfg.peer_endpoints == ["http://a:2379", "http://b:2379"]
+    cfg = load_config([], env={"KVSTORE_ETCD_ENDPOINTS": "http://127.0.0.1:2379, http://localhost:2379"})
+    assert cfg.peer_endpoints == ["http://127.0.0.1:2379", "http://localhost:2379"]

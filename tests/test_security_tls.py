@@ -72,7 +72,8 @@ def test_non_loopback_listener_needs_tls_or_an_explicit_override(pki: Pki, tmp_p
     load_config(["--listen", "0.0.0.0:7070", "--tls-cert", pki.server.cert, "--tls-key", pki.server.key], env={})
     load_config(["--listen", "[::1]:7070"], env={})  # loopback: plaintext stays fine
     with pytest.raises(ConfigError, match="peer_listen='0.0.0.0:7071' is reachable"):
-        load_config(["--etcd-endpoints", "http://127.0.0.1:2379", "--peer-listen", "0.0.0.0:7071"], env={})
+        load_config(["--etcd-endpoints", "http://127.0.0.1:2379", "--peer-listen", "0.0.0.0:7071",
+                     "--peer-advertise", "127.0.0.1:7071"], env={})
     with pytest.raises(ConfigError, match="mutual TLS needs tls_ca"):
         load_config(["--etcd-endpoints", "http://127.0.0.1:2379", "--tls-cert", pki.server.cert,
                      "--tls-key", pki.server.key], env={})

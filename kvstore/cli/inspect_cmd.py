@@ -120,6 +120,10 @@ def describe_peers(client: Client, namespace: str, keys: list[bytes],
     for m in peers.members:
         if m.is_self:
             continue
+        if not m.control_address:  # its listen is '' (a socket-only node): nothing to ask from here
+            print(f"kvstore: warning: node {m.node_id} serves no TCP gRPC (its listen is empty): run "
+                  "`kvstore inspect` on that node for its copies", file=sys.stderr)
+            continue
         try:
             with connect(m.control_address) as other:
                 infos = other.describe(namespace, keys)

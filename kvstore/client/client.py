@@ -197,6 +197,11 @@ class Client(DataCalls, SessionCalls):
         with m:
             return [v is not None for v in arena_path.validated(m, lease, [1] * lease.hits)]
 
+    @property
+    def tenant(self) -> str:
+        """The tenant this client's token belongs to, as the daemon said on connecting ("" without tokens)."""
+        return self._health.tenant
+
     def health(self) -> Health:
         """The daemon's health, plus which paths this client uses (client_control, client_data, client_probe)."""
         h = Health.from_pb(self._rpc.call("Health", pb.HealthRequest()))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvstore.addresses import is_wildcard, parse_host_port
 from kvstore.errors import ConfigError
 from kvstore.peer.change import MemberView
 from kvstore.peer.counters import PeerCounters
@@ -102,16 +103,7 @@ class PeerConfig:
                      "and use etcd_user and etcd_password_file")
         _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
                  f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
-        _require(bool(self.control_address or not self.etcd_endpoints),
-                 "peer tier: listen is empty, so peers cannot reach this node's gRPC port; set listen or "
-                 "peer_control_advertise")
-        # peer_listen may bind port 0 (the kernel picks one; the member record carries it); the others are dialled
-        for name, value, lowest in (("peer_listen", self.listen, 0), ("peer_advertise", self.advertise, 1),
-                                    ("peer_control_advertise", self.control_address, 1)):
-            if value or name == "peer_listen":
-                host, _, port = value.rpartition(":")
-                _require(bool(host) and port.isdigit() and lowest <= int(port) < 65536,
-                         f"{name}={value!r}: use host:port, e.g. 127.0.0.1:7071")
+        self._check_addresses()
         _require(0.5 <= self.lease_ttl_s <= 300,
                  f"peer_lease_ttl_s={self.lease_ttl_s}: use 0.5..300 seconds (short: a dead node leaves sooner)")
         _require(0.05 <= self.refresh_s <= self.lease_ttl_s / 3,
@@ -136,6 +128,34 @@ class PeerConfig:
         _require(0 <= self.leave_timeout_s <= 3600,
                  f"peer_leave_timeout_s={self.leave_timeout_s}: use 0..3600 seconds (keep it below the pod's "
                  "terminationGracePeriodSeconds)")
+
+    def _check_addresses(self) -> None:
+        """Every address is host:port (an IP or a host name, never the literal `$(HOST_IP)` of a pod variable
+        the pod lacks); peer_listen may bind port 0 (the kernel picks one; the member record carries it). With
+        the peer tier on, the data address peers are told (peer_advertise, else peer_listen) names one host, and
+        a gRPC address is needed only by the grpc data plane, which calls it (with the tcp and ucx planes it is
+        informational: `kvstore inspect` asks members there; with listen = '' a member has none)."""
+        for name, value, lowest in (("peer_listen", self.listen, 0), ("peer_advertise", self.advertise, 1),
+                                    ("peer_control_advertise", self.control_address, 1)):
+            if value or name == "peer_listen":
+                try:
+                    parse_host_port(value, lowest_port=lowest)
+                except ValueError as exc:
+                    _require(False, f"{name}={value!r}: {exc}; use host:port with this node's address, e.g. "
+                             "10.0.0.7:7071 (Kubernetes: $(HOST_IP):7071 from the downward API)")
+        if not self.etcd_endpoints:
+            return
+        if not self.advertise:
+            _require(not is_wildcard(parse_host_port(self.listen, lowest_port=0).host),
+                     f"peer_listen={self.listen!r} listens on every interface, so it is no address peers can dial: "
+                     "set peer_advertise to this node's host:port (Kubernetes: KVSTORE_PEER_ADVERTISE="
+                     "$(HOST_IP):7071), or listen on that address")
+        else:
+            _require(not is_wildcard(parse_host_port(self.advertise).host),
+                     f"peer_advertise={self.advertise!r} names no host peers can dial: use this node's address")
+        _require(bool(self.control_address) or self.data_plane != "grpc",
+                 "peer_data_plane = 'grpc' calls peers on their gRPC port, but listen is empty: set listen (or "
+                 "peer_control_advertise) to this node's host:port, or use the tcp data plane")
 
 
 def _one_of(names: tuple[str, ...]) -> str:

@@ -21,7 +21,7 @@ import ssl
 from dataclasses import dataclass
 
 from kvstore.errors import ConfigError
-from kvstore.security.files import check_private_file
+from kvstore.security.files import check_private_file, unreadable
 
 __all__ = ["EtcdSecurity"]
 
@@ -31,7 +31,7 @@ def _readable(path: str, what: str) -> None:
         with open(path, "rb"):
             pass
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
+        raise unreadable(what, path, exc) from exc
 
 
 @dataclass(frozen=True)

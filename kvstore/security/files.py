@@ -8,7 +8,16 @@ import stat
 
 from kvstore.errors import ConfigError
 
-__all__ = ["check_private_file", "check_not_world_writable_dir"]
+__all__ = ["check_private_file", "check_not_world_writable_dir", "unreadable"]
+
+
+def unreadable(what: str, path: str, exc: OSError) -> ConfigError:
+    """The one-line error for a file a setting names but the daemon cannot read, with the usual fixes: the
+    path is wrong, or (Kubernetes) the Secret mounted there lacks that key or is not mounted at all."""
+    fix = ("correct the path, or create the file" if exc.errno != 13 else "make it readable by the daemon's user")
+    return ConfigError(f"{what} {path}: cannot read it ({exc.strerror}): {fix} (in Kubernetes: the Secret mounted "
+                       f"at {os.path.dirname(path) or '.'} must hold the key {os.path.basename(path)!r}), or unset "
+                       f"{what}")
 
 
 def check_private_file(path: str, what: str) -> None:
@@ -16,7 +25,7 @@ def check_private_file(path: str, what: str) -> None:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
+        raise unreadable(what, path, exc) from exc
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {path}: not a regular file")
     if st.st_mode & 0o077:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from kvstore.errors import ConfigError
-from kvstore.security.files import check_private_file
+from kvstore.security.files import check_private_file, unreadable
 
 __all__ = ["TlsFiles", "is_loopback_address", "is_loopback_host"]
 
@@ -46,7 +46,7 @@ def _read(path: str, what: str) -> bytes:
         with open(path, "rb") as fh:
             return fh.read()
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
+        raise unreadable(what, path, exc) from exc
 
 
 @dataclass(frozen=True)

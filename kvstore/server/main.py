@@ -35,6 +35,7 @@ from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
+from kvstore.server.config.security import unused_peer_settings
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.metric_labels import MetricLabels
@@ -205,6 +206,10 @@ class Daemon:
                         "anyone on the network can read and write every block%s", ", ".join(exposed),
                         "is" if len(exposed) == 1 else "are",
                         "" if self.tokens else " (and there are no tokens)")
+        unused = unused_peer_settings(cfg)
+        if unused:
+            log.info("peer tier off (etcd_endpoints is empty): %s not used; set etcd_endpoints to join a cluster",
+                     ", ".join(unused))
         if cfg.metrics_listen and not is_loopback_address(cfg.metrics_listen):
             shown = "up to 50 namespace names" if cfg.metrics_labels == "name" else f"{cfg.metrics_labels} labels, no names"
             log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and %s; no keys or "

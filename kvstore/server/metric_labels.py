@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 
 from kvstore.errors import ConfigError
-from kvstore.security.files import check_private_file
+from kvstore.security.files import check_private_file, unreadable
 
 __all__ = ["MetricLabels", "MODES", "label_hash", "read_label_key", "MIN_KEY_BYTES"]
 
@@ -48,7 +48,7 @@ def read_label_key(path: str) -> bytes:
         with open(path, "rb") as fh:
             key = fh.read().strip()
     except OSError as exc:
-        raise ConfigError(f"metrics_label_key_file {path}: cannot read it ({exc.strerror})") from exc
+        raise unreadable("metrics_label_key_file", path, exc) from exc
     if len(key) < MIN_KEY_BYTES:
         raise ConfigError(f"metrics_label_key_file {path} holds {len(key)} bytes, fewer than {MIN_KEY_BYTES}: "
                           f"write a random key, e.g. `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}`")

@@ -36,11 +36,13 @@ def _start(model_dir: str, log: Path, address: str | None = None) -> subprocess.
 
 
 def _finish(p: subprocess.Popen, log: Path) -> tuple[list[dict], str]:
-    """(the JSON lines, stderr) of a finished run; fails with its output's tail when it did not exit 0."""
+    """(the JSON lines, the log) of a finished run; fails with its output's tail when it did not exit 0."""
     p.wait(timeout=600)
     out, err = Path(f"{log}.out").read_text(), Path(f"{log}.err").read_text()
     assert p.returncode == 0, (out + err)[-6000:]
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
+    # the log: the connector's lines go where vLLM's go (connector/vllm_logs.py: stdout unless
+    # VLLM_LOGGING_STREAM says otherwise), Python's own warnings to stderr
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], out + err
 
 
 def test_mla_on_cpu_saves_the_prompt_and_offers_no_hits(daemon, tmp_path) -> None:

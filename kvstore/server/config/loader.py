@@ -29,6 +29,25 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_KINDS = {"int": ("a whole number", "16"), "float": ("a number", "0.5"), "str": ("a string", '"text"'),
+          "bool": ("true or false", "true")}
+
+
+def _wrong(name: str, source: str, kind: str, raw: object) -> ConfigError:
+    """One line: the setting, where it came from, what it got and how to write it instead."""
+    what, example = _KINDS[kind]
+    got = type(raw).__name__ if isinstance(raw, (list, dict)) else repr(raw)
+    if source.startswith("KVSTORE_"):
+        how = f"{source}={example.strip(chr(34))}"
+    elif source.startswith("--"):
+        how = f"{source} {example.strip(chr(34))}"
+    else:
+        how = f"{name} = {example}"
+        if kind == "str" and isinstance(raw, list):
+            how += " (several values: one comma-separated string)"
+    return ConfigError(f"{name} (from {source}): expected {what}, got {got}; write e.g. {how}")
+
+
 def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
     what = f"{f.name} (from {source})"
     if f.name.endswith("_bytes"):
@@ -37,14 +56,14 @@ def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
     if kind == "bool":
         if isinstance(raw, bool):
             return raw
-        if str(raw).lower() in ("1", "true", "yes", "on"):
+        if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "on"):
             return True
-        if str(raw).lower() in ("0", "false", "no", "off"):
+        if isinstance(raw, str) and raw.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{what}: expected true or false, got {raw!r}")
+        raise _wrong(f.name, source, kind, raw)
     try:
         if kind == "int":
-            if isinstance(raw, bool):
+            if isinstance(raw, (bool, float)):
                 raise ValueError
             return int(raw)  # type: ignore[call-overload]  # TypeError from a TOML table is caught below
         if kind == "float":
@@ -52,9 +71,9 @@ def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
                 raise ValueError
             return float(raw)  # type: ignore[arg-type]  # TypeError from a TOML table is caught below
     except (TypeError, ValueError):
-        raise ConfigError(f"{what}: expected a {kind}, got {raw!r}") from None
+        raise _wrong(f.name, source, kind, raw) from None
     if not isinstance(raw, str):
-        raise ConfigError(f"{what}: expected a string, got {raw!r}")
+        raise _wrong(f.name, source, "str", raw)
     return raw
 
 

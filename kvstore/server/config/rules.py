@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvstore.addresses import parse_host_port
 from kvstore.errors import ConfigError
 from kvstore.fastpath.sockets import MAX_SPIN_US
 
@@ -29,8 +30,10 @@ def require(ok: bool, message: str) -> None:
 
 
 def _host_port(name: str, value: str, example: str) -> None:
-    host, _, port = value.rpartition(":")
-    require(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"{name}={value!r}: use host:port, e.g. {example}")
+    try:
+        parse_host_port(value)
+    except ValueError as exc:
+        require(False, f"{name}={value!r}: {exc}; use host:port, e.g. {example}")
 
 
 def check_listeners(cfg: ServerConfig) -> None:

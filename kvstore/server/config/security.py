@@ -19,7 +19,7 @@ from kvstore.server.metric_labels import read_label_key
 if TYPE_CHECKING:
     from kvstore.server.config.settings import ServerConfig
 
-__all__ = ["check_security", "check_etcd", "check_metrics_labels"]
+__all__ = ["check_security", "check_etcd", "check_metrics_labels", "unused_peer_settings"]
 
 LABEL_MODES = ("auto", "name", "hash", "none")
 
@@ -28,7 +28,7 @@ def check_security(cfg: ServerConfig) -> None:
     """TLS files readable (key owner-only), tokens file owner-only and well-formed, quotas that fit, and no
     listener that other hosts can reach without TLS unless allow_insecure_remote says so."""
     tls = cfg.tls
-    if tls.enabled:
+    if tls.enabled and (cfg.listen or cfg.peer_endpoints):  # unused otherwise: see check_etcd
         tls.check("tls", need_identity=True, need_ca=False)
     tenants = TokenTable.load(cfg.tokens_file).tenants if cfg.tokens_file else set()
     _ = cfg.ram_quotas  # parse errors surface now
@@ -77,16 +77,16 @@ def _check_disk_quotas(cfg: ServerConfig, tenants: set[str]) -> None:
 
 def check_etcd(cfg: ServerConfig) -> None:
     """etcd holds the member set, i.e. where peers send blocks: it is reached as securely as the rest of the
-    node. TLS files only with https://, halves together, secrets owner-only. A plaintext etcd on another
-    host (anyone on the path can rewrite the member set, or read etcd_user's password) is refused when the
-    node is otherwise protected (TLS, tokens, an etcd login) unless allow_insecure_remote says so: it would
-    undo that protection. A node with none of them is open anyway (its plaintext peer listener off loopback
-    needs allow_insecure_remote already), so its etcd URL is left as it was."""
+    node. TLS files only with https://, halves together, secrets owner-only, and one rule for plain http: an
+    http:// endpoint on another host is refused unless allow_insecure_remote = true (anyone on the path could
+    rewrite the member set, or read etcd_user's password); http:// on loopback is fine.
+
+    Without etcd_endpoints the peer tier is off and the etcd_* settings (like peer_* and, with listen = '', the
+    tls_* files) are not read: a deployment keeps them in its config, pointing into a Secret that may not be
+    mounted yet, and turns the peer tier on by setting etcd_endpoints alone (deploy/). The daemon names the
+    unused settings in its start log (`unused_peer_settings`)."""
     sec = cfg.etcd_security
     if not cfg.peer_endpoints:
-        require(not (sec.tls_files_given or sec.user or sec.password_file),
-                "etcd_ca / etcd_cert / etcd_key / etcd_user / etcd_password_file are set but etcd_endpoints "
-                "is empty: set etcd_endpoints (https://host:2379) or drop them")
         return
     sec.check()
     schemes = {url.split("://", 1)[0] for url in cfg.peer_endpoints}
@@ -99,13 +99,21 @@ def check_etcd(cfg: ServerConfig) -> None:
             f"etcd_ca / etcd_cert / etcd_key apply to https:// endpoints, but etcd_endpoints="
             f"{cfg.etcd_endpoints!r} is plain http: use https:// URLs")
     remote = [url for url in cfg.peer_endpoints if not is_loopback_host(urlsplit(url).hostname or "")]
-    protected = [name for name, on in (("tls_cert", cfg.tls.enabled), ("tokens_file", bool(cfg.tokens_file)),
-                                       ("etcd_user", bool(sec.user))) if on]
-    require(not (remote and protected) or cfg.allow_insecure_remote,
-            f"etcd_endpoints {remote} are plain http to another host while this node is protected by "
-            f"{', '.join(protected)}: anyone on the path could rewrite the member set (or read etcd_user's "
-            "password); use https:// with etcd_ca (and etcd_cert/etcd_key or etcd_user), or "
-            "allow_insecure_remote = true on a trusted network")
+    require(not remote or cfg.allow_insecure_remote,
+            f"etcd_endpoints {remote} are plain http to another host: anyone on the path could rewrite the member "
+            "set (or read etcd_user's password); use https:// with etcd_ca (and etcd_cert/etcd_key or "
+            "etcd_user), or allow_insecure_remote = true on a trusted network")
+
+
+def unused_peer_settings(cfg: ServerConfig) -> list[str]:
+    """Settings given for the peer tier (etcd_*, and tls_* with no listener using them) while it is off."""
+    if cfg.peer_endpoints:
+        return []
+    given = [name for name in ("etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_file")
+             if getattr(cfg, name)]
+    if not cfg.listen:
+        given += [name for name in ("tls_cert", "tls_key", "tls_ca") if getattr(cfg, name)]
+    return given
 
 
 def check_metrics_labels(cfg: ServerConfig) -> None:

@@ -111,7 +111,8 @@ class ServerConfig:
     grpc_workers: int = _s("listeners", "gRPC server threads (event subscribers hold one each)", 16)
     max_subscribers: int = _s("listeners", "most concurrent KV-event subscribers", 4)
     etcd_endpoints: str = _s("peer", "peer tier: comma-separated etcd v3 client URLs (https://host:2379 with "
-                             "etcd_ca; http:// on loopback or a trusted network); '' runs this node alone", "")
+                             "etcd_ca; a plain http:// etcd on another host is refused unless allow_insecure_remote "
+                             "= true); '' runs this node alone (etcd_* and peer_* settings are then not read)", "")
     etcd_prefix: str = _s("peer", "etcd key prefix under which members register", "/kvstore/members/")
     etcd_ca: str = _s("peer", "PEM CA bundle that signed etcd's certificate (https:// endpoints; its host name or "
                       "IP is checked too); '' = the system CA store", "")
@@ -123,8 +124,11 @@ class ServerConfig:
     etcd_password_file: str = _s("peer", "owner-only file whose first line is etcd_user's password (never a flag); "
                                  "read at each login", "")
     peer_listen: str = _s("peer", "peer data plane host:port (TCP or UCX listener)", "127.0.0.1:7071")
-    peer_advertise: str = _s("peer", "data address peers dial; '' = peer_listen", "")
-    peer_control_advertise: str = _s("peer", "gRPC address peers see in the member set; '' = listen", "")
+    peer_advertise: str = _s("peer", "data address peers dial, this node's host:port (Kubernetes: $(HOST_IP):7071 "
+                             "from the downward API); '' = peer_listen, which then must name one address, not 0.0.0.0",
+                             "")
+    peer_control_advertise: str = _s("peer", "gRPC address peers see in the member set (the grpc data plane calls "
+                                     "it, `kvstore inspect` asks it); '' = listen ('' too: none)", "")
     peer_lease_ttl_s: float = _s("peer", "TTL of this node's etcd lease: a dead node leaves after it", 5.0)
     peer_refresh_s: float = _s("peer", "how often this node's etcd lease is renewed (the member set is watched: a "
                                "change is seen at once); also the retry interval while etcd is down", 0.5)
@@ -152,7 +156,8 @@ class ServerConfig:
     tls_ca: str = _s("security", "PEM CA bundle: gRPC clients must present a certificate it signed (mutual TLS); "
                      "required by the peer plane", "")
     allow_insecure_remote: bool = _s("security", "allow a non-loopback gRPC or peer listener without TLS (logs a "
-                                     "warning); off: such a listener is refused", False)
+                                     "warning), and a plain http:// etcd on another host; off: both are refused",
+                                     False)
     tokens_file: str = _s("security", "owner-only file of `tenant token` lines; every RPC then needs "
                           "`authorization: Bearer <token>`; '' = no tokens", "")
     tenant_ram_quota: str = _s("tenancy", "guaranteed RAM bytes per tenant, e.g. 'alice=8GiB,bob=2GiB,*=1GiB' ('*': "
