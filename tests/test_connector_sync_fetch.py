@@ -18,6 +18,7 @@ from connector.load_policy import LoadPolicy
 from connector.namespace import StageLayouts, namespace_for
 from connector.scheduler import ScheduledRequest
 from kvstore.client import Client
+from kvstore.errors import UnknownNamespaceError
 from kvstore.testing import DaemonProcess, wait_until
 from kvstore.vocab import Tier
 from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
@@ -190,7 +191,12 @@ def test_a_tail_that_only_a_peer_holds_is_found_and_loaded_with_exact_bytes() ->
         cluster.wait_pushes("a")
         b = Side(cluster.nodes["b"].address, make_caches(start + 1), S1, save="all", load_mode="auto")
         with Client(cluster.nodes["b"].address) as cb:
-            wait_until(lambda: cb.exists(ns, [tail_key], cluster=True) == [True], what="the tail, seen from b")
+            def seen_from_b() -> bool:  # b's side registers its namespace when its link first connects
+                try:
+                    return cb.exists(ns, [tail_key], cluster=True) == [True]
+                except UnknownNamespaceError:
+                    return False
+            wait_until(seen_from_b, what="the tail, seen from b")
             assert cb.exists(ns, [tail_key]) == [False]        # b itself does not hold it
         before = cluster.counters("b")
         req = Req("t2", first.all_token_ids + prompt_tokens(5, start=start + 50))
