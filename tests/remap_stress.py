@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -71,7 +72,7 @@ def client_mode(address: str, seconds: float) -> dict[str, int]:
     return counts
 
 
-def connector_mode(address: str, seconds: float) -> dict[str, int]:
+def connector_mode(address: str, seconds: float, stop_file: str = "") -> dict[str, int]:
     import torch  # noqa: PLC0415
 
     from connector.config import ConnectorConfig
@@ -99,7 +100,7 @@ def connector_mode(address: str, seconds: float) -> dict[str, int]:
     counts = {"iterations": 0, "loads_ok": 0, "loads_failed": 0, "wrong": 0, "ok_streak_at_end": 0}
     deadline = time.monotonic() + seconds
     it = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop_file and os.path.exists(stop_file)):
         it += 1
         w.save([SaveJob(f"s{it}", None, keys, [src])])
         for t in caches.values():
@@ -130,8 +131,10 @@ def main() -> int:
     ap.add_argument("mode", choices=["client", "connector"])
     ap.add_argument("address")
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--stop-file", default="", help="connector mode: stop when this file appears (or at --seconds)")
     args = ap.parse_args()
-    counts = (client_mode if args.mode == "client" else connector_mode)(args.address, args.seconds)
+    counts = (client_mode(args.address, args.seconds) if args.mode == "client"
+              else connector_mode(args.address, args.seconds, args.stop_file))
     print(json.dumps(counts), flush=True)
     return 3 if counts["wrong"] else 0
 

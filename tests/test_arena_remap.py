@@ -29,8 +29,9 @@ STRESS = Path(__file__).with_name("remap_stress.py")
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
 
 
-def _run(mode: str, address: str, seconds: float) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(STRESS), mode, address, "--seconds", str(seconds)],
+def _run(mode: str, address: str, seconds: float, stop_file: str = "") -> subprocess.Popen[str]:
+    extra = ["--stop-file", stop_file] if stop_file else []
+    return subprocess.Popen([sys.executable, str(STRESS), mode, address, "--seconds", str(seconds), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
@@ -56,8 +57,11 @@ def test_remaps_and_close_under_concurrent_copies_never_crash_or_return_wrong_by
 def test_connector_loads_through_kill_9_restarts_are_exact_or_reported_failed(tmp_path: Path) -> None:
     d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB")
     d.start()
+    stop = tmp_path / "stop"
     try:
-        p = _run("connector", d.address, 14.0)
+        # the loop runs until the test says stop (120 s at most): a daemon's start under load takes seconds, and
+        # the last restart must be followed by loads, whatever the machine's pace
+        p = _run("connector", d.address, 120.0, str(stop))
         time.sleep(2.0)
         kills = 0
         for _ in range(4):                            # four kill -9 / restart cycles under the copy loop
@@ -66,6 +70,7 @@ def test_connector_loads_through_kill_9_restarts_are_exact_or_reported_failed(tm
             time.sleep(0.5)
             d.start()
             time.sleep(2.0)
+        stop.write_text("stop")
         counts = _finish(p)
     finally:
         d.close()
