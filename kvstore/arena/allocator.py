@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvstore.errors import ConfigError, KVStoreError
@@ -203,6 +203,45 @@ class SlabAllocator:
         self._slabs[idx].domain = domain
         self.binds += 1
         return idx
+
+    def restore(self, domains: Sequence[str], slots: Sequence[tuple[int, int]]) -> list[int]:
+        """On a fresh allocator: bind slab i to `domains[i]` and mark each (offset, block size) of `slots`
+        allocated, as a previous daemon's arena holds them (a hand-over restart: engine/adoption.py). A slot that
+        does not fit (outside the data region, off its class's grid, in a slab of another class, named twice)
+        is refused: returns the indexes of those (their blocks are dropped, never served). O(slots + slabs)."""
+        if self.allocated_bytes or self.binds:
+            raise ValueError("restore needs a fresh allocator")
+        n, classes, per_slab_of = len(self._slabs), self.classes, self._slots_per_slab
+        taken: dict[int, tuple[int, set[int]]] = {}
+        refused: list[int] = []
+        for i, (offset, size) in enumerate(slots):
+            idx, within = divmod(offset - self.base, self.slab_bytes)
+            if not 0 <= idx < n or not 0 < size <= self.slab_bytes:
+                refused.append(i)
+                continue
+            cls = self.class_of(size)
+            slot, rem = divmod(within, classes[cls])
+            got = taken.setdefault(idx, (cls, set()))
+            if rem or slot >= per_slab_of[cls] or got[0] != cls or slot in got[1]:
+                refused.append(i)
+                continue
+            got[1].add(slot)
+        self._free, self._partial = {}, {}
+        for idx in range(n - 1, -1, -1):  # pop() takes from the end: low offsets first, as at start
+            slab = self._slabs[idx]
+            slab.domain = domains[idx]
+            cls, used = taken.get(idx, (-1, set()))
+            if not used:
+                self._free.setdefault(slab.domain, []).append(idx)
+                continue
+            slab.cls, slab.used, slab.bump = cls, len(used), max(used) + 1
+            slab.free = {s: None for s in range(slab.bump) if s not in used}
+            self._class_slabs[cls] += 1
+            self._class_used[cls] += len(used)
+            self.allocated_bytes += len(used) * classes[cls]
+            if slab.used < per_slab_of[cls]:
+                self._partial.setdefault((slab.domain, cls), {})[idx] = None
+        return refused
 
     def free(self, offset: int) -> None:
         self.free_many((offset,))

@@ -20,6 +20,10 @@ The daemon's range starts out mapped from the "" file, created pre-faulted and m
 like the old single arena; with tokens that memory moves out slab by slab as tenants claim slabs. A bind costs
 one first-touch of a slab (~1-2 GB/s here: a few ms for 16 MiB) and happens only when a slab changes domain:
 an empty slab stays bound to its domain and is reused by it first.
+
+Every file and every bind is also written to the RAM journal (journal.py: domain names, which domain backs
+each slab), so a successor handed these files (a hand-over restart, systemd's fd store) can stitch the same
+view again: `adopt` maps each slab from the file the journal names, without allocating or copying a page.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ import threading
 
 import numpy as np
 
+from collections.abc import Callable
+
 from kvstore.arena import vm
 from kvstore.arena.files import ArenaFile
+from kvstore.arena.journal import RamJournal
 from kvstore.arena.layout import ArenaLayout
 from kvstore.errors import ConfigError
 
@@ -51,19 +58,82 @@ class ArenaBacking:
         self._files_lock = threading.Lock()  # the fast-path socket creates files; the engine binds slabs
         pool = ArenaFile(layout.name, layout.size_bytes)
         self._files: dict[str, ArenaFile] = {SHARED_DOMAIN: pool}
+        self.on_new_file: list[Callable[[str, ArenaFile], None]] = []  # systemd's fd store keeps each new file
+        try:
+            self.journal = RamJournal.create(layout)
+        except BaseException:
+            pool.close()
+            raise
+        self._domain_index = {SHARED_DOMAIN: 0}
         try:
             pool.reserve(0, layout.size_bytes)
             self.address = vm.mmap(0, layout.size_bytes, vm.MAP_SHARED | vm.MAP_POPULATE, pool.fd, 0)
         except BaseException:
             pool.close()
+            self.journal.close()
             raise
         self.prefaulted = True
+        self._finish(lock)
+
+    def _finish(self, lock: str) -> None:
+        """Lock the whole range as configured and make the views (after the range is mapped)."""
+        layout = self.layout
         self.locked = False
         if lock != "off":
             self.locked = self._mlock_all(required=(lock == "on"))
         self.view = vm.byte_view(self.address, layout.size_bytes)
         self.generations = vm.u64_view(self.address + layout.gen_table_offset, layout.gen_table_bytes // 8)
         self.binds = 0  # slabs moved between domains since start
+
+    @classmethod
+    def adopt(cls, layout: ArenaLayout, files: dict[str, ArenaFile], journal: RamJournal, *, isolated: bool,
+              lock: str = "auto") -> tuple[ArenaBacking, list[int]]:
+        """The arena of a previous daemon, from its files (by domain) and journal: the range stitched again slab
+        by slab as the journal says, no page allocated or copied. Returns it and the slabs whose file is gone
+        (their blocks cannot be served; the slab is mapped from the shared file and starts empty). The files
+        and the journal are owned from now on."""
+        if lock not in ("auto", "on", "off"):
+            raise ConfigError(f"arena lock mode {lock!r} must be one of auto, on, off")
+        self = cls.__new__(cls)
+        self.layout, self.isolated, self._lock_mode = layout, isolated, lock
+        self._files_lock = threading.Lock()
+        self._files = dict(files)
+        self.on_new_file = []
+        self.journal = journal
+        names = journal.domains()
+        self._domain_index = {name: i for i, name in names.items()}
+        self.address = vm.mmap(0, layout.size_bytes, vm.MAP_SHARED, files[SHARED_DOMAIN].fd, 0)
+        lost: list[int] = []
+        for slab, idx in enumerate(journal.slab_domains().tolist()):
+            name = names.get(idx, None) if idx > 0 else SHARED_DOMAIN
+            f = files.get(name) if name is not None else None
+            if f is None:
+                lost.append(slab)
+                journal.set_slab_domain(slab, 0)
+                continue
+            if name != SHARED_DOMAIN:
+                g_off, g_len = layout.slab_gen_range(slab)
+                d_off, d_len = layout.slab_data_range(slab)
+                vm.mmap(self.address + g_off, g_len, vm.MAP_SHARED | vm.MAP_FIXED, f.fd, g_off)
+                vm.mmap(self.address + d_off, d_len, vm.MAP_SHARED | vm.MAP_FIXED, f.fd, d_off)
+        self.prefaulted = False  # resident already: its pages were the previous daemon's
+        self._finish(lock)
+        return self, lost
+
+    def files(self) -> dict[str, ArenaFile]:
+        """Every domain's file (the hand-over sends them all)."""
+        with self._files_lock:
+            return dict(self._files)
+
+    def domain_of_slab(self, slab: int) -> str:
+        """The domain whose file backs `slab` now, as the journal records it."""
+        idx = int(self.journal.slab_domains()[slab])
+        if idx <= 0:
+            return SHARED_DOMAIN
+        for name, i in self._domain_index.items():
+            if i == idx:
+                return name
+        return SHARED_DOMAIN
 
     def _mlock_all(self, required: bool) -> bool:
         size = self.layout.size_bytes
@@ -83,15 +153,21 @@ class ArenaBacking:
         """The domain's file, created (sparse, sealed) on first use."""
         with self._files_lock:
             f = self._files.get(domain)
-            if f is None:
-                f = ArenaFile(f"{self.layout.name}-tenant-{domain}", self.layout.size_bytes)
-                try:  # the generation table is small and read by lookups: give it pages now
-                    f.reserve(self.layout.gen_table_offset, self.layout.gen_table_bytes)
-                except BaseException:
-                    f.close()
-                    raise
-                self._files[domain] = f
-            return f
+            if f is not None:
+                return f
+            f = ArenaFile(f"{self.layout.name}-tenant-{domain}", self.layout.size_bytes)
+            try:  # the generation table is small and read by lookups: give it pages now
+                f.reserve(self.layout.gen_table_offset, self.layout.gen_table_bytes)
+            except BaseException:
+                f.close()
+                raise
+            self._files[domain] = f
+            if domain not in self._domain_index:
+                self._domain_index[domain] = len(self._domain_index)
+                self.journal.set_domain(self._domain_index[domain], domain)
+        for hook in self.on_new_file:
+            hook(domain, f)
+        return f
 
     def domains(self) -> dict[str, int]:
         """Resident bytes of each domain's file (what each holds in memory right now)."""
@@ -126,6 +202,7 @@ class ArenaBacking:
         mine[0] = new_epoch
         f_old.write_u64(g_off, int(block[0]) + 1)      # the old file's registrations of this slab are stale
         f_old.punch(d_off, d_len)
+        self.journal.set_slab_domain(slab, self._domain_index[new])
         self.binds += 1
 
     def _map(self, f: ArenaFile, offset: int, length: int) -> None:
@@ -141,6 +218,7 @@ class ArenaBacking:
             files, self._files = list(self._files.values()), {}
         for f in files:
             f.close()
+        self.journal.close()
         if unmap and self.address:
             if self.locked:
                 vm.munlock(self.address, self.layout.size_bytes)

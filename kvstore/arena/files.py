@@ -27,9 +27,13 @@ _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class ArenaFile:
-    def __init__(self, label: str, size: int) -> None:
+    def __init__(self, label: str, size: int, fd: int = -1) -> None:
+        """A new file; or, with `fd`, one a previous daemon made (see `adopt`)."""
         self.label = label
         self.size = size
+        if fd >= 0:
+            self.fd = fd
+            return
         self.fd = os.memfd_create(label[:240] or "kvstore", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size)
@@ -37,6 +41,22 @@ class ArenaFile:
         except BaseException:
             os.close(self.fd)
             raise
+
+    @classmethod
+    def adopt(cls, fd: int, label: str, size: int) -> ArenaFile:
+        """A file handed over by a previous daemon (hand-over restart, systemd's fd store), owned from now on;
+        ValueError (fd closed) unless it is a memory file of exactly `size` bytes sealed as this class seals."""
+        try:
+            st = os.fstat(fd)
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as exc:
+            os.close(fd)
+            raise ValueError(f"arena file {label!r}: not a memory file ({exc.strerror})") from exc
+        if st.st_size != size or seals & _SEALS != _SEALS:
+            os.close(fd)
+            raise ValueError(f"arena file {label!r}: {st.st_size} bytes with seals {seals:#x}, expected {size} "
+                             f"bytes sealed {_SEALS:#x}")
+        return cls(label, size, fd)
 
     def reserve(self, offset: int, length: int) -> None:
         """Allocate the range's pages now, so running out of memory is an error here, not a SIGBUS later."""

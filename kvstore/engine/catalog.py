@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Catalog", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
+__all__ = ["Catalog", "CatalogJournal", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
 
 
 class EntryState(IntEnum):
@@ -100,6 +100,14 @@ class CatalogMirror(Protocol):
     def bind_done(self) -> None: ...  # and they are now
 
 
+class CatalogJournal(Protocol):
+    """What the catalog tells the RAM journal (engine/journal_link.py)."""
+
+    def committed(self, eids: Sequence[int]) -> None: ...  # just made COMMITTED: its record is written later
+    def removed(self, eids: Sequence[int]) -> None: ...  # COMMITTED entries about to be unindexed: records cleared
+    def namespace(self, ns: Namespace) -> None: ...  # a namespace added or described anew
+
+
 class Catalog:
     """Entry columns plus the namespaces' indexes. Columns are public for vectorized reads by the engine."""
 
@@ -130,6 +138,8 @@ class Catalog:
         # the shared key index's writer (engine/key_mirror.py): told which entries become and stop being
         # committed in RAM; None when the daemon runs without it
         self.mirror: CatalogMirror | None = None
+        # the RAM journal's writer (engine/journal_link.py): which entries are committed, for a successor
+        self.journal: CatalogJournal | None = None
 
     # -- namespaces -------------------------------------------------------------------------------------
     def add_namespace(self, name: str, model: str, layout_digest: str, tenant: str, disk_codec: str = "none",
@@ -139,7 +149,14 @@ class Catalog:
         ns = Namespace(len(self.namespaces), name, model, layout_digest, tenant, disk_codec, recovered)
         self.namespaces.append(ns)
         self.by_name[name] = ns
+        if self.journal is not None:
+            self.journal.namespace(ns)
         return ns
+
+    def namespace_changed(self, ns: Namespace) -> None:
+        """A namespace's description changed (a recovered one registered, its tenant assigned)."""
+        if self.journal is not None:
+            self.journal.namespace(ns)
 
     # -- entries ----------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -204,6 +221,36 @@ class Catalog:
         ns.index.update(zip(keys, eids))
         return eids
 
+    def restore(self, eids: np.ndarray, ns_ids: np.ndarray, keys: Sequence[bytes], offsets: np.ndarray,
+                sizes: np.ndarray, checksums: np.ndarray, serials: np.ndarray, states: np.ndarray,
+                serial: int = 0) -> None:
+        """Entries of a previous daemon at their own ids and serials (a hand-over restart, adoption.py), on a
+        catalog without entries: same ids, so the shared key index's entries and clients' lookups by id stay
+        true. RESERVED and COMMITTED entries are indexed under their keys; the others (DOOMED) are not. Every
+        id below the highest that is not placed is free. No hook is told: the adoption says what changed."""
+        if self.keys:
+            raise ValueError("restore needs a catalog without entries")
+        ids = np.asarray(eids, dtype=np.int64)
+        top = int(ids.max()) + 1 if len(ids) else 0
+        while top > self._capacity:
+            self._grow()
+        self.keys = [None] * top
+        for eid, key in zip(ids.tolist(), keys):
+            self.keys[eid] = key
+        self.offset[ids], self.size[ids], self.checksum[ids] = offsets, sizes, checksums
+        self.serial[ids], self.ns[ids], self.state[ids] = serials, ns_ids, states
+        for name in ("leases", "pins", "flags"):
+            getattr(self, name)[ids] = 0
+        self.seen[ids] = 1
+        self.created[ids] = self.now()
+        visible = (states == _RESERVED) | (states == _COMMITTED)
+        for eid, ns_id, key in zip(ids[visible].tolist(), np.asarray(ns_ids)[visible].tolist(),
+                                   [k for k, v in zip(keys, visible.tolist()) if v]):
+            self.namespaces[ns_id].index[key] = eid
+        placed = set(ids.tolist())
+        self._free_ids = [i for i in range(top - 1, -1, -1) if i not in placed]
+        self._serial = max(serial, int(np.max(serials)) if len(ids) else 0) & 0xFFFFFFFF
+
     def mark_committed(self, eids: list[int], checksums: Sequence[int] = (), ns: Namespace | None = None) -> int:
         """Set entries COMMITTED, created now, with their checksums (if given, one per entry); their total size.
         `ns`: their namespace, if the caller knows it (the key index then need not look it up)."""
@@ -225,6 +272,8 @@ class Catalog:
             total = sum(self.size[ids].tolist())
         if self.mirror is not None:
             self.mirror.added(eids, ns)
+        if self.journal is not None:
+            self.journal.committed(eids)
         return total
 
     def unindex(self, eid: int) -> None:
@@ -232,20 +281,26 @@ class Catalog:
         key = self.keys[eid]
         ns = self.namespaces[int(self.ns[eid])]
         if key is not None and ns.index.get(key) == eid:
-            if self.mirror is not None and self.state[eid] == _COMMITTED:
-                self.mirror.removed(ns, [key])
+            if self.state[eid] == _COMMITTED:
+                if self.mirror is not None:
+                    self.mirror.removed(ns, [key])
+                if self.journal is not None:
+                    self.journal.removed([eid])
             del ns.index[key]
 
     def unindex_many(self, ns: Namespace, eids: list[int], keys: list[bytes]) -> None:
         """`unindex` of entries of one namespace (`keys`: theirs), with one call to the key index."""
-        index, state, gone = ns.index, self.state, []
+        index, state, gone, gone_ids = ns.index, self.state, [], []
         for eid, key in zip(eids, keys):
             if index.get(key) == eid:
                 if state[eid] == _COMMITTED:
                     gone.append(key)
+                    gone_ids.append(eid)
                 del index[key]
         if gone and self.mirror is not None:
             self.mirror.removed(ns, gone)
+        if gone_ids and self.journal is not None:
+            self.journal.removed(gone_ids)
 
     def drop_many(self, eids: list[int]) -> None:
         """`drop` of each."""

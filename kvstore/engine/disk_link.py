@@ -66,6 +66,8 @@ class DiskLink:
         self._arena_address = arena_address
         self._promotions: dict[int, Promotion] = {}
         self.mover = Mover(store, self, queue_blocks=queue_blocks) if store is not None else None
+        self._queue_blocks = queue_blocks
+        self._left: list[tuple[int, int, bytes]] = []  # writes a hand-over left queued (restart re-queues them)
         self._next_probe = 0.0
         self.on_written: Callable[[list[int]], None] | None = None  # hints.py: after each batch, under the lock
         self.on_promoted: Callable[[int, bool], None] | None = None  # hints.py: (entry, landed), under the lock
@@ -78,6 +80,23 @@ class DiskLink:
     def stop(self) -> None:
         if self.mover is not None:
             self.mover.stop()
+
+    def stop_for_handover(self) -> int:
+        """Stop the I/O threads leaving the queued writes (kept here for `restart`); how many were left."""
+        if self.mover is None:
+            return 0
+        self._left = self.mover.stop(leave_writes=True)
+        return len(self._left)
+
+    def restart(self) -> None:
+        """After stop_for_handover, when the hand-over failed: new I/O threads, the writes left queued again."""
+        if self.store is None:
+            return
+        self.mover = Mover(self.store, self, queue_blocks=self._queue_blocks)
+        self.mover.start()
+        left, self._left = self._left, []
+        if left:
+            self.mover.enqueue_writes(left)
 
     def probe_if_due(self, now: float, interval_s: float) -> None:
         """Retry a degraded disk tier, at most once per `interval_s` (it does I/O: never under the lock)."""
@@ -235,6 +254,8 @@ class DiskLink:
                 self._ram.insert(ns, [p.eid])
                 if cat.mirror is not None:
                     cat.mirror.added([p.eid])
+                if cat.journal is not None:
+                    cat.journal.committed([p.eid])
                 self._events.publish(MOVED, ns.name, [p.key], Tier.DISK, Tier.RAM)
                 p.ok = True
                 if self.on_promoted is not None:

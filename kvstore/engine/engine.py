@@ -67,6 +67,7 @@ from kvstore.engine.queries import EngineQueries
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.ram_space import RamSpace
 from kvstore.engine.reservations import ReservationTable
+from kvstore.engine.restarts import EngineRestarts
 from kvstore.engine.results import EngineConfig, LookupResult, ReserveResult, StoreResult
 from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
@@ -86,7 +87,7 @@ _PROMOTING = int(EntryState.PROMOTING)
 _NONE = int(Tier.NONE)
 
 
-class Engine(EngineQueries):
+class Engine(EngineQueries, EngineRestarts):
     """The store's metadata behind one lock: each public method validates, takes the lock, asks the parts in
     order (see the module docstring) and returns a value object from results.py; the read-only questions are
     its base's (queries.py). Thread-safe."""
@@ -103,7 +104,10 @@ class Engine(EngineQueries):
         admission: AdmissionPolicy | None = None,
         arena_address: int = 0,
         quotas: TenantQuotas | None = None,
+        namespaces: dict[int, dict[str, object]] | None = None,
     ) -> None:
+        """`namespaces`: a predecessor's namespaces by id (a restart that keeps the RAM tier: restarts.py), placed
+        before the disk tier's; those that could not be taken are in `lost_namespaces`."""
         self.config = config
         self.layout = layout
         self.counters = Counters()
@@ -126,6 +130,8 @@ class Engine(EngineQueries):
         self._spares = SpareSlots(config, self._ram)
         self._writes = Writes(config, cat, self._ram, self._reservations, self._spares, self._disk, self._hints,
                               self.events, self.counters, self._lock.defer)
+        self.journal = None  # the RAM journal's writer, once attached (restarts.py)
+        self.lost_namespaces = self._names.adopt(namespaces) if namespaces else set()
         if disk is not None:  # known from before a restart; the next registration describes them
             self._names.recover(disk.namespaces())
 

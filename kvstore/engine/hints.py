@@ -298,6 +298,20 @@ class Hints:
         """Bytes the tenant's hint pins hold now."""
         return self._pinned.get(tenant, 0)
 
+    def pins_left(self, now: float) -> list[tuple[int, float]]:
+        """(entry id, seconds left) of every hint pin on the block it was given for (a hand-over carries them)."""
+        cat = self._cat
+        return [(eid, max(0.0, p.until - now)) for eid, p in self._pins.items()
+                if cat.keys[eid] == p.key and int(cat.ns[eid]) == p.ns_id and cat.pins[eid] > 0]
+
+    def restore_pin(self, ns: Namespace, eid: int, seconds_left: float, now: float) -> bool:
+        """A predecessor's hint pin on a committed entry placed here: pinned again until the same deadline,
+        counted in its tenant's pinned budget (False when that budget is spent)."""
+        key = self._cat.keys[eid]
+        if key is None:
+            return False
+        return self._pin(ns, eid, key, now + seconds_left, ACCEPTED) is not REJECTED
+
     def expire(self, now: float) -> int:
         """Undo the hint pins whose ttl has passed; how many."""
         heap, cat, n = self._pin_heap, self._cat, 0

@@ -84,6 +84,22 @@ class LeaseTable:
                 n += 1
         return n
 
+    def live(self, now: float) -> list[tuple[int, np.ndarray, float]]:
+        """(lease id, entry ids, seconds left) of every live lease (a hand-over carries them)."""
+        return self._table.live(now)
+
+    @property
+    def next_id(self) -> int:
+        return self._table.next_id
+
+    def restore(self, lease_id: int, ids: np.ndarray, seconds_left: float, next_id: int = 0) -> None:
+        """A previous daemon's lease on entries already placed here: held again, same id, same deadline."""
+        self.hold(ids)
+        self._table.restore(lease_id, ids, seconds_left, next_id)
+
+    def continue_ids(self, next_id: int) -> None:
+        self._table.next_id = next_id
+
     def namespace_of(self, lease_id: int) -> str | None:
         """The namespace a live lease reads from (None: unknown, expired or empty)."""
         ids = self._table.get(lease_id)

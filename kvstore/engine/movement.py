@@ -74,14 +74,20 @@ class Mover:
         for t in self._threads:
             t.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish queued promotions and writes (so a clean shutdown leaves the disk tier complete), then stop."""
+    def stop(self, timeout_s: float = 10.0, leave_writes: bool = False) -> list[tuple[int, int, bytes]]:
+        """Finish queued promotions and writes (so a clean shutdown leaves the disk tier complete), then stop.
+        `leave_writes` (a hand-over): only the batch being written finishes; the queued writes are returned."""
+        left: list[tuple[int, int, bytes]] = []
         with self._cond:
+            if leave_writes:
+                left = list(self._writes)
+                self._writes.clear()
             self._stopping = True
             self._cond.notify_all()
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout_s)
+        return left
 
     @property
     def queued_writes(self) -> int:

@@ -28,9 +28,42 @@ class NamespaceTable:
         self._config = config
 
     def recover(self, names: list[str]) -> None:
-        """Namespaces found in the disk tier at start: known, undescribed until registered again."""
+        """Namespaces found in the disk tier at start: known, undescribed until registered again (those a
+        hand-over already brought are skipped)."""
         for name in names:
-            self._cat.add_namespace(name, "", "", "", recovered=True)
+            if name not in self._cat.by_name:
+                self._cat.add_namespace(name, "", "", "", recovered=True)
+
+    def adopt(self, described: dict[int, dict[str, object]]) -> set[int]:
+        """A previous daemon's namespaces under their own ids (its journal names entries by id), on an empty
+        table. An id whose description is missing or does not pass the registration rules becomes a namespace
+        no RPC can name (`_lost_namespace_<id>`: an underscore is outside the name rules) and is returned: its
+        entries are not adopted."""
+        lost: set[int] = set()
+        top = max(described) + 1 if described else 0
+        for ns_id in range(top):
+            d = described.get(ns_id)
+            try:
+                if d is None:
+                    raise InvalidRequestError("no description")
+                name, codec, tpb = d.get("name"), d.get("disk_codec"), d.get("tokens_per_block")
+                labels = [d.get(k) for k in ("model", "layout_digest", "tenant")]
+                if not isinstance(name, str) or name in self._cat.by_name or not all(isinstance(v, str) for v in labels):
+                    raise InvalidRequestError("bad name or labels")
+                check_namespace_name(name)
+                for what, value in zip(("model", "layout_digest", "tenant"), labels):
+                    check_label(what, str(value))
+                if codec not in DISK_CODECS[1:] or not isinstance(tpb, int) or isinstance(tpb, bool):
+                    raise InvalidRequestError("bad codec or tokens_per_block")
+                check_tokens_per_block(tpb or None)
+            except InvalidRequestError:
+                self._cat.add_namespace(f"_lost_namespace_{ns_id}", "", "", "", recovered=True)
+                lost.add(ns_id)
+                continue
+            ns = self._cat.add_namespace(name, str(labels[0]), str(labels[1]), str(labels[2]), str(codec),
+                                         recovered=bool(d.get("recovered", False)))
+            ns.tokens_per_block = int(tpb)
+        return lost
 
     def check(self, name: str, model: str, layout_digest: str, tenant: str, disk_codec: str,
               tokens_per_block: int | None) -> str:
@@ -52,6 +85,7 @@ class NamespaceTable:
         if ns is None:
             ns = self._cat.add_namespace(name, model, layout_digest, tenant, codec)
             ns.tokens_per_block = tpb
+            self._cat.namespace_changed(ns)
             return True
         if ns.recovered:  # came back from the disk tier after a restart: adopt the description
             if self._config.isolate_tenants and tenant != ns.tenant:
@@ -59,6 +93,7 @@ class NamespaceTable:
             ns.model, ns.layout_digest, ns.tenant, ns.disk_codec = model, layout_digest, tenant, codec
             ns.tokens_per_block = tpb
             ns.recovered = False
+            self._cat.namespace_changed(ns)
             return False
         if (ns.model, ns.layout_digest, ns.tenant) != (model, layout_digest, tenant):
             raise ConflictError(
@@ -85,6 +120,7 @@ class NamespaceTable:
         for ns in self._cat.namespaces:
             if ns.recovered and ns.name in owners:
                 ns.tenant = owners[ns.name]
+                self._cat.namespace_changed(ns)
 
     def owner(self, name: str) -> tuple[str, bool] | None:
         ns = self._cat.by_name.get(name)

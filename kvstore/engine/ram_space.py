@@ -285,6 +285,12 @@ class RamSpace:
         self.free_slot(int(self._cat.offset[eid]))
         self._cat.drop(eid)
 
+    def bump_generations(self, offsets: np.ndarray) -> None:
+        """Bump the generation of slots no entry holds any more without a free (a block a hand-over did not
+        adopt): a copy any client still makes of them reads as a miss."""
+        if len(offsets):
+            np.add.at(self._gens, self._gen_index.of_many(np.asarray(offsets, dtype=np.int64)), np.uint64(1))
+
     def free_slot(self, offset: int) -> None:
         """Return a slot no entry holds (a spare slot, spares.py), with the same generation bump as `free`."""
         self._gens[self._gen_index.of(offset)] += 1

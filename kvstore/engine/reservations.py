@@ -110,6 +110,30 @@ class ReservationTable:
             self._free(eid)
             counters.quarantine_freed += 1
 
+    def live(self, now: float) -> list[tuple[int, tuple[Namespace, list[int]], float]]:
+        """(reservation id, (namespace, entry ids), seconds left) of every open reservation."""
+        return self._table.live(now)
+
+    def quarantined(self, now: float) -> list[tuple[int, float]]:
+        """(entry id, seconds until its slot is freed) of every quarantined entry."""
+        return [(eid, max(0.0, at - now)) for at, eid in self._quarantine]
+
+    @property
+    def next_id(self) -> int:
+        return self._table.next_id
+
+    def restore(self, reservation_id: int, ns: Namespace, eids: list[int], seconds_left: float,
+                next_id: int = 0) -> None:
+        """A previous daemon's open reservation of RESERVED entries already placed here (same id, deadline)."""
+        self._table.restore(reservation_id, (ns, eids), seconds_left, next_id)
+
+    def continue_ids(self, next_id: int) -> None:
+        self._table.next_id = next_id
+
+    def held_ids(self) -> set[int]:
+        """Every entry an open reservation holds (O(reserved entries))."""
+        return {e for _, eids in self._table.values() for e in eids}
+
     def namespace_of(self, reservation_id: int) -> str | None:
         payload = self._table.get(reservation_id)
         return None if payload is None else payload[0].name

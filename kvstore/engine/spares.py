@@ -131,6 +131,21 @@ class SpareSlots:
             self._ram.free_slot(off)
             self.bytes -= cls
 
+    def held(self, now: float) -> list[tuple[int, int, float]]:
+        """(offset, slot bytes, seconds until freed) of every spare and quarantined slot: what a hand-over gives
+        its successor to quarantine (a spare slot's connection does not survive the hand-over: full grace)."""
+        out = [(off, cls, self._config.quarantine_s) for owned in self._owned.values() for off, (cls, _) in owned.items()]
+        return out + [(off, cls, max(0.0, at - now)) for at, off, cls in self._quarantine]
+
+    def hold(self, offset: int, slot_bytes: int, seconds_left: float, now: float) -> None:
+        """Quarantine a slot already allocated here (a predecessor's spare or quarantined slot): freed later."""
+        self._quarantine.append((now + seconds_left, offset, slot_bytes))
+        self.bytes += slot_bytes
+
+    def sort_quarantine(self) -> None:
+        """After `hold`s: the quarantine is a deadline-ordered queue."""
+        self._quarantine = deque(sorted(self._quarantine, key=itemgetter(0)))
+
     def status(self) -> dict[str, int]:
         """For the metrics: slots held by connections now, and their bytes with the quarantined ones'."""
         return {"spare_slots": self.slots, "spare_bytes": self.bytes}

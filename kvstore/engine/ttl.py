@@ -57,6 +57,27 @@ class TtlTable(Generic[T]):
                 out.append((item_id, payload))
         return out
 
+    def live(self, now: float | None = None) -> list[tuple[int, T, float]]:
+        """(id, payload, seconds left) of every item, soonest deadline first (a hand-over carries them)."""
+        now = self._clock() if now is None else now
+        return [(i, self._items[i], max(0.0, d - now)) for d, i in self._order if i in self._items]
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @next_id.setter
+    def next_id(self, value: int) -> None:
+        """Ids from here on start at `value` at least (a successor continues its predecessor's ids)."""
+        self._next_id = max(self._next_id, value)
+
+    def restore(self, item_id: int, payload: T, seconds_left: float, next_id: int = 0) -> None:
+        """An item of a previous daemon under its own id, expiring `seconds_left` from now; later ids start past
+        both it and `next_id` (so no id of the two daemons ever names two items). Call in deadline order."""
+        self._items[item_id] = payload
+        self._order.append((self._clock() + max(0.0, seconds_left), item_id))
+        self._next_id = max(self._next_id, item_id + 1, next_id)
+
     def values(self) -> list[T]:
         return list(self._items.values())
 

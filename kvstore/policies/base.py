@@ -137,6 +137,12 @@ class EvictionPolicy(abc.ABC):
     def memory_bytes(self) -> int:
         """Bytes held by the per-id arrays."""
 
+    def order(self) -> list[int]:
+        """Every tracked id, the next victim first: a successor daemon inserts them in this order (a hand-over
+        restart, kvstore/engine/adoption.py), so its first victims are this one's. A policy that cannot say
+        returns [] (the successor then inserts by entry id). O(tracked)."""
+        return []
+
 
 def grown_capacity(capacity: int, eid: int) -> int:
     """Smallest ``capacity * 2**k`` that can index ``eid``.

@@ -167,6 +167,19 @@ class HintedPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return len(self.inner)
 
+    def order(self) -> list[int]:
+        return self.inner.order()
+
+    def hinted(self, now: float) -> list[tuple[int, int, float]]:
+        """(id, priority, seconds left of a retention; 0 for a release) of every tracked entry with a hint."""
+        ids = np.flatnonzero(self._prio != NORMAL)
+        out = []
+        for eid in ids.tolist():
+            p = self.priority(eid, now)
+            if p != NORMAL and eid in self.inner:
+                out.append((eid, p, max(0.0, float(self._until[eid]) - now) if p == RETAINED else 0.0))
+        return out
+
     def __contains__(self, eid: object) -> bool:
         return eid in self.inner
 

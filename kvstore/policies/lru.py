@@ -255,6 +255,14 @@ class LRUPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return self._count
 
+    def order(self) -> list[int]:
+        """Least recent first (see EvictionPolicy.order)."""
+        out, eid, prev = [], self._tail, self._prev
+        while eid != _NIL:
+            out.append(eid)
+            eid = prev[eid]
+        return out
+
     def __contains__(self, eid: object) -> bool:
         return isinstance(eid, (int, np.integer)) and self._tracked(int(eid))
 

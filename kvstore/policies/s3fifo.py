@@ -295,6 +295,17 @@ class S3FIFOPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return self._qsize[_SMALL] + self._qsize[_MAIN]
 
+    def order(self) -> list[int]:
+        """The small FIFO's oldest first, then the main FIFO's (see EvictionPolicy.order). A successor inserts
+        them all into its small FIFO: which queue each was in, its frequency and the ghost are not carried."""
+        out: list[int] = []
+        for q in (_SMALL, _MAIN):
+            eid = self._qtail[q]
+            while eid != _NIL:
+                out.append(eid)
+                eid = int(self._prev[eid])
+        return out
+
     def __contains__(self, eid: object) -> bool:
         return isinstance(eid, (int, np.integer)) and self._tracked(int(eid))
 
