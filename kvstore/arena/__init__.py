@@ -7,6 +7,9 @@
                   (slabs move between tenants only when empty; an epoch per slab tells GPU pins to re-pin)
     allocator.py  O(1) slot allocation: slabs carved into size classes 4 KiB * 2^k * {1, 1.25, 1.5, 1.75}
     vm.py         thin libc wrappers mmap cannot do: MAP_FIXED remaps, munmap, mlock, hole punching
+    journal.py    the RAM journal: a header per committed slot (key, size, generation, xxh3) in a file only
+                  the daemon holds, so a successor can serve the arena after a hand-over or a crash
+    verify.py     a journal's records checked against the arena before a successor serves their blocks
 
 The arena socket that hands these files to clients is the daemon's kvstore/server/fast_server.py; the client's
 reference-counted mappings are kvstore/client/arena_map.py.

@@ -125,6 +125,11 @@ class ArenaBacking:
         with self._files_lock:
             return dict(self._files)
 
+    def domain_index(self, domain: str) -> int:
+        """The domain's index in the journal (0: the shared file); systemd's fd store names files by it."""
+        with self._files_lock:
+            return self._domain_index[domain]
+
     def domain_of_slab(self, slab: int) -> str:
         """The domain whose file backs `slab` now, as the journal records it."""
         idx = int(self.journal.slab_domains()[slab])

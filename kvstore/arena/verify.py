@@ -98,7 +98,7 @@ def _hash_all(view: np.ndarray, jobs: list[tuple[int, int, int]], threads: int) 
         room -= int(size)
 
     def run(chunk: list[int]) -> list[tuple[int, bool]]:
-        return [(i, xxhash.xxh3_64_intdigest(view[jobs[i][0]: jobs[i][0] + jobs[i][1]]) == jobs[i][2])
+        return [(i, xxhash.xxh3_64_intdigest(view[jobs[i][0]: jobs[i][0] + jobs[i][1]].data) == jobs[i][2])
                 for i in chunk]
 
     n = threads or min(8, os.cpu_count() or 1)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import os
+import time
 
 import grpc
 
@@ -41,6 +42,15 @@ def translate(exc: grpc.RpcError, address: str) -> KVStoreError:
         if key == "kvstore-reason":
             reason = value
     return error_for_reason(reason)(details or f"{code}")
+
+
+def _restarting(exc: grpc.RpcError) -> bool:
+    """Whether the daemon refused the call unrun because it is handing over (kvstore/server/gate.py)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return False
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(k == "kvstore-reason" and v == "restarting" for k, v in trailers or ())
 
 
 def _target(address: str) -> str:
@@ -82,10 +92,21 @@ class Rpc:
         self.stub = pb_grpc.KVStoreStub(self.channel)
 
     def call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return getattr(self.stub, name)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
-        except grpc.RpcError as exc:
-            raise translate(exc, self.address) from None
+        """The response, or the daemon's error as a KVStoreError. A call the daemon refused because it is handing
+        over to a successor (reason `restarting`: it did not run) is sent again, backing off from 20 ms to 200 ms,
+        until the successor answers or the call's time is spent (a hand-over's window is well under a second)."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        pause = 0.02
+        while True:
+            try:
+                return getattr(self.stub, name)(request, timeout=max(0.05, deadline - time.monotonic()),
+                                                metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if _restarting(exc) and time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    pause = min(0.2, pause * 2)
+                    continue
+                raise translate(exc, self.address) from None
 
     def stream(self, name: str, request: Any, consume: Callable[[Any], T]) -> T:
         """Run a streaming RPC and hand its result (a response or a response iterator) to `consume`."""

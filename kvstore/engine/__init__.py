@@ -31,6 +31,9 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     counters.py      Counters: the named monotonic counters Stats reports
     config.py        EngineConfig
     sessions.py      SessionBook: each agent session's latest chain of keys (own lock; the servicer holds it)
+    restarts.py      EngineRestarts: Engine's restart operations (journal, freeze, export, adopt)
+    journal_link.py  JournalLink: the RAM journal kept equal to the committed entries (sync, hashing)
+    adoption.py      a predecessor's entries and live state placed in a fresh engine; what is exported
 
 Every part below engine.py is called under the engine's lock and has no lock of its own, but sessions.py and
 key_mirror.py (its tables, also handed out by the same-node socket); none

@@ -73,6 +73,7 @@ from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
 from kvstore.engine.writes import RemoteHooks, Writes
 from kvstore.errors import InvalidRequestError
+from kvstore.fastpath.key_index import IndexTable
 from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
@@ -310,11 +311,12 @@ class Engine(EngineQueries, EngineRestarts):
         check_count("keys", len(ids) + more_keys, self.config.max_batch_keys)
 
     def attach_key_index(self, entries: int, incarnation: int, per_tenant: bool,
-                         authoritative: bool = False) -> KeyIndexMirror:
+                         authoritative: bool = False, adopted: dict[str, IndexTable] | None = None) -> KeyIndexMirror:
         """Start mirroring RAM entries into shared key indexes (key_mirror.py); before any block is stored.
-        `authoritative`: RAM is the only tier (no disk, no peers), so a key absent from a table is absent."""
+        `authoritative`: RAM is the only tier (no disk, no peers), so a key absent from a table is absent.
+        `adopted`: a predecessor's tables (a hand-over: they hold its entries, which `adopt` keeps)."""
         with self._lock:
-            mirror = KeyIndexMirror(self._cat, entries, incarnation, per_tenant, authoritative)
+            mirror = KeyIndexMirror(self._cat, entries, incarnation, per_tenant, authoritative, adopted)
             self._cat.mirror = mirror
             return mirror
 

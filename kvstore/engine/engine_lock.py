@@ -22,25 +22,42 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
+from kvstore.errors import StoreUnavailableError
+
 __all__ = ["EngineLock"]
 
 log = logging.getLogger(__name__)
 
 
 class EngineLock:
-    """`with lock:` takes the engine's lock and first runs whatever a previous holder deferred."""
+    """`with lock:` takes the engine's lock and first runs whatever a previous holder deferred.
 
-    __slots__ = ("_lock", "_deferred")
+    `freeze()` (a hand-over's window, kvstore/engine/restarts.py): from then on every other thread that takes the
+    lock gets StoreUnavailableError instead (a peer's push, a straggling request): the state the successor was
+    handed can no longer change here. Only the freezing thread goes on; `thaw()` ends it (the hand-over failed)."""
+
+    __slots__ = ("_lock", "_deferred", "_frozen_by")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._deferred: list[Callable[[], object]] = []
+        self._frozen_by = 0  # the thread that froze the engine (0: not frozen)
 
     def __enter__(self) -> EngineLock:
         self._lock.acquire()
+        if self._frozen_by and self._frozen_by != threading.get_ident():
+            self._lock.release()
+            raise StoreUnavailableError("kvstore-server is handing over to its successor; retry")
         if self._deferred:
             self._run_deferred()
         return self
+
+    def freeze(self) -> None:
+        with self:
+            self._frozen_by = threading.get_ident()
+
+    def thaw(self) -> None:
+        self._frozen_by = 0
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

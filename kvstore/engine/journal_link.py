@@ -125,7 +125,7 @@ class JournalLink:
         for eid, off, size, have in zip(batch.eids.tolist(), batch.offsets.tolist(), batch.sizes.tolist(),
                                         batch.checksums.tolist()):
             if not have:
-                out[eid] = xxhash.xxh3_64_intdigest(view[off: off + size])
+                out[eid] = xxhash.xxh3_64_intdigest(view[off: off + size].data)
         self.hashed += len(out)
         return out
 
@@ -144,7 +144,7 @@ class JournalLink:
                     cat.checksum[eid] = got
         offsets = cat.offset[ids]
         gens = self._gens[self._gen_index.of_many(offsets.astype(np.int64))]
-        keys: list[bytes] = [cat.keys[e] for e in ids.tolist()]  # type: ignore[misc]  # committed: keys set
+        keys = [cat.keys[e] or b"" for e in ids.tolist()]  # committed: every key is set
         self.journal.write_entries(ids, offsets, cat.size[ids], gens, cat.checksum[ids], cat.serial[ids],
                                    cat.ns[ids], keys)
         return len(ids)

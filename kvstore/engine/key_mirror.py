@@ -33,9 +33,11 @@ _GATHER_MIN = 8  # from this many ids on, one numpy gather a column beats a scal
 
 class KeyIndexMirror:
     def __init__(self, cat: Catalog, entries: int, incarnation: int, per_tenant: bool,
-                 authoritative: bool = False) -> None:
+                 authoritative: bool = False, adopted: dict[str, IndexTable] | None = None) -> None:
         """`entries`: how many keys one tenant's table indexes at most (beyond, keys stay unindexed and clients
-        ask the daemon for them). `authoritative`: RAM is the daemon's only tier (see the module docstring)."""
+        ask the daemon for them). `authoritative`: RAM is the daemon's only tier (see the module docstring).
+        `adopted`: a predecessor's tables by domain (a hand-over restart: its clients keep their mappings),
+        with their counters carried on."""
         self._cat = cat
         self._capacity = capacity_for(entries)
         self._incarnation = incarnation
@@ -46,6 +48,14 @@ class KeyIndexMirror:
         self.unindexed = 0  # keys the tables had no room for (counted, not an error)
         self._authoritative = authoritative
         self._deferred = self._bound = 0  # Stores bound after their reply: begun, done (every table shows both)
+        for domain, table in (adopted or {}).items():
+            authority, deferred, bound = table.words()
+            self._deferred, self._bound = max(self._deferred, deferred), max(self._bound, bound)
+            self._authoritative = self._authoritative and bool(authority)
+            self._tables[domain] = table
+        for table in self._tables.values():
+            table.set_binds(self._deferred, self._bound)
+            table.set_authority(self._authoritative)
 
     def domain(self, tenant: str) -> str:
         """The table a caller of `tenant` reads (and a namespace of that tenant is written to)."""
@@ -121,6 +131,11 @@ class KeyIndexMirror:
                 self.added(eids)
         self._domain_of[ns.id] = domain
         return self.table(domain)
+
+    def tables(self) -> dict[str, IndexTable]:
+        """Every table by domain (a hand-over sends them to the successor)."""
+        with self._lock:
+            return dict(self._tables)
 
     def counts(self) -> dict[str, int]:
         """Keys indexed per table."""

@@ -66,8 +66,15 @@ class EngineRestarts:
                 link.mark_all()
         return link.sync(view, hash_missing)
 
+    def freeze(self) -> None:
+        """From now on only this thread may use the engine (engine_lock.py): a hand-over's window."""
+        self._lock.freeze()
+
+    def thaw(self) -> None:
+        self._lock.thaw()
+
     def freeze_journal(self, view: np.ndarray) -> int:
-        """Under the lock (the engine idle): every pending record, blocks without an xxh3 hashed."""
+        """Under the lock (the engine frozen): every pending record, blocks without an xxh3 hashed."""
         link = self.journal
         if link is None:
             return 0

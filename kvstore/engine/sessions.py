@@ -111,6 +111,30 @@ class SessionBook:
                 self._keys -= len(gone.keys)
             return len(chain)
 
+    def restore(self, entries: Sequence[tuple[str, str, Sequence[bytes], float, bool]]) -> int:
+        """A predecessor's book, oldest note first, each (session, namespace, keys, age in seconds, ended): noted
+        again with the same ages (a hand-over restart keeps `kvstore explain --session` answering). Entries
+        whose session id breaks the rules are skipped; the bounds hold as for `note`. How many were kept."""
+        now = self.clock()
+        with self._lock:
+            if not self.max_sessions:
+                return 0
+            for session, namespace, keys, age, ended in entries:
+                try:
+                    check_session_id(session)
+                except InvalidRequestError:
+                    continue
+                old = self._entries.pop((session, namespace), None)
+                if old is not None:
+                    self._keys -= len(old.keys)
+                chain = tuple(keys[:self.max_keys])
+                self._entries[(session, namespace)] = SessionEntry(session, namespace, chain, now - age, ended)
+                self._keys += len(chain)
+            while len(self._entries) > self.max_sessions or self._keys > self.max_keys:
+                _, gone = self._entries.popitem(last=False)
+                self._keys -= len(gone.keys)
+            return len(self._entries)
+
     def get(self, session: str, namespace: str = "") -> list[SessionEntry]:
         """The session's entries (only `namespace`'s when given), most recently noted first; [] if none."""
         with self._lock:

@@ -84,6 +84,34 @@ class IndexTable:
             raise
         HEADER.pack_into(self._mm, 0, _keyindex.MAGIC, capacity, 0, 0, incarnation)
 
+    @classmethod
+    def adopt(cls, fd: int, capacity: int, incarnation: int) -> IndexTable:
+        """A predecessor daemon's table (a hand-over restart: its clients keep reading it), written on from
+        here; `fd` is owned from now on. ValueError (fd closed) unless it is a key index of this capacity and
+        incarnation."""
+        self = cls.__new__(cls)
+        try:
+            self.capacity, self.size, self._fd = capacity, table_bytes(capacity), fd
+            if os.fstat(fd).st_size != self.size:
+                raise ValueError(f"a key index of {os.fstat(fd).st_size} bytes, expected {self.size}")
+            self._mm = mmap.mmap(fd, self.size, _POPULATED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        magic, cap, _, _, inc = HEADER.unpack_from(self._mm, 0)
+        if (magic, cap, inc) != (_keyindex.MAGIC, capacity, incarnation):
+            self.close()
+            raise ValueError("the key index handed over is not this daemon's (magic, capacity or incarnation)")
+        return self
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def words(self) -> tuple[int, int, int]:
+        """(authority, deferred, bound) as the header holds them."""
+        return tuple(int(w) for w in _keyindex.words(self._mm))  # type: ignore[return-value]
+
     def set_authority(self, authoritative: bool) -> None:
         """Whether a key's absence here is an answer (RAM is the daemon's only tier, no key was ever skipped)."""
         _keyindex.set_word(self._mm, self.capacity, AUTHORITY, int(authoritative))

@@ -12,7 +12,8 @@ hand-off.
       committed() engine hook on Commit: queue pushes to owners (replicator.Replicator)
       status()    members, etcd state, counters, pushes and hand-offs pending (Stats, Health, metrics)
       leave()     SIGTERM: hand this node's blocks to their next owners (bounded by leave_timeout_s), then stop()
-      stop()      leave etcd (revoke the lease), stop pushing and handing off, close the listener
+      stop()      leave etcd (revoke the lease), stop pushing and handing off, close the listener; stop(revoke=
+                  False) for a hand-over restart: the successor keeps the lease and record (no member change)
 
 Every member-set change the watch reports becomes a change.MemberChange (before -> after): the view keeps
 the earlier sets for `handoff_window_s` (reads ask previous owners; the intake accepts blocks it owned), and
@@ -228,13 +229,17 @@ class PeerCluster:
             return {}
         return self.membership.members()
 
-    def start(self) -> None:
+    def start(self, lease: int = 0) -> None:
+        """`lease`: a predecessor's etcd lease (a hand-over restart keeps this node's membership: see
+        Membership.keep_lease): peers see no change, so nothing is handed off."""
         cfg = self.cfg
         self.plane.start()
         me = Member(cfg.node_id, cfg.control_address, self.plane.address, cfg.data_plane, cfg.capacity_bytes)
         etcd = EtcdClient(cfg.etcd_endpoints, timeout_s=min(1.0, cfg.lease_ttl_s / 3), security=cfg.etcd_security)
         self.membership = Membership(etcd, cfg.etcd_prefix, me, ttl_s=cfg.lease_ttl_s, refresh_s=cfg.refresh_s,
                                      counters=self.counters, on_change=self._changed)
+        if lease:
+            self.membership.keep_lease(lease)
         self.replicator.start()
         self.handoff.start()
         self.membership.start()
@@ -272,12 +277,14 @@ class PeerCluster:
         self.stop()
         return report
 
-    def stop(self) -> None:
+    def stop(self, revoke: bool = True) -> None:
+        """`revoke` False: a hand-over; the etcd lease and record stay for the successor (no leave, no hand-off:
+        the blocks stay in this node's RAM, which the successor serves)."""
         self._engine.attach_remote(None)
         self.handoff.stop()
         self.replicator.stop()
         if self.membership is not None:
-            self.membership.stop()
+            self.membership.stop(revoke=revoke)
         self.remote.close()
         self.plane.stop()
 

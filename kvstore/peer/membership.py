@@ -82,6 +82,7 @@ class Membership:
         self._counters = counters
         self._on_change = on_change
         self._lease = 0
+        self._rewrite = False  # the lease is a predecessor's: write this node's record under it once
         self._members: dict[str, Member] = {me.node_id: me}
         self._lock = threading.Lock()          # _members, _watch
         self._change_lock = threading.Lock()   # one change applied and reported at a time, in order
@@ -99,6 +100,18 @@ class Membership:
             return dict(self._members)
 
     # -- life cycle --------------------------------------------------------------------------------------
+    @property
+    def lease(self) -> int:
+        """This node's etcd lease (0: none yet); a hand-over passes it to the successor (keep_lease)."""
+        return self._lease
+
+    def keep_lease(self, lease: int) -> None:
+        """Before start: carry on a predecessor's lease (a hand-over restart of this node: same node id). Its
+        record is written again under it, equal to before, so peers see no member change and hand nothing off;
+        a lease that expired meanwhile is replaced as after an etcd outage (a rejoin)."""
+        self._lease = lease
+        self._rewrite = True
+
     def start(self) -> None:
         """Join and read the member set before serving peers when etcd is up (a down etcd only logs and
         retries), then keep the lease alive and watch."""
@@ -125,14 +138,15 @@ class Membership:
             return False
         return True
 
-    def stop(self) -> None:
-        """Leave at once (revoke the lease) so peers stop routing here without waiting for the TTL."""
+    def stop(self, revoke: bool = True) -> None:
+        """Leave at once (revoke the lease) so peers stop routing here without waiting for the TTL. `revoke`
+        False (a hand-over): stop the threads and leave the lease and record to the successor."""
         self._stop.set()
         self._end_watch()
         for t in (self._keeper, self._watcher):
             if t.is_alive():
                 t.join(timeout=5)
-        if self._lease:
+        if self._lease and revoke:
             try:
                 self._etcd.revoke(self._lease)
             except EtcdUnavailable:
@@ -154,11 +168,15 @@ class Membership:
 
     def _keep_registered(self) -> None:
         if self._lease and self._etcd.keepalive(self._lease) > 0:
+            if self._rewrite:  # a predecessor's lease: this process's record under it (same key)
+                self._etcd.put(self._prefix + self.me.node_id.encode(), self.me.encode(), self._lease)
+                self._rewrite = False
             return
         if self._lease:
             log.warning("etcd lease %x expired (etcd was unreachable longer than %ss): registering again",
                         self._lease, self._ttl)
         self._lease = self._etcd.grant(self._ttl)
+        self._rewrite = False
         self._etcd.put(self._prefix + self.me.node_id.encode(), self.me.encode(), self._lease)
         self._counters.add("rejoins")
 

@@ -22,7 +22,9 @@ __all__ = ["NodeInfo"]
 
 class NodeInfo:
     def __init__(self, node_id: str, arena: ArenaBacking, engine_config: EngineConfig,
-                 degraded: Callable[[], str] = lambda: "") -> None:
+                 degraded: Callable[[], str] = lambda: "", incarnation: int = 0) -> None:
+        """`incarnation`: a predecessor's, carried on by a hand-over that kept everything a client's offsets,
+        leases and key index depend on (0: a new one)."""
         self.node_id = node_id
         self._arena = arena
         self._cfg = engine_config
@@ -31,7 +33,7 @@ class NodeInfo:
         self._degraded = degraded  # '' when every tier is healthy, else why not
         # Offsets handed out by this process are meaningless in another daemon's arena, even one with the
         # same shm name after a restart: clients compare this value before trusting an offset.
-        self.incarnation = random.getrandbits(63) | 1
+        self.incarnation = incarnation or (random.getrandbits(63) | 1)
         self.peer_status: Callable[[], PeerStatus] | None = None  # set by the daemon when the peer tier runs
         self.arena_socket = ""  # set by the daemon when it hands out arena files (server/fast_server.py)
         self.fast_status: Callable[[], dict[str, int]] | None = None  # the fast server's counters, when it runs

@@ -3,12 +3,20 @@
 The config hands over each component's own config (cfg.engine_config(), disk_config(), peer_config()),
 already validated; this module only wires the parts together.
 
-Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked) -> allocator, policy,
-disk tier (recovered or wiped) -> engine -> disk I/O threads, gRPC server on the unix socket and TCP ->
-sweeper thread -> peer tier (only with etcd_endpoints: data-plane listener, etcd registration and watch, pusher,
-hand-off). Shutdown on SIGTERM/SIGINT runs the other way: hand this node's blocks to their next owners while
-still a member (peer_leave_timeout_s), leave the cluster, stop accepting RPCs, let in-flight ones finish
-(grace), stop the sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
+Start-up order: config (fails before anything exists) -> arena (pre-faulted, locked; or a predecessor's, see
+below) -> allocator, policy, disk tier (recovered or wiped) -> engine (+ the RAM journal) -> disk I/O threads,
+gRPC server on the unix socket and TCP -> sweeper and journal threads -> peer tier (only with etcd_endpoints:
+data-plane listener, etcd registration and watch, pusher, hand-off) -> the hand-over socket. Shutdown on
+SIGTERM/SIGINT runs the other way: hand this node's blocks to their next owners while still a member
+(peer_leave_timeout_s), leave the cluster, stop accepting RPCs, let in-flight ones finish (grace), stop the
+sweeper, finish queued disk writes, close the disk tier, remove the arena and socket.
+
+Restarts that keep the RAM tier (docs/operations.md; kvstore/server/handover/ has the protocol):
+- `--take-over` (or SIGUSR2 to the running daemon, which starts its successor itself): the successor gets the
+  running daemon's files, verifies them, and takes over its sockets (the same-node socket's listener itself;
+  gRPC's unix path by an atomic rename of its own, TCP by SO_REUSEPORT); the old one exits (handover_host.py).
+- systemd's fd store (fdstore): the files of a daemon that stopped or crashed come back at start.
+Either way the arena is adopted, not copied, and every block served is verified first (handover/inherit.py).
 """
 
 from __future__ import annotations
@@ -16,8 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 from collections.abc import Sequence
 
@@ -31,6 +42,15 @@ from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.errors import ConfigError
+from kvstore.fastpath.key_index import IndexTable, capacity_for
+from kvstore.server.gate import GateInterceptor
+from kvstore.server.handover.fdstore import JOURNAL_NAME, Notifier, arena_name, inherited_from_store, listen_fds
+from kvstore.server.handover.holds import stage_hook
+from kvstore.server.handover.inherit import Inherited, verified_entries
+from kvstore.server.handover.protocol import handover_socket_path
+from kvstore.server.handover.receiver import TakeOver, TakeOverFailed, Wanted
+from kvstore.server.handover.sender import HandoverListener
+from kvstore.server.handover_host import HandoverHostMixin
 from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
@@ -47,6 +67,7 @@ from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.sessions import SessionBook
+from kvstore.server.restart_log import log_adoption
 from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
@@ -57,27 +78,39 @@ __all__ = ["main", "Daemon"]
 
 log = logging.getLogger("kvstore.server")
 SHUTDOWN_GRACE_S = 5.0
+JOURNAL_SYNC_S = 1.0  # how far the RAM journal may lag the catalog (a crash under the fd store loses that much)
 
 
-class Daemon:
-    """Everything one running kvstore-server owns, built from its config."""
+class Daemon(HandoverHostMixin):
+    """Everything one running kvstore-server owns, built from its config (and, for a restart that keeps the RAM
+    tier, from what a predecessor handed over: `inherited`)."""
 
-    def __init__(self, cfg: ServerConfig) -> None:
+    def __init__(self, cfg: ServerConfig, inherited: Inherited | None = None, notifier: Notifier | None = None) -> None:
         self.cfg = cfg
         _check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
         self.tokens = TokenTable.load(cfg.tokens_file) if cfg.tokens_file else None
         self.token_watcher: TokenWatcher | None = None  # set with the auth interceptor (_build_server)
         self.auth: AuthInterceptor | None = None        # the interceptor; its table is replaced on reload
-        layout = ArenaLayout.for_capacity(cfg.shm_name.lstrip("/"), cfg.arena_bytes, cfg.max_block_bytes)
+        self.notifier = notifier or Notifier("off")
+        layout = _layout(cfg)
         # With tokens every tenant's blocks live in a memory file of its own (arena/backing.py), and this
         # process must not let another process of the same user open those files through /proc/<pid>/fd.
         isolated = self.tokens is not None
         if isolated:
             vm.set_dumpable(False)
-        self.arena = ArenaBacking(layout, isolated=isolated, lock=cfg.arena_lock)
+        inh = inherited if inherited is not None and inherited.arena is not None else None
+        self.inherited = inh
+        self.taking_over = inh is not None and inh.fast_listener is not None  # a live hand-over, not a crash
+        self.arena = (inh.arena if inh is not None and inh.arena is not None
+                      else ArenaBacking(layout, isolated=isolated, lock=cfg.arena_lock))
         self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
         self.key_index: KeyIndexMirror | None = None  # the shared key index (_build_fast): same-node clients only
+        self.gate = GateInterceptor()  # closed by a hand-over's freeze (gate.py)
+        self._grpc_tmp = ""  # a successor's gRPC unix socket until it renames it over unix_socket
+        self.adopted_blocks = 0
         try:
+            t0 = time.monotonic()
+            adoption = verified_entries(self.arena, inh.known) if inh is not None else None
             self.engine_config = cfg.engine_config()
             allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes,
                                       bind=self.arena.bind if isolated else None)
@@ -86,7 +119,9 @@ class Daemon:
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
-                                 quotas=TenantQuotas(cfg.ram_quotas))
+                                 quotas=TenantQuotas(cfg.ram_quotas),
+                                 namespaces=adoption[2] if adoption is not None else None)
+            self.engine.attach_journal(self.arena.journal, self.arena.generations)
             owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
             self.guard = TenantGuard(self.engine, owners)
             self.engine.assign_recovered_tenants(self.guard.known_owners())
@@ -94,17 +129,22 @@ class Daemon:
             if self.disk is not None and disk_quotas.enabled:
                 self.disk.set_floors(TenantFloors(tenant_of=self.guard.owner_of, quota_of=disk_quotas.quota))
             self.tenants = TenantUsage(self.guard.owner_of, TenantQuotas(cfg.ram_quotas), disk_quotas)
-            self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason)
+            tables, incarnation = self._inherited_index(inh)
+            self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason,
+                                 incarnation=incarnation)
             self.peers = self._build_peers() if cfg.peer_endpoints else None
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
                                           self.transfers, self.info.peer_status, self.tenants,
                                           labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file),
-                                          control=self._control_status)
+                                          control=self._control_status, bind=not self.taking_over)
                             if cfg.metrics_listen else None)
+            self.sessions = SessionBook(cfg.session_book_max, cfg.session_book_keys)
             self.server = self._build_server()
-            self.fast = self._build_fast()
+            self.fast = self._build_fast(tables)
+            if inh is not None and adoption is not None:
+                self._adopt(inh, adoption, tables is not None, time.monotonic() - t0)
         except BaseException:  # undo what was built so far, in reverse order
             metrics: MetricsServer | None = getattr(self, "metrics", None)
             if metrics is not None:
@@ -113,9 +153,53 @@ class Daemon:
             disk: DiskStore | None = getattr(self, "disk", None)
             if disk is not None:
                 disk.close()
+            if self._grpc_tmp:
+                _unlink(self._grpc_tmp)
             raise
         self._stop = threading.Event()
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)
+        self.handover = (HandoverListener(handover_socket_path(cfg.unix_socket), self, cfg.tokens_file,
+                                          cfg.handover_timeout_s, stage=stage_hook("sender"))
+                         if cfg.unix_socket else None)
+        self._background: list[threading.Thread] = []
+        self._background_stop = threading.Event()
+
+    def _inherited_index(self, inh: Inherited | None) -> tuple[dict[str, IndexTable] | None, int]:
+        """The predecessor's key index tables and incarnation, when this daemon can carry both on (a hand-over
+        with the same key_index_entries): clients then keep their arena mappings, offsets, leases and tables.
+        Else (None, 0): a new incarnation, fresh tables (clients remap, as after any restart)."""
+        if inh is None or not inh.incarnation:
+            return None, 0
+        fds, inh.index_fds = inh.index_fds, {}
+        same = (self.cfg.key_index_entries and fds and inh.index_capacity == capacity_for(self.cfg.key_index_entries))
+        if not same:
+            for fd in fds.values():
+                os.close(fd)
+            if fds or self.cfg.key_index_entries or inh.extra.get("index_entries"):
+                log.info("take-over: the shared key index differs (key_index_entries): clients remap once")
+                return None, 0
+            return None, inh.incarnation  # neither side has a key index: nothing of it to keep
+        tables: dict[str, IndexTable] = {}
+        try:
+            for domain in list(fds):
+                tables[domain] = IndexTable.adopt(fds.pop(domain), inh.index_capacity, inh.incarnation)
+        except ValueError as exc:
+            for t in tables.values():
+                t.close()
+            for fd in fds.values():
+                os.close(fd)
+            log.warning("take-over: the key index handed over is unusable (%s): clients remap once", exc)
+            return None, 0
+        return tables, inh.incarnation
+
+    def _adopt(self, inh: Inherited, adoption: tuple, tables_kept: bool, seconds: float) -> None:
+        entries, verification, _, bad_namespaces = adoption
+        slab_domain = [self.arena.domain_of_slab(s) for s in range(self.arena.layout.n_slabs)]
+        report, _ = self.engine.adopt(entries, inh.live, self.engine.lost_namespaces, slab_domain, tables_kept)
+        self.adopted_blocks = report.blocks
+        restored = self.sessions.restore(inh.sessions) if inh.sessions else 0
+        log_adoption(inh.source, report, verification, bad_namespaces, self.engine.lost_namespaces, restored,
+                     seconds, kept_incarnation=bool(tables_kept or (inh.incarnation and
+                                                                     self.info.incarnation == inh.incarnation)))
 
     def _open_disk(self, config: DiskConfig) -> DiskStore:
         """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""
@@ -133,7 +217,7 @@ class Daemon:
         cfg = self.cfg
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
-                ("grpc.so_reuseport", 0)]
+                ("grpc.so_reuseport", 1)]  # a successor binds the port while this daemon still holds it
         interceptors: list[grpc.ServerInterceptor] = []
         if self.tokens is not None:
             auth = AuthInterceptor(self.tokens)
@@ -142,17 +226,23 @@ class Daemon:
             interceptors.append(auth)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.grpc_workers,
                                                         thread_name_prefix="kvstore-rpc"), options=opts,
-                             interceptors=interceptors)
+                             interceptors=[self.gate, *interceptors])
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
                                  transfers=self.transfers, guard=self.guard, tenants=self.tenants,
-                                 sessions=SessionBook(cfg.session_book_max, cfg.session_book_keys))
+                                 sessions=self.sessions)
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
-        if cfg.unix_socket:
+        if cfg.unix_socket and self.taking_over:  # the path is the running daemon's until start() renames ours
+            self._grpc_tmp = f"{cfg.unix_socket}.{os.getpid()}.new"
+            _unlink(self._grpc_tmp)
+            server.add_insecure_port("unix:" + self._grpc_tmp)
+        elif cfg.unix_socket:
             _prepare_socket_dir(cfg.unix_socket)
             server.add_insecure_port("unix:" + cfg.unix_socket)
         if cfg.listen:
+            if not self.taking_over:  # SO_REUSEPORT (for a successor) must not hide a second daemon on the port
+                _check_port_free(cfg.listen)
             try:
                 if cfg.tls.enabled:  # mutual TLS when tls_ca is set (config/security.py checked the files)
                     server.add_secure_port(cfg.listen, cfg.tls.grpc_server_credentials())
@@ -162,7 +252,7 @@ class Daemon:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
         return server
 
-    def _build_fast(self) -> FastServer | None:
+    def _build_fast(self, tables: dict[str, IndexTable] | None = None) -> FastServer | None:
         """The same-node socket: hands local clients their arena file and answers the fast path (none without a
         unix socket: clients then stream over gRPC). With tokens, the token decides which tenant's file and which
         tenant's requests; the reload updates the table in place, and a revoked token is refused at once."""
@@ -176,7 +266,8 @@ class Daemon:
         # a key absent from RAM is absent only where RAM is the only tier: no disk tier, no peers
         self.key_index = (self.engine.attach_key_index(self.cfg.key_index_entries, self.info.incarnation,
                                                        per_tenant=self.tokens is not None,
-                                                       authoritative=self.disk is None and self.peers is None)
+                                                       authoritative=self.disk is None and self.peers is None,
+                                                       adopted=tables)
                           if self.cfg.key_index_entries else None)
         fast = FastServer(path, self.arena, self.ops, self.info.incarnation, self.cfg.max_batch_keys, tenant_of,
                           observe, spin_us=self.cfg.fast_spin_us, key_index=self.key_index)
@@ -216,18 +307,24 @@ class Daemon:
                         "bytes)", cfg.metrics_listen, shown)
 
     def start(self) -> None:
+        """Serve. A successor taking over (a live hand-over) serves on the listener it was handed and renames
+        its gRPC socket over the path; `start_late` then takes what the old process still holds (metrics port,
+        peer tier, hand-over socket) once it is gone."""
         self._warn_exposure()
         self.engine.start()
-        if self.metrics is not None:
-            self.metrics.start()
         if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
-            self.fast.start()
+            self.fast.start(listener=self.inherited.fast_listener if self.taking_over and self.inherited else None)
         self.server.start()
+        if self._grpc_tmp:
+            os.rename(self._grpc_tmp, self.cfg.unix_socket)  # atomic: a dialler finds the old daemon or this one
+            self._grpc_tmp = ""
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
-        self._sweeper.start()
-        if self.peers is not None:
-            self.peers.start()
+        self._start_background()
+        if not self.taking_over:
+            self.start_late()
+        self._store_files()
+        self.notifier.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving")
         lay = self.arena.layout
         log.info("serving node=%s unix=%s tcp=%s%s tokens=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",
                  self.cfg.node_id, self.cfg.unix_socket or "-", self.cfg.listen or "-",
@@ -237,14 +334,64 @@ class Daemon:
                  lay.data_bytes, self.arena.locked, self.cfg.policy,
                  f"{self.cfg.disk_dir}:{self.cfg.disk_bytes}" if self.disk else "off", os.getpid())
 
+    def start_late(self, predecessor_gone: bool = True) -> None:
+        """What needs the old process gone first: the metrics port, the peer tier (its data-plane port; the etcd
+        lease it handed over), this daemon's own hand-over socket."""
+        if self.metrics is not None:
+            if self.taking_over and not self.metrics.bind_when_free(5.0 if predecessor_gone else 0.5):
+                self.metrics = None
+            if self.metrics is not None:
+                self.metrics.start()
+        if self.peers is not None:
+            lease = self.inherited.peer_lease if self.taking_over and self.inherited else 0
+            self.peers.start(lease=lease)
+        if self.handover is not None:
+            try:
+                self.handover.start()
+            except (ConfigError, OSError) as exc:
+                log.warning("no hand-over socket (%s): a successor cannot take over from this daemon", exc)
+                self.handover = None
+
+    def _store_files(self) -> None:
+        """Under systemd's fd store: every memory file and the journal (and each tenant's file as it comes)."""
+        n = self.notifier
+        if not n.store_enabled:
+            return
+        n.store(JOURNAL_NAME, self.arena.journal.fd)
+        for domain, f in self.arena.files().items():
+            n.store(arena_name(self.arena.domain_index(domain)), f.fd)
+        self.arena.on_new_file.append(lambda domain, f: n.store(arena_name(self.arena.domain_index(domain)), f.fd))
+
+    def _start_background(self) -> None:
+        self._background_stop = threading.Event()
+        self._background = [threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True),
+                            threading.Thread(target=self._journal_loop, name="kvstore-journal", daemon=True)]
+        for t in self._background:
+            t.start()
+
+    def _stop_background(self) -> None:
+        self._background_stop.set()
+        for t in self._background:
+            if t.is_alive():
+                t.join(timeout=5)
+
     def _sweep_loop(self) -> None:
-        while not self._stop.wait(self.cfg.sweep_interval_s):
+        while not self._background_stop.wait(self.cfg.sweep_interval_s):
             try:
                 self.engine.sweep()
                 if self.token_watcher is not None:
                     self.token_watcher.poll()
             except Exception:  # the sweeper must outlive a bug in one pass; the log says what happened
                 log.exception("sweep failed")
+
+    def _journal_loop(self) -> None:
+        """Keep the RAM journal a second behind the catalog; under the fd store, hash what has no xxh3 too (a
+        crash then keeps every block it can check)."""
+        while not self._background_stop.wait(JOURNAL_SYNC_S):
+            try:
+                self.engine.sync_journal(self.arena.view, hash_missing=self.notifier.store_enabled)
+            except Exception:  # like the sweeper: one failed pass must not end the thread
+                log.exception("journal sync failed")
 
     def reload_tokens(self) -> None:
         """SIGHUP: re-read tokens_file at the next sweep (token_reload.py); without tokens, nothing to do."""
@@ -257,17 +404,42 @@ class Daemon:
     def wait(self) -> None:
         self._stop.wait()
 
+    def abandon(self) -> None:
+        """A successor whose take-over was aborted (the old daemon serves on): let go of the disk tier and the
+        temporary socket, touch nothing the old daemon uses, and exit."""
+        if self.disk is not None:
+            self.disk.close()
+        if self._grpc_tmp:
+            _unlink(self._grpc_tmp)
+        if self.metrics is not None:
+            self.metrics.stop()
+
+    def spawn_successor(self) -> None:
+        """SIGUSR2: start `kvstore-server <the same arguments> --take-over` beside this one; it takes over and
+        this process exits (handover/sender.py). Under systemd the successor reports MAINPID itself."""
+        args = [a for a in sys.argv[1:] if a != "--take-over"]
+        cmd = [sys.executable, "-m", "kvstore.server.main", *args, "--take-over"]
+        log.info("SIGUSR2: starting a successor to take over: %s", " ".join(cmd))
+        try:
+            subprocess.Popen(cmd, close_fds=True)
+        except OSError as exc:
+            log.error("cannot start a successor (%s): serving on", exc)
+
     def shutdown(self) -> None:
         log.info("shutting down: draining RPCs for up to %.1fs", SHUTDOWN_GRACE_S)
         self.info.status = "STOPPING"
+        self.notifier.notify("STOPPING=1")
         self._stop.set()
+        if self.handover is not None:
+            self.handover.stop()
         if self.peers is not None:
             self.peers.leave()  # hand blocks over, then leave the cluster: peers stop routing here at once
         if self.fast is not None:
             self.fast.stop()
         self.server.stop(SHUTDOWN_GRACE_S).wait()
-        if self._sweeper.is_alive():
-            self._sweeper.join(timeout=2)
+        self._stop_background()
+        if self.notifier.store_enabled:  # systemd keeps the files: a restart serves every block it can check
+            self.engine.sync_journal(self.arena.view, hash_missing=True)
         self.engine.stop()
         if self.key_index is not None:
             self.key_index.close()
@@ -299,23 +471,98 @@ def _prepare_socket_dir(path: str) -> None:
     clear_stale_socket(path, "unix socket")
 
 
+def _layout(cfg: ServerConfig) -> ArenaLayout:
+    return ArenaLayout.for_capacity(cfg.shm_name.lstrip("/"), cfg.arena_bytes, cfg.max_block_bytes)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _check_port_free(listen: str) -> None:
+    """ConfigError when another process listens on `listen` (gRPC binds with SO_REUSEPORT so that a successor
+    can bind beside this daemon: without this check a second daemon would silently share the port)."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return  # gRPC's own bind reports what is wrong with the address
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {listen}: {exc.strerror} (another kvstore-server? stop it, or start "
+                              "this one with --take-over to take its place)") from exc
+
+
+def _inherit(cfg: ServerConfig, notifier: Notifier) -> tuple[TakeOver | None, Inherited | None]:
+    """What this daemon starts from: a running daemon's hand-over (take_over), else what systemd's fd store
+    passed back, else nothing. TakeOverFailed when the running daemon serves on."""
+    layout = _layout(cfg)
+    isolated = bool(cfg.tokens_file)
+    passed = listen_fds()
+    takeover, inherited = None, None
+    if cfg.take_over:
+        wanted = Wanted(layout, isolated, cfg.key_index_entries, cfg.tokens_file, cfg.arena_lock)
+        takeover = TakeOver.connect(handover_socket_path(cfg.unix_socket), wanted, cfg.handover_timeout_s)
+        if takeover is not None:
+            inherited = takeover.receive()
+    if inherited is None and passed:
+        inherited = inherited_from_store(layout, passed, isolated=isolated, lock=cfg.arena_lock)
+    elif passed:
+        for fds in passed.values():
+            for fd in fds:
+                os.close(fd)
+    for name in passed:  # what systemd held of the previous daemon: this one stores its own (Daemon.start)
+        notifier.remove(name)
+    if inherited is not None and inherited.arena is None:
+        log.warning("starting cold: the RAM tier of the previous daemon (%s) cannot be used: %s", inherited.source,
+                    inherited.why)
+        inherited.close_unused()
+        inherited = None
+    return takeover, inherited
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
+        notifier = Notifier(cfg.fdstore)
     except ConfigError as exc:
         print(f"kvstore-server: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_level, cfg.log_format, cfg.node_id)
     os.umask(0o077)  # everything the daemon creates (socket, disk files, owners file) is owner-only
     try:
-        daemon = Daemon(cfg)
+        takeover, inherited = _inherit(cfg, notifier)
+    except TakeOverFailed as exc:
+        log.error("take-over failed: %s", exc)
+        return 1
+    try:
+        daemon = Daemon(cfg, inherited, notifier)
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: daemon.reload_tokens())
-    daemon.start()
+    signal.signal(signal.SIGUSR2, lambda *_: daemon.spawn_successor())
+    if takeover is not None and daemon.taking_over:
+        try:
+            takeover.ready(daemon.adopted_blocks)
+        except TakeOverFailed as exc:
+            log.error("take-over failed: %s", exc)
+            daemon.abandon()
+            return 1
+        daemon.start()
+        daemon.start_late(takeover.predecessor_gone(max(10.0, cfg.peer_leave_timeout_s)))
+    else:
+        daemon.start()
     daemon.wait()
     daemon.shutdown()
     return 0

@@ -63,9 +63,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -298,8 +299,9 @@ class MetricsServer:
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
                  transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None,
                  tenants: TenantUsage | None = None, labels: MetricLabels | None = None,
-                 control: Callable[[], dict[str, int]] | None = None) -> None:
-        """`control`: the same-node socket's counters (FastServer.status), read at each scrape."""
+                 control: Callable[[], dict[str, int]] | None = None, bind: bool = True) -> None:
+        """`control`: the same-node socket's counters (FastServer.status), read at each scrape. `bind` False:
+        the port is still a predecessor's (a hand-over); `bind_when_free` takes it once it is gone."""
         host, _, port = listen.rpartition(":")
         self.labels = labels if labels is not None else MetricLabels("name")
         self.registry = CollectorRegistry()
@@ -325,11 +327,34 @@ class MetricsServer:
             return metrics_app(environ, start_response)
 
         self._listen = listen
+        self._bound = False
         try:
-            self._httpd: WSGIServer = make_server(host, int(port), app, handler_class=_QuietHandler)
+            self._httpd: WSGIServer = WSGIServer((host, int(port)), _QuietHandler, bind_and_activate=False)
+            self._httpd.set_app(app)
+            if bind:
+                self._bind()
         except OSError as exc:
+            self._httpd.server_close()
             raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror}; choose another metrics_listen") from exc
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kvstore-metrics", daemon=True)
+
+    def _bind(self) -> None:
+        self._httpd.server_bind()
+        self._httpd.server_activate()
+        self._bound = True
+
+    def bind_when_free(self, timeout_s: float) -> bool:
+        """Bind once the port is free (a predecessor exiting releases it), retrying for up to timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._bind()
+                return True
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    log.warning("cannot serve metrics on %s: %s", self._listen, exc.strerror)
+                    return False
+                time.sleep(0.05)
 
     def observe(self, method: str, seconds: float) -> None:
         child = self._rpc_children.get(method)
@@ -338,6 +363,8 @@ class MetricsServer:
         child.observe(seconds)
 
     def start(self) -> None:
+        if not self._bound:
+            return
         self._thread.start()
         lab = self.labels
         log.info("metrics on %s: namespace and tenant labels = %s%s", self._listen, lab.mode,

@@ -16,11 +16,12 @@ from kvstore.fastpath.sockets import MAX_SPIN_US
 if TYPE_CHECKING:
     from kvstore.server.config.settings import ServerConfig
 
-__all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry"]
+__all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry", "check_restarts"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 ARENA_LOCKS = ("auto", "on", "off")
+FDSTORE_MODES = ("auto", "on", "off")
 MAX_KEY_INDEX_ENTRIES = 1 << 26  # a 3 GiB table per tenant: past any arena's block count
 
 
@@ -66,3 +67,12 @@ def check_arena(cfg: ServerConfig) -> None:
 def check_disk_geometry(cfg: ServerConfig) -> None:
     """A block spilled from RAM must fit in one disk segment (the rest of the geometry: DiskConfig)."""
     require(cfg.disk_segment_bytes >= cfg.max_block_bytes, "disk_segment_bytes must be at least max_block_bytes")
+
+
+def check_restarts(cfg: ServerConfig) -> None:
+    """A hand-over needs the unix socket (its hand-over socket sits beside it); bounded waits; fd store mode."""
+    require(not cfg.take_over or bool(cfg.unix_socket),
+            "take_over needs unix_socket: the running daemon is found at <unix_socket>.handover")
+    require(1.0 <= cfg.handover_timeout_s <= 3600.0,
+            f"handover_timeout_s={cfg.handover_timeout_s}: use 1..3600 seconds")
+    require(cfg.fdstore in FDSTORE_MODES, f"fdstore={cfg.fdstore!r}: use auto, on or off")

@@ -46,6 +46,7 @@ SECTIONS = {
     "security": "TLS, tokens and exposure",
     "tenancy": "Tenant quotas",
     "metrics": "Metrics",
+    "restart": "Restarts that keep the RAM tier (hand-over, systemd's fd store)",
 }
 
 
@@ -172,6 +173,19 @@ class ServerConfig:
     metrics_label_key_file: str = _s("metrics", "owner-only file with the hash labels' secret key (>= 16 bytes): "
                                      "labels stay the same across restarts and on every node sharing it; '' = a "
                                      "random key each start (labels unlinkable across restarts)", "")
+    take_over: bool = _s("restart", "start by taking over the daemon running on unix_socket: its arena memory, "
+                         "catalog, leases, sessions and listening sockets come over its hand-over socket "
+                         "(<unix_socket>.handover) and it exits; no block is copied (docs/operations.md). With no "
+                         "daemon there, start as usual; with another arena geometry or version, it stops and this "
+                         "one starts cold (the log says why). A running daemon does the same for a successor it "
+                         "starts itself on SIGUSR2", False)
+    handover_timeout_s: float = _s("restart", "the longest a hand-over waits for the other side at any step; past "
+                                   "it the running daemon keeps (or goes back to) serving. Hashing every block to "
+                                   "check it runs at several GB/s: raise it for arenas of hundreds of GiB", 60.0)
+    fdstore: str = _s("restart", "keep the arena's memory files in systemd's file descriptor store, so that a "
+                      "restart by systemd (or after a crash) serves the RAM blocks that verify: auto (when "
+                      "$NOTIFY_SOCKET is set), on (required), off. Under the store, blocks committed without an "
+                      "xxh3 are hashed in the background (a crash keeps only blocks it can check)", "auto")
     log_level: str = _s("node", "debug, info, warning, error", "info")
     log_format: str = _s("node", "text or json (one object a line)", "text")
 
@@ -270,4 +284,5 @@ class ServerConfig:
         security.check_etcd(self)
         security.check_metrics_labels(self)
         check_book_limits(self.session_book_max, self.session_book_keys)
+        rules.check_restarts(self)
         return self

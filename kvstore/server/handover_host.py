@@ -1,0 +1,147 @@
+"""The running daemon's part in a hand-over (handover/sender.py's HandoverHost), a base class of main.py's Daemon.
+
+    offer    the journal, every arena file and the key index tables, described (layout, names, incarnation)
+    prepare  while serving: every committed block's journal record written, blocks without an xxh3 hashed
+    freeze   the window opens: the same-node socket stops accepting and each connection finishes what it read
+             (handover/../fast_server.py pause), gRPC's gate refuses new calls as `restarting` and the calls in
+             flight finish (gate.py), the sweeper and journal threads stop, the disk threads finish their batch
+             and promotions (queued writes are left: the successor queues what the disk lacks), the engine is
+             frozen (no other thread may change it: a peer's push gets UNAVAILABLE), the last records are
+             written, the live state exported, the disk tier closed (its lock goes to the successor)
+    resume   the hand-over failed after the freeze: all of it undone, in reverse order (the disk tier reopened,
+             waiting for the successor to let go of its lock), and the daemon serves as before
+    commit   the successor serves: leave the etcd lease and record to it, exit at once (os._exit: nothing that
+             was handed over is closed or unlinked: the socket paths are the successor's now)
+    decline  the successor starts cold: stop as on SIGTERM (main thread), its process exit tells the successor
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from kvstore._version import __version__
+from kvstore.errors import ConfigError
+from kvstore.server.handover.codec import encode_live, encode_sessions
+from kvstore.server.handover.sender import Frozen
+
+if TYPE_CHECKING:
+    from kvstore.arena.backing import ArenaBacking
+    from kvstore.engine.engine import Engine
+    from kvstore.engine.key_mirror import KeyIndexMirror
+    from kvstore.engine.sessions import SessionBook
+    from kvstore.peer import PeerCluster
+    from kvstore.server.config import ServerConfig
+    from kvstore.server.fast_server import FastServer
+    from kvstore.server.gate import GateInterceptor
+    from kvstore.server.info import NodeInfo
+    from kvstore.tiers.disk import DiskStore
+
+__all__ = ["HandoverHostMixin"]
+
+log = logging.getLogger("kvstore.server")
+DRAIN_S = 5.0  # the longest the freeze waits for requests in flight (a get waiting on disk reads: promote_timeout)
+
+
+class HandoverHostMixin:
+    cfg: ServerConfig
+    arena: ArenaBacking
+    engine: Engine
+    key_index: KeyIndexMirror | None
+    fast: FastServer | None
+    gate: GateInterceptor
+    disk: DiskStore | None
+    peers: PeerCluster | None
+    info: NodeInfo
+    sessions: SessionBook
+
+    def _start_background(self) -> None: ...  # noqa: E704 - Daemon's: sweeper and journal threads
+    def _stop_background(self) -> None: ...  # noqa: E704
+    def request_stop(self) -> None: ...  # noqa: E704
+
+    def offer(self) -> tuple[dict[str, Any], list[int]]:
+        lay = self.arena.layout
+        names: list[list[str]] = [["journal", ""]]
+        fds = [self.arena.journal.fd]
+        for domain, f in self.arena.files().items():
+            names.append(["arena", domain])
+            fds.append(f.fd)
+        tables = self.key_index.tables() if self.key_index is not None else {}
+        for domain, t in tables.items():
+            names.append(["index", domain])
+            fds.append(t.fd)
+        body = {"version": __version__, "files": names, "incarnation": self.info.incarnation,
+                "isolated": self.arena.isolated, "index_capacity": next(iter(tables.values())).capacity if tables
+                else 0, "index_entries": self.cfg.key_index_entries,
+                "layout": {"name": lay.name, "n_slabs": lay.n_slabs, "slab_bytes": lay.slab_bytes,
+                           "page_bytes": lay.page_bytes}}
+        return body, fds
+
+    def prepare(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        written = self.engine.sync_journal(self.arena.view, hash_missing=True, everything=True)
+        log.info("hand-over: %d journal records written (%d blocks hashed so far) in %.3fs", written,
+                 self.engine.journal.hashed if self.engine.journal else 0, time.monotonic() - t0)
+        return {"records": written}
+
+    def freeze(self) -> Frozen:
+        t0 = time.monotonic()
+        self.gate.close()
+        open_conns = self.fast.pause(DRAIN_S) if self.fast is not None else 0
+        calls = self.gate.drain(DRAIN_S)
+        self._stop_background()
+        left = self.engine.stop_for_handover()
+        self.engine.freeze()
+        self.engine.freeze_journal(self.arena.view)
+        live = self.engine.export_live()
+        if self.disk is not None:
+            self.disk.close()
+        body, blobs = encode_live(live)
+        entries = self.sessions.entries()
+        out = {"live": body, "sessions": encode_sessions(entries, [self.sessions.age_s(e) for e in entries]),
+               "peer_lease": self.peers.membership.lease if self.peers is not None and self.peers.membership else 0}
+        log.info("hand-over: frozen in %.3fs (%d fast-path connections and %d gRPC calls still open, %d queued "
+                 "disk writes left to the successor)", time.monotonic() - t0, open_conns, calls, left)
+        fds = [self.fast.listener.fileno()] if self.fast is not None and self.fast.listener is not None else []
+        return out, blobs, fds
+
+    def resume(self, why: str) -> None:
+        if self.disk is not None:
+            self._reopen_disk()
+        self.engine.thaw()
+        self.engine.restart_io()
+        self._start_background()
+        self.gate.reopen()
+        if self.fast is not None:
+            self.fast.resume()
+        log.warning("hand-over failed (%s): serving again", why)
+
+    def _reopen_disk(self) -> None:
+        """The successor may still hold the disk tier's lock for a moment after its ABORT: retry for a while."""
+        assert self.disk is not None
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                self.disk.open()
+                return
+            except ConfigError as exc:
+                if time.monotonic() > deadline:
+                    log.error("the disk tier could not be reopened after the failed hand-over (%s): serving RAM "
+                              "only; restart the daemon", exc)
+                    return
+                time.sleep(0.05)
+
+    def commit(self) -> None:
+        if self.peers is not None:
+            self.peers.stop(revoke=False)  # no leave, no hand-off: the successor keeps the lease and the blocks
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def decline(self, why: str) -> None:
+        threading.Thread(target=self.request_stop, name="kvstore-decline", daemon=True).start()
