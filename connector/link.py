@@ -6,28 +6,37 @@ lazily, and after a failure stays "down" for ``retry_s`` (no RPC, no timeout pai
 again; every call returns None while down. Namespaces are registered on first use and again after a daemon
 restart (the daemon forgets them; UnknownNamespaceError triggers one re-register + retry).
 
-An UNAVAILABLE error does not always mean the daemon is gone: after a restart the client reconnects on its own,
-and only what was bound to the old connection fails (a save's spare slots went with it). So before pausing, the
-link asks the daemon for one empty round trip; if it answers, that one call is lost and the next goes through
-(pausing there cost every load and save of the next retry_s after each daemon restart).
+Restarts (a hand-over, systemd's restart, a kill -9 and a start; docs/operations.md). What the link does so that
+every request from the moment the daemon serves again gets what it holds:
+- an UNAVAILABLE call is not always a down store: after a restart the client reconnects on its own, and only
+  what met the old connection failed. So the link asks for one empty round trip; if the daemon answers, the call
+  is sent once more (its effects, if the old daemon applied any, died with it: a lease or reservation of a
+  daemon that restarted is unknown to the new one) instead of being dropped, and the store is not paused;
+- a save whose spare slots went with their connection (SlotsLostError) is a lost save, never a pause;
+- while paused, each call checks (at most every PROBE_S) whether the daemon's socket accepts again, and
+  connects at once when it does, instead of waiting out `retry_s` (which remains the pause when a connect fails:
+  a socket that accepts but a daemon that does not answer yet).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore.client import Client
+from kvstore.client.slot_bank import SlotsLostError
 from kvstore.errors import KVStoreError, StoreUnavailableError, UnknownNamespaceError
 from kvstore.paths import default_address
 
-__all__ = ["StoreLink"]
+__all__ = ["StoreLink", "PROBE_S"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PROBE_S = 0.05  # while paused, how often a call checks whether the daemon's socket accepts again
 
 
 class StoreLink:
@@ -51,15 +60,19 @@ class StoreLink:
         self._registered: set[str] = set()
         self._lock = threading.Lock()
         self._tenant: str | None = None
+        self._next_probe = 0.0
         self.failures = 0
+        self.retried = 0  # calls sent again after meeting a restarted daemon's old connection
 
     @property
     def client(self) -> Client | None:
-        """The connected client, connecting if the retry pause is over; None while the store is down."""
+        """The connected client, connecting if the retry pause is over or the daemon's socket accepts again;
+        None while the store is down."""
         with self._lock:
             if self._client is not None:
                 return self._client
-            if time.monotonic() < self._down_until:
+            now = time.monotonic()
+            if now < self._down_until and not self._back(now):
                 return None
             try:
                 self._client = self._factory()
@@ -100,6 +113,14 @@ class StoreLink:
         traced further)."""
         return self._tenant
 
+    def _back(self, now: float) -> bool:
+        """Under the lock, while paused: whether the daemon's socket accepts a connection now (a restarted
+        daemon serves again), checked at most every PROBE_S."""
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_S
+        return _accepts(self.address, min(self.timeout_s, 0.05))
+
     def _mark_down_locked(self, exc: BaseException, quiet: bool = False) -> None:
         self.failures += 1
         if not quiet and (self._down_until == 0.0 or self._client is not None):
@@ -131,16 +152,36 @@ class StoreLink:
                 for name in names:
                     self._ensure(c, name)
                 return fn(c)
+        except SlotsLostError as exc:  # a lost save, not a down store
+            self.failures += 1
+            log.info("kvstore save lost with its connection: %s", exc)
+            return None
         except KVStoreError as exc:
-            if exc.grpc_code == "UNAVAILABLE" and not _answers(c):
-                self.mark_down(exc)
-            else:
+            if exc.grpc_code != "UNAVAILABLE":
                 self.failures += 1
                 log.warning("kvstore call failed: %s", exc)
-            return None
+                return None
+            if not _answers(c):
+                self.mark_down(exc)
+                return None
+            return self._again(c, names, fn, exc)
         except Exception:  # noqa: BLE001 - nothing from the store may escape into vLLM's scheduler or worker
             self.failures += 1
             log.exception("kvstore call failed unexpectedly")
+            return None
+
+    def _again(self, c: Client, names: list[str], fn: Callable[[Client], T], first: KVStoreError) -> T | None:
+        """The call met the old connection of a daemon that answers now: once more (namespaces registered again:
+        a daemon that restarted cold forgot them)."""
+        self.retried += 1
+        self._registered.difference_update(names)
+        try:
+            for name in names:
+                self._ensure(c, name)
+            return fn(c)
+        except KVStoreError as exc:
+            self.failures += 1
+            log.warning("kvstore call failed (%s), and again after the daemon answered: %s", first, exc)
             return None
 
     def _ensure(self, c: Client, namespace: str) -> None:
@@ -160,6 +201,22 @@ def _reason(exc: StoreUnavailableError) -> str:
     text = str(exc)
     start = text.find(" unavailable (")
     return text[start + len(" unavailable ("):text.rfind("); is kvstore-server")] if start >= 0 else text
+
+
+def _accepts(address: str, timeout_s: float) -> bool:
+    """Whether the daemon's socket accepts a connection (no request sent): a unix socket path, or host:port."""
+    path = address[len("unix:"):] if address.startswith("unix:") else address
+    try:
+        if path.startswith("/"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
+                s.connect(path)
+            return True
+        host, _, port = path.rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _answers(c: Client) -> bool:

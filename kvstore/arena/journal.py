@@ -103,6 +103,7 @@ class JournalEntries:
     eids: np.ndarray
     records: np.ndarray  # ENTRY_DTYPE, one per eid
     bad_headers: int
+    bad_eids: np.ndarray | None = None  # the live records whose header failed (a successor clears them)
 
     def keys(self) -> list[bytes]:
         """Each record's key (raw bytes: trailing zero bytes are part of a key)."""
@@ -208,7 +209,7 @@ class RamJournal:
         ok = record_hash(rec) == rec["hash"]
         ok &= rec["keylen"] <= MAX_KEY
         ok &= rec["keylen"] > 0
-        return JournalEntries(live[ok], rec[ok], int((~ok).sum()))
+        return JournalEntries(live[ok], rec[ok], int((~ok).sum()), live[~ok])
 
     # -- namespaces and domains ---------------------------------------------------------------------------
     def set_namespace(self, ns_id: int, description: dict[str, object]) -> None:

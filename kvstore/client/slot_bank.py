@@ -33,7 +33,13 @@ from kvstore.errors import KVStoreError, StoreUnavailableError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
 
-__all__ = ["SlotBank", "Taken"]
+__all__ = ["SlotBank", "Taken", "SlotsLostError"]
+
+
+class SlotsLostError(StoreUnavailableError):
+    """A Store found its spare slots gone with their connection (the daemon restarted, or handed over to a
+    successor): that save is lost, a future miss. Not a sign that the store is down: the next request dials
+    a new connection (the vLLM connector does not pause for it, connector/link.py)."""
 
 
 @dataclass(frozen=True)
@@ -126,18 +132,18 @@ class SlotBank:
         with self._wire:
             c = self._conn
             if c is None or c.dead or taken.epoch != self._epoch:
-                raise StoreUnavailableError("the spare slots' connection closed (the daemon restarted?): their "
+                raise SlotsLostError("the spare slots' connection closed (the daemon restarted?): their "
                                             "blocks were not stored")
             try:
                 reply = self._channel.call_on(c, fp.STORE, body)
-            except StoreUnavailableError:
+            except StoreUnavailableError as exc:
                 with self._lock:
                     self._new_epoch()
-                raise
+                raise SlotsLostError(f"the spare slots' connection broke during the Store: {exc}") from exc
         if reply is None:
             with self._lock:
                 self._new_epoch()
-            raise StoreUnavailableError("the spare slots' connection closed before the Store: nothing stored")
+            raise SlotsLostError("the spare slots' connection closed before the Store: nothing stored")
         stored, outcomes, refill = decoded_reply(sb.decode_store_reply, reply)
         with self._lock:
             if taken.epoch == self._epoch:

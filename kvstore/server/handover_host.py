@@ -24,6 +24,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from kvstore._version import __version__
 from kvstore.errors import ConfigError
 from kvstore.server.handover.codec import encode_live, encode_sessions
@@ -45,6 +47,7 @@ __all__ = ["HandoverHostMixin"]
 
 log = logging.getLogger("kvstore.server")
 DRAIN_S = 5.0  # the longest the freeze waits for requests in flight (a get waiting on disk reads: promote_timeout)
+COMMIT_GRACE_S = 0.5  # after the successor serves, how long gRPC calls still on this process's connections get
 
 
 class HandoverHostMixin:
@@ -56,6 +59,7 @@ class HandoverHostMixin:
     gate: GateInterceptor
     disk: DiskStore | None
     peers: PeerCluster | None
+    server: grpc.Server
     info: NodeInfo
     sessions: SessionBook
 
@@ -138,6 +142,9 @@ class HandoverHostMixin:
     def commit(self) -> None:
         if self.peers is not None:
             self.peers.stop(revoke=False)  # no leave, no hand-off: the successor keeps the lease and the blocks
+        # GOAWAY on every gRPC connection: clients open new ones, to the successor (the path is its now; ours,
+        # bound under another name, is what grpc unlinks); calls meanwhile meet the closed gate and retry
+        self.server.stop(COMMIT_GRACE_S).wait(COMMIT_GRACE_S + 1)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

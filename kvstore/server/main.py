@@ -106,7 +106,7 @@ class Daemon(HandoverHostMixin):
         self.transfers = TransferMeter()  # data-plane bytes and timings: disk I/O and the service feed it
         self.key_index: KeyIndexMirror | None = None  # the shared key index (_build_fast): same-node clients only
         self.gate = GateInterceptor()  # closed by a hand-over's freeze (gate.py)
-        self._grpc_tmp = ""  # a successor's gRPC unix socket until it renames it over unix_socket
+        self._grpc_tmp = ""  # the gRPC unix socket under its own name, until start() renames it over unix_socket
         self.adopted_blocks = 0
         try:
             t0 = time.monotonic()
@@ -233,16 +233,27 @@ class Daemon(HandoverHostMixin):
                                  sessions=self.sessions)
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
-        if cfg.unix_socket and self.taking_over:  # the path is the running daemon's until start() renames ours
+        if cfg.unix_socket and not self.taking_over:
+            _prepare_socket_dir(cfg.unix_socket)  # refuses a socket a running daemon answers on
+        if cfg.listen and not self.taking_over:  # SO_REUSEPORT (for a successor) must not hide a second daemon
+            _check_port_free(cfg.listen)
+        return server
+
+    def _add_ports(self) -> None:
+        """Bind gRPC's listeners now, right before the server starts: bound earlier, a socket accepts connections
+        that wait unanswered while the daemon recovers its disk tier or adopts its arena, and a client that
+        dialled then waits out its timeout instead of finding the daemon not there yet.
+
+        The unix socket is bound at a path of this process's own and renamed over unix_socket by start(): gRPC
+        unlinks the path it bound when it stops, and after a hand-over unix_socket is the successor's."""
+        cfg, server = self.cfg, self.server
+        if cfg.unix_socket:
+            if not self.taking_over:
+                _prepare_socket_dir(cfg.unix_socket)
             self._grpc_tmp = f"{cfg.unix_socket}.{os.getpid()}.new"
             _unlink(self._grpc_tmp)
             server.add_insecure_port("unix:" + self._grpc_tmp)
-        elif cfg.unix_socket:
-            _prepare_socket_dir(cfg.unix_socket)
-            server.add_insecure_port("unix:" + cfg.unix_socket)
         if cfg.listen:
-            if not self.taking_over:  # SO_REUSEPORT (for a successor) must not hide a second daemon on the port
-                _check_port_free(cfg.listen)
             try:
                 if cfg.tls.enabled:  # mutual TLS when tls_ca is set (config/security.py checked the files)
                     server.add_secure_port(cfg.listen, cfg.tls.grpc_server_credentials())
@@ -250,7 +261,6 @@ class Daemon(HandoverHostMixin):
                     server.add_insecure_port(cfg.listen)
             except RuntimeError as exc:
                 raise ConfigError(f"cannot listen on {cfg.listen}: address in use or not local ({exc})") from exc
-        return server
 
     def _build_fast(self, tables: dict[str, IndexTable] | None = None) -> FastServer | None:
         """The same-node socket: hands local clients their arena file and answers the fast path (none without a
@@ -314,6 +324,7 @@ class Daemon(HandoverHostMixin):
         self.engine.start()
         if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
             self.fast.start(listener=self.inherited.fast_listener if self.taking_over and self.inherited else None)
+        self._add_ports()
         self.server.start()
         if self._grpc_tmp:
             os.rename(self._grpc_tmp, self.cfg.unix_socket)  # atomic: a dialler finds the old daemon or this one
@@ -548,6 +559,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
+    try:
+        return _run(daemon, takeover, cfg)
+    except ConfigError as exc:  # a listener that could not be bound at start
+        log.error("%s", exc)
+        daemon.shutdown()
+        return 2
+
+
+def _run(daemon: Daemon, takeover: TakeOver | None, cfg: ServerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: daemon.reload_tokens())
@@ -560,6 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             daemon.abandon()
             return 1
         daemon.start()
+        takeover.serving()
         daemon.start_late(takeover.predecessor_gone(max(10.0, cfg.peer_leave_timeout_s)))
     else:
         daemon.start()

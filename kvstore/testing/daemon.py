@@ -148,6 +148,29 @@ class DaemonProcess:
                     raise RuntimeError(f"kvstore-server not ready after {timeout_s}s:\n{self.log()}") from None
                 time.sleep(0.05)
 
+    def successor(self, env: dict[str, str] | None = None, extra_args: Sequence[str] = (),
+                  wait: bool = True, timeout_s: float = 60.0) -> DaemonProcess:
+        """A second process started beside this one with the same options and `--take-over` (a hand-over
+        restart): the returned object shares this one's paths and ports and logs to `successor-N.log`. With
+        `wait`, returns once this process has exited and the successor answers (RuntimeError otherwise)."""
+        twin = DaemonProcess.__new__(DaemonProcess)
+        twin.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("proc", "_log", "_tmp")})
+        twin._tmp = None  # the original owns the directory
+        n = sum(1 for f in os.listdir(self.workdir) if f.startswith("successor-"))
+        twin.log_path = os.path.join(self.workdir, f"successor-{n}.log")
+        twin.args = [a for a in self.args if a != "--take-over"] + list(extra_args) + ["--take-over"]
+        twin.env = {**self.env, **(env or {})}
+        twin._log = open(twin.log_path, "ab")
+        twin.proc = subprocess.Popen(twin.args, stdout=twin._log, stderr=subprocess.STDOUT, env=twin.env)
+        if wait:
+            deadline = time.monotonic() + timeout_s
+            while self.proc is not None and self.proc.poll() is None:
+                if twin.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"hand-over did not finish:\n{self.log()}\n--- successor:\n{twin.log()}")
+                time.sleep(0.02)
+            twin._wait_ready(max(1.0, deadline - time.monotonic()))
+        return twin
+
     def log(self) -> str:
         try:
             with open(self.log_path, encoding="utf-8", errors="replace") as fh:

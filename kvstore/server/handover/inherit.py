@@ -113,6 +113,8 @@ def verified_entries(arena: ArenaBacking, known: dict[int, Fingerprint] | None =
                              rec["checksum"].astype(np.uint64), rec["serial"].astype(np.int64))
     if owner:
         journal.clear_entries(scan.eids[~v.ok])
+        if scan.bad_eids is not None:
+            journal.clear_entries(scan.bad_eids)
     namespaces, bad = journal.namespaces(journal.namespace_ids_written())
     return entries, v, namespaces, bad
 

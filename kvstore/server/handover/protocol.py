@@ -24,7 +24,8 @@ The conversation (sender = the running daemon, receiver = its successor)::
                                   <------- FROZEN {live state} + the same-node socket's listener
     READY {blocks}                ------->                      (adopted and verified again: ready to serve)
                                   <------- COMMIT | ABORT
-    (serves)                               (exits without closing what it handed over)
+    SERVING                       ------->                      (its sockets are the paths' now)
+                                           (exits without closing what it handed over)
 
 Either side may send ERROR {why} instead of its next message; an EOF anywhere means the other side is gone.
 HELLO, CHALLENGE, PROOF, DECLINE and ERROR keep their shape in every format (PROLOGUE): a successor of another
@@ -54,10 +55,10 @@ _DTYPES = {"<u8", "<i8", "<u4", "|u1", "<f8"}
 
 
 class Kind:
-    HELLO, CHALLENGE, PROOF, OFFER, ACCEPT, DECLINE, PREPARED, VERIFIED, FROZEN, READY, COMMIT, ABORT, ERROR = (
-        range(1, 14))
+    HELLO, CHALLENGE, PROOF, OFFER, ACCEPT, DECLINE, PREPARED, VERIFIED, FROZEN, READY, COMMIT, ABORT, ERROR, \
+        SERVING = range(1, 15)
     NAMES = {1: "HELLO", 2: "CHALLENGE", 3: "PROOF", 4: "OFFER", 5: "ACCEPT", 6: "DECLINE", 7: "PREPARED",
-             8: "VERIFIED", 9: "FROZEN", 10: "READY", 11: "COMMIT", 12: "ABORT", 13: "ERROR"}
+             8: "VERIFIED", 9: "FROZEN", 10: "READY", 11: "COMMIT", 12: "ABORT", 13: "ERROR", 14: "SERVING"}
 
 
 # read in any format: a daemon and a successor of another version still authenticate each other and agree to

@@ -197,6 +197,13 @@ class TakeOver:
             raise TakeOverFailed(f"the running daemon kept serving: {exc}") from exc
         self._stage("committed")
 
+    def serving(self) -> None:
+        """This daemon serves on the paths now: the old one may exit."""
+        try:
+            hp.send(self._sock, Kind.SERVING, {})
+        except HandoverError:
+            pass
+
     def predecessor_gone(self, timeout_s: float) -> bool:
         """Wait until the old process has exited (its end of the connection closes); False after timeout_s."""
         self._sock.settimeout(timeout_s)

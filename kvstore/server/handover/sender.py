@@ -12,7 +12,8 @@ of the daemon and runs one session at a time on its own thread. A session (proto
     4. `prepare` while still serving (every journal record written, every block hashed), then the successor
        verifies them, still outside the window;
     5. `freeze`: no more requests; what is in flight finishes; the live state goes in FROZEN;
-    6. READY from the successor: COMMIT, and `commit` (the host exits without closing what it handed over).
+    6. READY from the successor: COMMIT; once it says SERVING (its sockets are the paths' now), `commit`: the
+       host exits without closing what it handed over.
        Anything else from step 5 on (an error, EOF, a timeout of `timeout_s` on any message): ABORT, and
        `resume`: the daemon serves on as before. Before step 5, the daemon never stopped serving.
 
@@ -174,6 +175,10 @@ class HandoverListener:
             self._abort(conn, f"the successor went away before the commit ({exc})")
             return
         self._stage("committed")
+        try:  # until then new gRPC connections still reach this process (its gate says: retry)
+            hp.expect(hp.recv(conn), Kind.SERVING)
+        except HandoverError as exc:
+            log.warning("hand-over: no SERVING from pid %d after the commit (%s); exiting anyway", pid, exc)
         log.info("hand-over: pid %d serves now; this daemon exits", pid)
         self._host.commit()
 
