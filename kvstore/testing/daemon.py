@@ -122,10 +122,14 @@ class DaemonProcess:
     def tcp_address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> DaemonProcess:
-        """Start and wait for Health; on any failure the process is stopped before the error propagates."""
+    def start(self, timeout_s: float = 20.0, launcher: Any = None) -> DaemonProcess:
+        """Start and wait for Health; on any failure the process is stopped before the error propagates.
+        `launcher(args, env, log)` -> Popen starts the process instead (kvstore.testing.systemd.FakeSystemd)."""
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        if launcher is not None:
+            self.proc = launcher(self.args, self.env, self._log)
+        else:
+            self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         try:
             return self._wait_ready(timeout_s)
         except BaseException:
