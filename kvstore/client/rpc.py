@@ -83,7 +83,11 @@ class Rpc:
         self.address = address
         self.timeout_s = timeout_s
         opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
+                ("grpc.max_send_message_length", max_message_bytes),
+                # a daemon that restarts (a hand-over, systemd) is back within a second: dial again after
+                # 50 ms, not grpc's default of a second or more, so the first calls after it serves get it
+                ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                ("grpc.max_reconnect_backoff_ms", 2000)]
         token_file = token_file if token_file is not None else os.environ.get("KVSTORE_TOKEN_FILE", "")
         token = read_client_token(token_file) if token_file else ""
         self.token = token  # also presented to the arena socket (kvstore/server/fast_server.py)

@@ -13,6 +13,7 @@ stream ends when the old process exits, and it subscribes again.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import grpc
 
 __all__ = ["GateInterceptor", "RESTARTING"]
 
+log = logging.getLogger(__name__)
 RESTARTING = "restarting"  # the kvstore-reason of a call refused by a closed gate (never run: safe to retry)
 
 
@@ -30,11 +32,13 @@ class GateInterceptor(grpc.ServerInterceptor):
         self._open = True
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._logged = False
         self.refused = 0
 
     def close(self) -> None:
         with self._cond:
             self._open = False
+            self._logged = False
 
     def reopen(self) -> None:
         with self._cond:
@@ -54,6 +58,9 @@ class GateInterceptor(grpc.ServerInterceptor):
                 self._in_flight += 1
                 return
             self.refused += 1
+            first, self._logged = not self._logged, True
+        if first:
+            log.info("gRPC calls refused as `restarting` during the hand-over's window (clients send them again)")
         context.set_trailing_metadata((("kvstore-reason", RESTARTING),))
         context.abort(grpc.StatusCode.UNAVAILABLE, "kvstore-server is handing over to its successor; retry")
 
