@@ -188,7 +188,11 @@ def test_systemd_unit_matches_the_example_config() -> None:
     config_path = argv[argv.index("--config") + 1]
     assert config_path == "/etc/kvstore/kvstore.toml"
     assert (svc["Type"], svc["Restart"], svc["KillSignal"], svc["LimitMEMLOCK"]) == (
-        "simple", "on-failure", "SIGTERM", "infinity")
+        "notify", "on-failure", "SIGTERM", "infinity")
+    # a reload is a hand-over (SIGUSR2): the successor reports itself as the main process; the fd store holds
+    # the journal and one arena file per tenant
+    assert svc["ExecReload"] == "/bin/kill -USR2 $MAINPID" and svc["NotifyAccess"] == "all"
+    assert int(svc["FileDescriptorStoreMax"]) >= 2
     assert svc["User"] not in ("", "root") and float(svc["TimeoutStopSec"]) > SHUTDOWN_GRACE_S + 10
     cfg = load_config(["--config", str(EXAMPLE_TOML)], {})
     assert os.path.dirname(cfg.unix_socket) == "/run/" + svc["RuntimeDirectory"]
@@ -239,7 +243,12 @@ def test_daemonset_agrees_with_its_configmap(tmp_path: Path) -> None:
 
     assert ds["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     spec = pod["spec"]
-    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    named = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    assert not c.get("ports")  # with hostNetwork a declared port is a host port: the surge pod could not start
+    assert (env["KVSTORE_TAKE_OVER"], env["KVSTORE_HANDOVER_LINGER"]) == ("true", "true")
+    assert cfg.take_over and cfg.handover_linger
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)  # the new pod beside the old: a hand-over
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = c[probe]["httpGet"]
         assert get["path"] == "/healthz" and named.get(get["port"], get["port"]) == port, probe

@@ -194,3 +194,29 @@ def test_the_disk_tier_carries_on_and_ram_hits_stay_in_ram(tmp_path) -> None:
         finally:
             c.close()
             s.close()
+
+
+def test_with_handover_linger_the_old_process_waits_for_sigterm_holding_nothing() -> None:
+    # a Kubernetes DaemonSet restarts a container that exits: the old daemon stays, serving nothing, and the
+    # successor still gets every port (metrics, hand-over socket) once the old one let go of them
+    with DaemonProcess(arena_bytes="32MiB", max_block_bytes="1MiB", handover_linger=True) as d:
+        c = d.client()
+        keys, values = _fill(c, 10)
+        s = d.successor(wait=False)
+        assert d.proc is not None and s.proc is not None
+        wait_until(lambda: "waiting for SIGTERM (handover_linger)" in d.log(), 60, what="the old daemon lingering")
+        s._wait_ready(30)  # noqa: SLF001
+        try:
+            assert d.proc.poll() is None and _pid(c) == s.proc.pid
+            assert c.get_many(NS, keys) == values
+            wait_until(lambda: "metrics on" in s.log(), 20, what="the successor's metrics port")
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(30) == 0
+            s2 = s.successor(wait=False)  # the successor took the hand-over socket too: it can hand over in turn
+            wait_until(lambda: "waiting for SIGTERM (handover_linger)" in s.log(), 60, what="the first successor")
+            s2._wait_ready(30)  # noqa: SLF001
+            assert _pid(c) == s2.proc.pid and c.get_many(NS, keys) == values  # type: ignore[union-attr]
+            s2.close()
+        finally:
+            c.close()
+            s.close()

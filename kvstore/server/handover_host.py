@@ -11,7 +11,9 @@
     resume   the hand-over failed after the freeze: all of it undone, in reverse order (the disk tier reopened,
              waiting for the successor to let go of its lock), and the daemon serves as before
     commit   the successor serves: leave the etcd lease and record to it, exit at once (os._exit: nothing that
-             was handed over is closed or unlinked: the socket paths are the successor's now)
+             was handed over is closed or unlinked: the socket paths are the successor's now); with
+             handover_linger, stay alive holding nothing until SIGTERM instead (a supervisor that restarts an
+             exited process, Kubernetes, would otherwise start a second successor)
     decline  the successor starts cold: stop as on SIGTERM (main thread), its process exit tells the successor
 """
 
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from kvstore.server.fast_server import FastServer
     from kvstore.server.gate import GateInterceptor
     from kvstore.server.info import NodeInfo
+    from kvstore.server.metrics import MetricsServer
     from kvstore.tiers.disk import DiskStore
 
 __all__ = ["HandoverHostMixin"]
@@ -62,6 +65,8 @@ class HandoverHostMixin:
     server: grpc.Server
     info: NodeInfo
     sessions: SessionBook
+    lingering: bool
+    metrics: MetricsServer | None
 
     def _start_background(self) -> None: ...  # noqa: E704 - Daemon's: sweeper and journal threads
     def _stop_background(self) -> None: ...  # noqa: E704
@@ -145,6 +150,13 @@ class HandoverHostMixin:
         # GOAWAY on every gRPC connection: clients open new ones, to the successor (the path is its now; ours,
         # bound under another name, is what grpc unlinks); calls meanwhile meet the closed gate and retry
         self.server.stop(COMMIT_GRACE_S).wait(COMMIT_GRACE_S + 1)
+        if self.metrics is not None:  # its port is the successor's next
+            self.metrics.stop()
+        if self.cfg.handover_linger:  # a supervisor would restart an exited process: stay, holding nothing
+            self.lingering = True
+            self.arena.destroy(unmap=True)
+            log.info("handed over: holding nothing, waiting for SIGTERM (handover_linger)")
+            return
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

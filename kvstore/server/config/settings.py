@@ -182,6 +182,9 @@ class ServerConfig:
     handover_timeout_s: float = _s("restart", "the longest a hand-over waits for the other side at any step; past "
                                    "it the running daemon keeps (or goes back to) serving. Hashing every block to "
                                    "check it runs at several GB/s: raise it for arenas of hundreds of GiB", 60.0)
+    handover_linger: bool = _s("restart", "after handing over, stay alive (holding nothing, serving nothing) until "
+                               "SIGTERM instead of exiting: for supervisors that restart a process that exits, such "
+                               "as a Kubernetes DaemonSet's surge update (deploy/kubernetes)", False)
     fdstore: str = _s("restart", "keep the arena's memory files in systemd's file descriptor store, so that a "
                       "restart by systemd (or after a crash) serves the RAM blocks that verify: auto (when "
                       "$NOTIFY_SOCKET is set), on (required), off. Under the store, blocks committed without an "

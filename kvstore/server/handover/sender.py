@@ -180,6 +180,9 @@ class HandoverListener:
         except HandoverError as exc:
             log.warning("hand-over: no SERVING from pid %d after the commit (%s); exiting anyway", pid, exc)
         log.info("hand-over: pid %d serves now; this daemon exits", pid)
+        self._stop.set()  # no session after this one: the successor listens on the path next
+        if self._sock is not None:
+            self._sock.close()
         self._host.commit()
 
     def _abort(self, conn: socket.socket, why: str) -> None:
