@@ -18,6 +18,8 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     hybrid_rig.py        its rig: vLLM's hybrid block tables, one namespace per KV cache group
     remote.py            `python -m bench.remote`: the peer tier against loopback sockets between processes
     remote_limit.py      its limit: one loopback connection between two processes, two ways to drive it
+    restart.py           `python -m bench.restart`: a loaded daemon restarted cold, disk-warm and by hand-over: outage, first hit, RAM kept
+    restart_vllm.py      bench.restart's vLLM part: the load's TTFT through vLLM across each restart
     mooncake/            its comparison: Mooncake Store's remote get (venv setup, CUDA stub, namespace rig)
     cluster/             `python -m bench.cluster`: N daemons on etcd against one node, through membership churn
     gpu_check.py         `python -m bench.gpu_check`: the connector's CUDA path on an NVIDIA GPU

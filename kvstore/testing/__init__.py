@@ -9,6 +9,7 @@ project (a connector, a deployment check) can start a real daemon the same way.
                    on top of FaultyIO (kvstore/tiers/disk/io.py), which makes chosen calls fail
     fuzz.py        random and malformed requests for every RPC and frames for the peer data port
     fuzz_fast.py   random and malformed frames for the same-node fast path
+    systemd.py     FakeSystemd: sd_notify with the fd store, and the descriptors passed at the next start
 
 Only daemon.py's and etcd.py's names are re-exported here (`from kvstore.testing import DaemonProcess`): they
 need nothing beyond the client. gated_io (the disk tier) and the fuzzers (the proto descriptors, hypothesis-
