@@ -23,4 +23,6 @@
     handover_host.py   the running daemon's part in a hand-over: offer, prepare, freeze, resume, commit, decline
     gate.py            gRPC's front door during a hand-over: calls in flight finish, new ones retry at the successor
     restart_log.py     the log line of a restart that kept the RAM tier: adopted, dropped and why
+    background.py      the background threads: the sweeper and the RAM journal's writer
+    listeners.py       state directories and sockets checked before anything exists; exposure warnings
 """

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -31,7 +32,9 @@ import grpc
 from kvstore._version import __version__
 from kvstore.errors import ConfigError
 from kvstore.server.handover.codec import encode_live, encode_sessions
+from kvstore.server.handover.fdstore import JOURNAL_NAME, arena_name
 from kvstore.server.handover.sender import Frozen
+from kvstore.server.listeners import unlink_quietly
 
 if TYPE_CHECKING:
     from kvstore.arena.backing import ArenaBacking
@@ -42,6 +45,10 @@ if TYPE_CHECKING:
     from kvstore.server.config import ServerConfig
     from kvstore.server.fast_server import FastServer
     from kvstore.server.gate import GateInterceptor
+    from kvstore.server.background import Background
+    from kvstore.server.handover.fdstore import Notifier
+    from kvstore.server.handover.inherit import Inherited
+    from kvstore.server.handover.sender import HandoverListener
     from kvstore.server.info import NodeInfo
     from kvstore.server.metrics import MetricsServer
     from kvstore.tiers.disk import DiskStore
@@ -67,9 +74,13 @@ class HandoverHostMixin:
     sessions: SessionBook
     lingering: bool
     metrics: MetricsServer | None
+    taking_over: bool
+    background: Background
+    inherited: Inherited | None
+    handover: HandoverListener | None
+    notifier: Notifier
+    _grpc_tmp: str
 
-    def _start_background(self) -> None: ...  # noqa: E704 - Daemon's: sweeper and journal threads
-    def _stop_background(self) -> None: ...  # noqa: E704
     def request_stop(self) -> None: ...  # noqa: E704
 
     def offer(self) -> tuple[dict[str, Any], list[int]]:
@@ -102,7 +113,7 @@ class HandoverHostMixin:
         self.gate.close()
         open_conns = self.fast.pause(DRAIN_S) if self.fast is not None else 0
         calls = self.gate.drain(DRAIN_S)
-        self._stop_background()
+        self.background.stop()
         left = self.engine.stop_for_handover()
         self.engine.freeze()
         self.engine.freeze_journal(self.arena.view)
@@ -123,7 +134,7 @@ class HandoverHostMixin:
             self._reopen_disk()
         self.engine.thaw()
         self.engine.restart_io()
-        self._start_background()
+        self.background.start()
         self.gate.reopen()
         if self.fast is not None:
             self.fast.resume()
@@ -164,3 +175,53 @@ class HandoverHostMixin:
 
     def decline(self, why: str) -> None:
         threading.Thread(target=self.request_stop, name="kvstore-decline", daemon=True).start()
+
+    # -- the successor's side, and the ways a restart starts -----------------------------------------------
+    def start_late(self, predecessor_gone: bool = True) -> None:
+        """What needs the old process gone first: the metrics port, the peer tier (its data-plane port; the etcd
+        lease it handed over), this daemon's own hand-over socket."""
+        if self.metrics is not None:
+            if self.taking_over and not self.metrics.bind_when_free(5.0 if predecessor_gone else 0.5):
+                self.metrics = None
+            if self.metrics is not None:
+                self.metrics.start()
+        if self.peers is not None:
+            lease = self.inherited.peer_lease if self.taking_over and self.inherited else 0
+            self.peers.start(lease=lease)
+        if self.handover is not None:
+            try:
+                self.handover.start()
+            except (ConfigError, OSError) as exc:
+                log.warning("no hand-over socket (%s): a successor cannot take over from this daemon", exc)
+                self.handover = None
+
+    def _store_files(self) -> None:
+        """Under systemd's fd store: every memory file and the journal (and each tenant's file as it comes)."""
+        n = self.notifier
+        if not n.store_enabled:
+            return
+        n.store(JOURNAL_NAME, self.arena.journal.fd)
+        for domain, f in self.arena.files().items():
+            n.store(arena_name(self.arena.domain_index(domain)), f.fd)
+        self.arena.on_new_file.append(lambda domain, f: n.store(arena_name(self.arena.domain_index(domain)), f.fd))
+
+    def abandon(self) -> None:
+        """A successor whose take-over was aborted (the old daemon serves on): let go of the disk tier and the
+        temporary socket, touch nothing the old daemon uses, and exit."""
+        if self.disk is not None:
+            self.disk.close()
+        if self._grpc_tmp:
+            unlink_quietly(self._grpc_tmp)
+        if self.metrics is not None:
+            self.metrics.stop()
+
+    def spawn_successor(self) -> None:
+        """SIGUSR2: start `kvstore-server <the same arguments> --take-over` beside this one; it takes over and
+        this process exits (handover/sender.py). Under systemd the successor reports MAINPID itself."""
+        args = [a for a in sys.argv[1:] if a != "--take-over"]
+        cmd = [sys.executable, "-m", "kvstore.server.main", *args, "--take-over"]
+        log.info("SIGUSR2: starting a successor to take over: %s", " ".join(cmd))
+        try:
+            subprocess.Popen(cmd, close_fds=True)
+        except OSError as exc:
+            log.error("cannot start a successor (%s): serving on", exc)

@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -38,37 +36,38 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.arena import vm
 from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.backing import ArenaBacking
-from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.engine import Engine
 from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.errors import ConfigError
-from kvstore.fastpath.key_index import IndexTable, capacity_for
+from kvstore.fastpath.key_index import IndexTable
 from kvstore.server.gate import GateInterceptor
-from kvstore.server.handover.fdstore import JOURNAL_NAME, Notifier, arena_name, inherited_from_store, listen_fds
+from kvstore.server.handover.fdstore import Notifier
 from kvstore.server.handover.holds import stage_hook
-from kvstore.server.handover.inherit import Inherited, verified_entries
+from kvstore.server.handover.inherit import Inherited, carried_index, verified_entries
+from kvstore.server.handover.start import arena_layout, inherit
+from kvstore.server.background import Background
+from kvstore.server.listeners import (check_port_free, check_state_dirs, prepare_socket_dir, unlink_quietly,
+                                      warn_exposure)
 from kvstore.server.handover.protocol import handover_socket_path
-from kvstore.server.handover.receiver import TakeOver, TakeOverFailed, Wanted
+from kvstore.server.handover.receiver import TakeOver, TakeOverFailed
 from kvstore.server.handover.sender import HandoverListener
 from kvstore.server.handover_host import HandoverHostMixin
 from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
 from kvstore.server.config import ServerConfig, load_config
-from kvstore.server.config.security import unused_peer_settings
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
-from kvstore.fastpath.sockets import clear_stale_socket
 from kvstore.server.fast_server import FastServer, fast_socket_path
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.sessions import SessionBook
 from kvstore.server.restart_log import log_adoption
-from kvstore.security import TokenTable, check_not_world_writable_dir, is_loopback_address
+from kvstore.security import TokenTable
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
@@ -87,12 +86,12 @@ class Daemon(HandoverHostMixin):
 
     def __init__(self, cfg: ServerConfig, inherited: Inherited | None = None, notifier: Notifier | None = None) -> None:
         self.cfg = cfg
-        _check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
+        check_state_dirs(cfg)  # before the arena exists: refuse world-writable socket / disk directories
         self.tokens = TokenTable.load(cfg.tokens_file) if cfg.tokens_file else None
         self.token_watcher: TokenWatcher | None = None  # set with the auth interceptor (_build_server)
         self.auth: AuthInterceptor | None = None        # the interceptor; its table is replaced on reload
         self.notifier = notifier or Notifier("off")
-        layout = _layout(cfg)
+        layout = arena_layout(cfg)
         # With tokens every tenant's blocks live in a memory file of its own (arena/backing.py), and this
         # process must not let another process of the same user open those files through /proc/<pid>/fd.
         isolated = self.tokens is not None
@@ -129,7 +128,7 @@ class Daemon(HandoverHostMixin):
             if self.disk is not None and disk_quotas.enabled:
                 self.disk.set_floors(TenantFloors(tenant_of=self.guard.owner_of, quota_of=disk_quotas.quota))
             self.tenants = TenantUsage(self.guard.owner_of, TenantQuotas(cfg.ram_quotas), disk_quotas)
-            tables, incarnation = self._inherited_index(inh)
+            tables, incarnation = carried_index(inh, cfg.key_index_entries)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason,
                                  incarnation=incarnation)
             self.peers = self._build_peers() if cfg.peer_endpoints else None
@@ -154,43 +153,15 @@ class Daemon(HandoverHostMixin):
             if disk is not None:
                 disk.close()
             if self._grpc_tmp:
-                _unlink(self._grpc_tmp)
+                unlink_quietly(self._grpc_tmp)
             raise
         self._stop = threading.Event()
-        self.handover = (HandoverListener(handover_socket_path(cfg.unix_socket), self, cfg.tokens_file,
-                                          cfg.handover_timeout_s, stage=stage_hook("sender"))
-                         if cfg.unix_socket else None)
-        self._background: list[threading.Thread] = []
-        self._background_stop = threading.Event()
+        self.handover: HandoverListener | None = (
+            HandoverListener(handover_socket_path(cfg.unix_socket), self, cfg.tokens_file, cfg.handover_timeout_s,
+                             stage=stage_hook("sender")) if cfg.unix_socket else None)
+        self.background = Background(self.engine, self.arena, self.cfg.sweep_interval_s, JOURNAL_SYNC_S,
+                                     hash_missing=self.notifier.store_enabled, token_watcher=self.token_watcher)
         self.lingering = False  # handed over with handover_linger: waits for SIGTERM, then exits (main)
-
-    def _inherited_index(self, inh: Inherited | None) -> tuple[dict[str, IndexTable] | None, int]:
-        """The predecessor's key index tables and incarnation, when this daemon can carry both on (a hand-over
-        with the same key_index_entries): clients then keep their arena mappings, offsets, leases and tables.
-        Else (None, 0): a new incarnation, fresh tables (clients remap, as after any restart)."""
-        if inh is None or not inh.incarnation:
-            return None, 0
-        fds, inh.index_fds = inh.index_fds, {}
-        same = (self.cfg.key_index_entries and fds and inh.index_capacity == capacity_for(self.cfg.key_index_entries))
-        if not same:
-            for fd in fds.values():
-                os.close(fd)
-            if fds or self.cfg.key_index_entries or inh.extra.get("index_entries"):
-                log.info("take-over: the shared key index differs (key_index_entries): clients remap once")
-                return None, 0
-            return None, inh.incarnation  # neither side has a key index: nothing of it to keep
-        tables: dict[str, IndexTable] = {}
-        try:
-            for domain in list(fds):
-                tables[domain] = IndexTable.adopt(fds.pop(domain), inh.index_capacity, inh.incarnation)
-        except ValueError as exc:
-            for t in tables.values():
-                t.close()
-            for fd in fds.values():
-                os.close(fd)
-            log.warning("take-over: the key index handed over is unusable (%s): clients remap once", exc)
-            return None, 0
-        return tables, inh.incarnation
 
     def _adopt(self, inh: Inherited, adoption: tuple, tables_kept: bool, seconds: float) -> None:
         entries, verification, _, bad_namespaces = adoption
@@ -235,9 +206,9 @@ class Daemon(HandoverHostMixin):
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket and not self.taking_over:
-            _prepare_socket_dir(cfg.unix_socket)  # refuses a socket a running daemon answers on
+            prepare_socket_dir(cfg.unix_socket)  # refuses a socket a running daemon answers on
         if cfg.listen and not self.taking_over:  # SO_REUSEPORT (for a successor) must not hide a second daemon
-            _check_port_free(cfg.listen)
+            check_port_free(cfg.listen)
         return server
 
     def _add_ports(self) -> None:
@@ -250,9 +221,9 @@ class Daemon(HandoverHostMixin):
         cfg, server = self.cfg, self.server
         if cfg.unix_socket:
             if not self.taking_over:
-                _prepare_socket_dir(cfg.unix_socket)
+                prepare_socket_dir(cfg.unix_socket)
             self._grpc_tmp = f"{cfg.unix_socket}.{os.getpid()}.new"
-            _unlink(self._grpc_tmp)
+            unlink_quietly(self._grpc_tmp)
             server.add_insecure_port("unix:" + self._grpc_tmp)
         if cfg.listen:
             try:
@@ -299,29 +270,11 @@ class Daemon(HandoverHostMixin):
         h = self.info.health()
         return (200 if h.status in ("SERVING", "DEGRADED") else 503), h.status + (f": {h.detail}" if h.detail else "")
 
-    def _warn_exposure(self) -> None:
-        cfg = self.cfg
-        exposed = [a for a in (cfg.listen, cfg.peer_listen if cfg.peer_endpoints else "") if a
-                   and not is_loopback_address(a)]
-        if exposed and not cfg.tls.enabled:
-            log.warning("SECURITY: allow_insecure_remote is set and %s %s reachable from other hosts WITHOUT TLS: "
-                        "anyone on the network can read and write every block%s", ", ".join(exposed),
-                        "is" if len(exposed) == 1 else "are",
-                        "" if self.tokens else " (and there are no tokens)")
-        unused = unused_peer_settings(cfg)
-        if unused:
-            log.info("peer tier off (etcd_endpoints is empty): %s not used; set etcd_endpoints to join a cluster",
-                     ", ".join(unused))
-        if cfg.metrics_listen and not is_loopback_address(cfg.metrics_listen):
-            shown = "up to 50 namespace names" if cfg.metrics_labels == "name" else f"{cfg.metrics_labels} labels, no names"
-            log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and %s; no keys or "
-                        "bytes)", cfg.metrics_listen, shown)
-
     def start(self) -> None:
         """Serve. A successor taking over (a live hand-over) serves on the listener it was handed and renames
         its gRPC socket over the path; `start_late` then takes what the old process still holds (metrics port,
         peer tier, hand-over socket) once it is gone."""
-        self._warn_exposure()
+        warn_exposure(self.cfg, bool(self.tokens))
         self.engine.start()
         if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
             self.fast.start(listener=self.inherited.fast_listener if self.taking_over and self.inherited else None)
@@ -332,7 +285,7 @@ class Daemon(HandoverHostMixin):
             self._grpc_tmp = ""
         if self.cfg.unix_socket:
             os.chmod(self.cfg.unix_socket, 0o600)
-        self._start_background()
+        self.background.start()
         if not self.taking_over:
             self.start_late()
         self._store_files()
@@ -346,65 +299,6 @@ class Daemon(HandoverHostMixin):
                  lay.data_bytes, self.arena.locked, self.cfg.policy,
                  f"{self.cfg.disk_dir}:{self.cfg.disk_bytes}" if self.disk else "off", os.getpid())
 
-    def start_late(self, predecessor_gone: bool = True) -> None:
-        """What needs the old process gone first: the metrics port, the peer tier (its data-plane port; the etcd
-        lease it handed over), this daemon's own hand-over socket."""
-        if self.metrics is not None:
-            if self.taking_over and not self.metrics.bind_when_free(5.0 if predecessor_gone else 0.5):
-                self.metrics = None
-            if self.metrics is not None:
-                self.metrics.start()
-        if self.peers is not None:
-            lease = self.inherited.peer_lease if self.taking_over and self.inherited else 0
-            self.peers.start(lease=lease)
-        if self.handover is not None:
-            try:
-                self.handover.start()
-            except (ConfigError, OSError) as exc:
-                log.warning("no hand-over socket (%s): a successor cannot take over from this daemon", exc)
-                self.handover = None
-
-    def _store_files(self) -> None:
-        """Under systemd's fd store: every memory file and the journal (and each tenant's file as it comes)."""
-        n = self.notifier
-        if not n.store_enabled:
-            return
-        n.store(JOURNAL_NAME, self.arena.journal.fd)
-        for domain, f in self.arena.files().items():
-            n.store(arena_name(self.arena.domain_index(domain)), f.fd)
-        self.arena.on_new_file.append(lambda domain, f: n.store(arena_name(self.arena.domain_index(domain)), f.fd))
-
-    def _start_background(self) -> None:
-        self._background_stop = threading.Event()
-        self._background = [threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True),
-                            threading.Thread(target=self._journal_loop, name="kvstore-journal", daemon=True)]
-        for t in self._background:
-            t.start()
-
-    def _stop_background(self) -> None:
-        self._background_stop.set()
-        for t in self._background:
-            if t.is_alive():
-                t.join(timeout=5)
-
-    def _sweep_loop(self) -> None:
-        while not self._background_stop.wait(self.cfg.sweep_interval_s):
-            try:
-                self.engine.sweep()
-                if self.token_watcher is not None:
-                    self.token_watcher.poll()
-            except Exception:  # the sweeper must outlive a bug in one pass; the log says what happened
-                log.exception("sweep failed")
-
-    def _journal_loop(self) -> None:
-        """Keep the RAM journal a second behind the catalog; under the fd store, hash what has no xxh3 too (a
-        crash then keeps every block it can check)."""
-        while not self._background_stop.wait(JOURNAL_SYNC_S):
-            try:
-                self.engine.sync_journal(self.arena.view, hash_missing=self.notifier.store_enabled)
-            except Exception:  # like the sweeper: one failed pass must not end the thread
-                log.exception("journal sync failed")
-
     def reload_tokens(self) -> None:
         """SIGHUP: re-read tokens_file at the next sweep (token_reload.py); without tokens, nothing to do."""
         if self.token_watcher is not None:
@@ -415,27 +309,6 @@ class Daemon(HandoverHostMixin):
 
     def wait(self) -> None:
         self._stop.wait()
-
-    def abandon(self) -> None:
-        """A successor whose take-over was aborted (the old daemon serves on): let go of the disk tier and the
-        temporary socket, touch nothing the old daemon uses, and exit."""
-        if self.disk is not None:
-            self.disk.close()
-        if self._grpc_tmp:
-            _unlink(self._grpc_tmp)
-        if self.metrics is not None:
-            self.metrics.stop()
-
-    def spawn_successor(self) -> None:
-        """SIGUSR2: start `kvstore-server <the same arguments> --take-over` beside this one; it takes over and
-        this process exits (handover/sender.py). Under systemd the successor reports MAINPID itself."""
-        args = [a for a in sys.argv[1:] if a != "--take-over"]
-        cmd = [sys.executable, "-m", "kvstore.server.main", *args, "--take-over"]
-        log.info("SIGUSR2: starting a successor to take over: %s", " ".join(cmd))
-        try:
-            subprocess.Popen(cmd, close_fds=True)
-        except OSError as exc:
-            log.error("cannot start a successor (%s): serving on", exc)
 
     def shutdown(self) -> None:
         log.info("shutting down: draining RPCs for up to %.1fs", SHUTDOWN_GRACE_S)
@@ -449,7 +322,7 @@ class Daemon(HandoverHostMixin):
         if self.fast is not None:
             self.fast.stop()
         self.server.stop(SHUTDOWN_GRACE_S).wait()
-        self._stop_background()
+        self.background.stop()
         if self.notifier.store_enabled:  # systemd keeps the files: a restart serves every block it can check
             self.engine.sync_journal(self.arena.view, hash_missing=True)
         self.engine.stop()
@@ -468,79 +341,6 @@ class Daemon(HandoverHostMixin):
         log.info("stopped")
 
 
-def _check_state_dirs(cfg: ServerConfig) -> None:
-    """The socket's directory and the disk tier's directory must not be writable by other users, nor belong to
-    one. (A world-writable parent such as a tmpfs mount point is fine: the sticky bit keeps our directory ours,
-    and an existing one owned by someone else is refused.)"""
-    if cfg.unix_socket:
-        check_not_world_writable_dir(os.path.dirname(cfg.unix_socket) or ".", "unix_socket directory")
-    if cfg.disk_bytes:
-        check_not_world_writable_dir(cfg.disk_dir, "disk_dir")
-
-
-def _prepare_socket_dir(path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    clear_stale_socket(path, "unix socket")
-
-
-def _layout(cfg: ServerConfig) -> ArenaLayout:
-    return ArenaLayout.for_capacity(cfg.shm_name.lstrip("/"), cfg.arena_bytes, cfg.max_block_bytes)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _check_port_free(listen: str) -> None:
-    """ConfigError when another process listens on `listen` (gRPC binds with SO_REUSEPORT so that a successor
-    can bind beside this daemon: without this check a second daemon would silently share the port)."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    except (OSError, ValueError):
-        return  # gRPC's own bind reports what is wrong with the address
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {listen}: {exc.strerror} (another kvstore-server? stop it, or start "
-                              "this one with --take-over to take its place)") from exc
-
-
-def _inherit(cfg: ServerConfig, notifier: Notifier) -> tuple[TakeOver | None, Inherited | None]:
-    """What this daemon starts from: a running daemon's hand-over (take_over), else what systemd's fd store
-    passed back, else nothing. TakeOverFailed when the running daemon serves on."""
-    layout = _layout(cfg)
-    isolated = bool(cfg.tokens_file)
-    passed = listen_fds()
-    takeover, inherited = None, None
-    if cfg.take_over:
-        wanted = Wanted(layout, isolated, cfg.key_index_entries, cfg.tokens_file, cfg.arena_lock)
-        takeover = TakeOver.connect(handover_socket_path(cfg.unix_socket), wanted, cfg.handover_timeout_s)
-        if takeover is not None:
-            inherited = takeover.receive()
-    if inherited is None and passed:
-        inherited = inherited_from_store(layout, passed, isolated=isolated, lock=cfg.arena_lock)
-    elif passed:
-        for fds in passed.values():
-            for fd in fds:
-                os.close(fd)
-    for name in passed:  # what systemd held of the previous daemon: this one stores its own (Daemon.start)
-        notifier.remove(name)
-    if inherited is not None and inherited.arena is None:
-        log.warning("starting cold: the RAM tier of the previous daemon (%s) cannot be used: %s", inherited.source,
-                    inherited.why)
-        inherited.close_unused()
-        inherited = None
-    return takeover, inherited
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
@@ -551,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(cfg.log_level, cfg.log_format, cfg.node_id)
     os.umask(0o077)  # everything the daemon creates (socket, disk files, owners file) is owner-only
     try:
-        takeover, inherited = _inherit(cfg, notifier)
+        takeover, inherited = inherit(cfg, notifier)
     except TakeOverFailed as exc:
         log.error("take-over failed: %s", exc)
         return 1

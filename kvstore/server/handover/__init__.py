@@ -8,6 +8,7 @@
     codec.py      the live state, the session book as message bodies and blobs, checked on the way in
     inherit.py    what a successor starts from (Inherited), the arena mapped again, every record verified
     fdstore.py    systemd's file descriptor store: sd_notify, the descriptors passed back at start
+    start.py      what a daemon starts from: a hand-over, else systemd's fd store, else nothing
     holds.py      sync points the adversarial tests hold a side at, to kill it there
 
 The daemon's own part (offer .. decline) is kvstore/server/handover_host.py; the gRPC gate, kvstore/server/gate.py.

@@ -26,8 +26,9 @@ from kvstore.arena.journal import JournalMismatch, RamJournal
 from kvstore.arena.layout import ArenaLayout
 from kvstore.arena.verify import Fingerprint, Verification, verify
 from kvstore.engine.adoption import AdoptedEntries, LiveState
+from kvstore.fastpath.key_index import IndexTable, capacity_for
 
-__all__ = ["Inherited", "open_arena", "verified_entries"]
+__all__ = ["Inherited", "open_arena", "verified_entries", "carried_index"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,35 @@ def verified_entries(arena: ArenaBacking, known: dict[int, Fingerprint] | None =
             journal.clear_entries(scan.bad_eids)
     namespaces, bad = journal.namespaces(journal.namespace_ids_written())
     return entries, v, namespaces, bad
+
+
+def carried_index(inh: Inherited | None, key_index_entries: int) -> tuple[dict[str, IndexTable] | None, int]:
+    """The predecessor's key index tables and incarnation, when this daemon can carry both on (a hand-over
+    with the same key_index_entries): clients then keep their arena mappings, offsets, leases and tables.
+    Else (None, 0): a new incarnation, fresh tables (clients remap, as after any restart)."""
+    if inh is None or not inh.incarnation:
+        return None, 0
+    fds, inh.index_fds = inh.index_fds, {}
+    same = (key_index_entries and fds and inh.index_capacity == capacity_for(key_index_entries))
+    if not same:
+        for fd in fds.values():
+            os.close(fd)
+        if fds or key_index_entries or inh.extra.get("index_entries"):
+            log.info("take-over: the shared key index differs (key_index_entries): clients remap once")
+            return None, 0
+        return None, inh.incarnation  # neither side has a key index: nothing of it to keep
+    tables: dict[str, IndexTable] = {}
+    try:
+        for domain in list(fds):
+            tables[domain] = IndexTable.adopt(fds.pop(domain), inh.index_capacity, inh.incarnation)
+    except ValueError as exc:
+        for t in tables.values():
+            t.close()
+        for fd in fds.values():
+            os.close(fd)
+        log.warning("take-over: the key index handed over is unusable (%s): clients remap once", exc)
+        return None, 0
+    return tables, inh.incarnation
 
 
 def _close(fd: int) -> None:
