@@ -6,6 +6,7 @@
     config_doc.py      writes docs/configuration.md from the config's fields (a test keeps the page current)
     service.py         the gRPC servicer: protobuf requests -> engine calls, engine errors -> gRPC statuses
     fast_server.py     the same-node socket: hands out arena files, answers the fast path's hot operations
+    fast_acceptor.py   its listener: accepts, and stops accepting without closing (a hand-over's freeze)
     ops.py             the hot operations' semantics, once, for both front ends: tenant checks, engine call,
                        arena transfer windows
     arena_windows.py   arena transfers as the daemon sees them (Reserve -> Commit, lease -> Release), timed

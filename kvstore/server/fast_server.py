@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -44,8 +43,9 @@ from kvstore.counters import CounterSet
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.fastpath import protocol as fp
 from kvstore.fastpath import spare_bodies as sb
-from kvstore.fastpath.sockets import DAEMON_SPIN_US, FrameReader, clear_stale_socket, recv_exact
+from kvstore.fastpath.sockets import DAEMON_SPIN_US, FrameReader, recv_exact
 from kvstore.server.auth import current_tenant
+from kvstore.server.fast_acceptor import Acceptor
 from kvstore.server.ops import ControlOps
 
 __all__ = ["FastServer", "FastCounters", "Spinner", "fast_socket_path"]
@@ -120,9 +120,7 @@ class FastServer:
         self._max_connections = max_connections
         self._spin_s = spin_us * 1e-6
         self._spinners = threading.BoundedSemaphore(_default_spinners())
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._wake_r = self._wake_w = -1  # a pipe that wakes the accept loop (pause, stop)
+        self._acceptor = Acceptor(path, self._accepted)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
@@ -159,31 +157,18 @@ class FastServer:
     def start(self, listener: socket.socket | None = None) -> None:
         """Listen on the path, or on `listener`: the same socket a predecessor listened on (a hand-over), so
         clients dialling it meanwhile wait in its backlog instead of being refused."""
-        if listener is None:
-            clear_stale_socket(self.path, "arena socket")
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(self.path)
-            os.chmod(self.path, 0o600)
-        listener.listen(1024)
-        listener.setblocking(False)  # shared with a successor's copy (same open file): both poll, then accept
-        self._sock = listener
-        self._run_accept()
-
-    def _run_accept(self) -> None:
-        self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._accept_loop, name="kvstore-fast-accept", daemon=True)
-        self._thread.start()
+        self._acceptor.start(listener)
 
     @property
     def listener(self) -> socket.socket | None:
-        return self._sock
+        return self._acceptor.sock
 
     def pause(self, timeout_s: float) -> int:
         """A hand-over's freeze: stop accepting (the listener stays open, for the successor); let each connection
         finish the requests it has read, then close (shutdown(SHUT_RD): its client's next send fails, so that
         request was never read and the client sends it again on a new connection, which waits in the
         backlog for the successor). Returns the connections still open after timeout_s."""
-        self._stop_accept()
+        self._acceptor.pause()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
@@ -198,27 +183,11 @@ class FastServer:
 
     def resume(self) -> None:
         """The hand-over failed: accept again on the same listener."""
-        if self._sock is not None and (self._thread is None or not self._thread.is_alive()):
-            self._run_accept()
-
-    def _stop_accept(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            os.write(self._wake_w, b"x")
-            self._thread.join(timeout=2)
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self._acceptor.resume()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._stop_accept()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
+        self._acceptor.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:  # wakes their threads: recv returns EOF
@@ -226,41 +195,20 @@ class FastServer:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
-    def _accept_loop(self) -> None:
-        assert self._sock is not None
-        poller = select.poll()
-        poller.register(self._sock.fileno(), select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        while not self._stopping.is_set():
-            try:
-                ready = poller.poll()
-            except InterruptedError:
-                continue
-            if any(fd == self._wake_r for fd, _ in ready):
-                return
-            try:
-                conn, _ = self._sock.accept()
-            except (BlockingIOError, InterruptedError):
-                continue  # another process sharing the listener took it
-            except OSError:
-                return  # closed by stop()
-            conn.setblocking(True)
-            with self._lock:
-                full = len(self._conns) >= self._max_connections
-                if not full:
-                    self._conns.add(conn)
-            if full:
-                self.counters.add("fast_refused")
-                _send_error(conn, 0, fp.HELLO, "unavailable", f"{self._max_connections} fast-path connections "
-                            "already: use gRPC (the client does so by itself)")
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="kvstore-fast-conn", daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        """A new connection: its own thread, unless max_connections are open (an error frame, closed)."""
+        with self._lock:
+            full = len(self._conns) >= self._max_connections
+            if not full:
+                self._conns.add(conn)
+        if full:
+            self.counters.add("fast_refused")
+            _send_error(conn, 0, fp.HELLO, "unavailable", f"{self._max_connections} fast-path connections "
+                        "already: use gRPC (the client does so by itself)")
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(conn,), name="kvstore-fast-conn", daemon=True).start()
 
     # -- one connection -----------------------------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:
