@@ -114,7 +114,10 @@ def test_damaged_headers_and_bytes_are_dropped_and_counted_never_served() -> Non
             n = _next(d, sd)
             with n.client() as c:
                 got = c.get_many(NS, keys)
+                counters = c.stats().counters
             assert got[:3] == [None, None, None]                          # misses, never other bytes
+            assert (counters["restart_adopted_blocks"], counters["restart_dropped_header"],
+                    counters["restart_dropped_checksum"]) == (N - 3, 1, 2)
             assert got[3:] == values[3:]
             log = n.log()
             assert f"RAM tier kept from the fd store: {N - 3} blocks" in log

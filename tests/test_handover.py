@@ -129,7 +129,7 @@ def test_requests_in_flight_across_the_hand_over_all_finish() -> None:
             stop.set()
             for t in threads:
                 t.join(30)
-            assert errors == []
+            assert errors == [], (errors, d.log()[-3000:], s.log()[-3000:])
             with s.client() as c:
                 assert c.get_many(NS, keys) == values
                 n = min(100, done["writes"])

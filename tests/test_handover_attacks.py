@@ -6,14 +6,18 @@
   even connect;
 - the positive control: a caller that proves it holds the whole tokens file gets the OFFER with the files;
 - a successor of another hand-over format: the running daemon stops as on SIGTERM, saying why, and the
-  successor starts cold; a successor with another arena geometry: the same, from the successor's side.
+  successor starts cold; a successor with another arena geometry: the same, from the successor's side;
+- a block whose bytes changed after they were hashed: the successor drops and counts it, never serves it.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 
+from kvstore.arena.journal import RamJournal
+from kvstore.arena.layout import ArenaLayout
 from kvstore.server.handover import protocol as hp
 from kvstore.server.handover.auth import handover_key, proof
 from kvstore.server.handover.protocol import Kind
@@ -179,5 +183,47 @@ def test_a_successor_with_another_arena_starts_cold_and_says_why(tmp_path) -> No
                 assert c.get("m@1/x", b"k") == b"\x07" * BLOCK
         finally:
             s.close()
+    finally:
+        d.close()
+
+
+def test_a_block_damaged_before_the_hand_over_is_dropped_and_counted_never_served(tmp_path) -> None:
+    # the attacker is a caller that passed the check (no tokens: this user): it takes the files, lets the daemon
+    # hash every block (PREPARED), goes away, and changes one block's bytes; the real successor must not serve it
+    d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB")
+    d.start()
+    try:
+        keys = [b"d-%d" % i for i in range(10)]
+        values = [bytes([i + 1]) * BLOCK for i in range(10)]
+        with d.client() as c:
+            c.register_namespace("m@1/x")
+            assert c.put_many("m@1/x", keys, values).stored == 10
+        s = _dial(d)
+        nonce = _challenge(s)
+        hp.send(s, Kind.PROOF, {"hmac": proof(handover_key(""), nonce)})
+        offer = hp.recv(s)
+        assert offer.kind == Kind.OFFER
+        names = [tuple(n) for n in offer.body["files"]]
+        hp.send(s, Kind.ACCEPT, {})
+        assert hp.recv(s).kind == Kind.PREPARED  # every block's record written and hashed
+        s.close()  # gone before the window: the daemon serves on
+        layout = ArenaLayout.for_capacity(d.arena_name.lstrip("/"), 32 << 20, 1 << 20)
+        journal = RamJournal.open(os.dup(offer.fds[names.index(("journal", ""))]), layout)
+        scan = journal.scan()
+        offset = int(scan.records["offset"][scan.keys().index(keys[3])])
+        journal.close()
+        with mmap.mmap(offer.fds[names.index(("arena", ""))], layout.size_bytes) as m:
+            m[offset + 100] ^= 0x01
+        offer.close_fds()
+        succ = d.successor()
+        try:
+            with succ.client() as c:
+                got = c.get_many("m@1/x", keys)
+                counters = c.stats().counters
+            assert got[3] is None and got[:3] + got[4:] == values[:3] + values[4:]
+            assert (counters["restart_adopted_blocks"], counters["restart_dropped_checksum"]) == (9, 1)
+            assert "dropped: checksum 1" in succ.log()
+        finally:
+            succ.close()
     finally:
         d.close()

@@ -77,7 +77,8 @@ class LiveState:
 
 @dataclass(frozen=True)
 class AdoptedEntries:
-    """Journal entries that passed verify.py: to be placed at their ids."""
+    """Journal entries that passed verify.py: to be placed at their ids. `rejected`: the (namespace id, key) of
+    records that failed a check after their header (a kept key index must not list them)."""
 
     eids: np.ndarray
     ns_ids: np.ndarray
@@ -86,6 +87,7 @@ class AdoptedEntries:
     sizes: np.ndarray
     checksums: np.ndarray
     serials: np.ndarray
+    rejected: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -155,7 +157,7 @@ def adopt(p: Parts, entries: AdoptedEntries, live: LiveState | None, lost_namesp
     """Place verified entries (and, after a hand-over, the live state) in a fresh engine. Returns the report
     and the (namespace id, key) of journal entries not adopted (the caller clears their records; with
     `tables_kept` they are also taken out of the shared key index here, else the fresh index gets the adopted
-    ones). Every slot not adopted that a client could still hold an offset of has its generation bumped."""
+    ones). Every slot not held now has its generation bumped: an offset a client still has of it reads as a miss."""
     cat, ram, report = p.cat, p.ram, AdoptReport()
     live = live or LiveState()
     keep = _checked(cat, entries, lost_namespaces, report, lambda ns_id: ram.domain(cat.namespaces[ns_id].tenant),
@@ -194,8 +196,12 @@ def adopt(p: Parts, entries: AdoptedEntries, live: LiveState | None, lost_namesp
     _loose_ends(p, [h.eid for h in extra])
     report.queued_writes = _disk(cat, p.disk, adopted)
     gone_idx = np.setdiff1d(np.arange(len(entries.eids)), placed)
-    gone = [(int(entries.ns_ids[i]), entries.keys[i]) for i in gone_idx.tolist()]
-    ram.bump_generations(entries.offsets[gone_idx])  # a client may still hold these offsets: never valid again
+    gone = [(int(entries.ns_ids[i]), entries.keys[i]) for i in gone_idx.tolist()] + list(entries.rejected)
+    # every slot this engine does not hold now: its generation moves on, so whatever offset a client still has
+    # of it (a dropped block's, a record too damaged to name its key) is a miss, never another block's bytes
+    held = np.concatenate([entries.offsets[placed], np.array([h.offset for h in extra] +
+                                                             [off for off, _, _ in live.held], dtype=np.int64)])
+    ram.bump_generations_but(held)
     _mirror(cat, p.mirror, adopted, gone, tables_kept)
     return report, gone
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 from kvstore.counters import CounterSet
 from kvstore.hint_vocab import HINT_COUNTER_NAMES
 
-__all__ = ["Counters", "COUNTER_NAMES"]
+__all__ = ["Counters", "COUNTER_NAMES", "RESTART_DROP_REASONS"]
+
+# why a block a predecessor held was not adopted: the record's checks, then the adoption's
+RESTART_DROP_REASONS = ("header", "geometry", "generation", "unchecked", "checksum", "namespace", "duplicate",
+                        "tenant_file", "slot")
 
 COUNTER_NAMES: tuple[str, ...] = (
     "reserve_calls",
@@ -53,6 +57,10 @@ COUNTER_NAMES: tuple[str, ...] = (
     "misses_load_failed",
     *HINT_COUNTER_NAMES,  # hint_<action>_<outcome>: each key's answer to a hint (kvstore/engine/hints.py)
     "hints_late_rejected",  # deferred hints (blocks awaiting their Commit) refused there: pin budget, write queue
+    # a restart that kept the RAM tier (a hand-over, systemd's fd store): blocks adopted, and those dropped by the
+    # check they failed (kvstore/arena/verify.py, kvstore/engine/adoption.py)
+    "restart_adopted_blocks",
+    *(f"restart_dropped_{reason}" for reason in RESTART_DROP_REASONS),
 )
 
 

@@ -62,6 +62,7 @@ class JournalLink:
         self._lock = lock
         self._dirty: list[int] = []
         self.hashed = 0  # blocks hashed for their record (counted for Stats and the logs)
+        self.hash_always = False  # a hand-over is under way: every sync hashes (its window then hashes little)
 
     # -- catalog hooks (under the engine's lock) ------------------------------------------------------------
     def committed(self, eids: Iterable[int]) -> None:
@@ -80,6 +81,15 @@ class JournalLink:
         self._dirty.extend(ids.tolist())
         return len(ids)
 
+    def mark_unhashed(self) -> int:
+        """Every committed entry without an xxh3 is written again (hashed) at the next pass: a hand-over's last
+        pass, since the journal thread may have written records of newer blocks without hashing them."""
+        n = len(self._cat.keys)
+        cat = self._cat
+        ids = np.flatnonzero((cat.state[:n] == _COMMITTED) & (cat.checksum[:n] == 0))
+        self._dirty.extend(ids.tolist())
+        return len(ids)
+
     @property
     def pending(self) -> int:
         return len(self._dirty)
@@ -89,6 +99,7 @@ class JournalLink:
         """Write the records of entries committed since the last sync, a chunk per hold of the lock; blocks with
         no xxh3 are hashed between (outside the lock) when `hash_missing`. Returns the records written."""
         written = 0
+        hash_missing = hash_missing or self.hash_always
         while True:
             with self._lock:
                 batch = self._take(_CHUNK)

@@ -51,6 +51,7 @@ class RamSpace:
         self._cat = cat
         self._gens = generations
         self._gen_index = GenerationIndex(layout)
+        self._gen_stride = layout.gen_stride
         self.allocator = allocator
         self.policy = with_hints(policy)  # priorities and expiries for the engine's hints (hints.py)
         self._touches = ReadBuffer(self.policy)
@@ -285,11 +286,16 @@ class RamSpace:
         self.free_slot(int(self._cat.offset[eid]))
         self._cat.drop(eid)
 
-    def bump_generations(self, offsets: np.ndarray) -> None:
-        """Bump the generation of slots no entry holds any more without a free (a block a hand-over did not
-        adopt): a copy any client still makes of them reads as a miss."""
-        if len(offsets):
-            np.add.at(self._gens, self._gen_index.of_many(np.asarray(offsets, dtype=np.int64)), np.uint64(1))
+    def bump_generations_but(self, held: np.ndarray) -> None:
+        """A restart that adopted a predecessor's blocks: bump the generation word of every page but the slots at
+        `held` (what this engine holds now) and the slabs' epoch words, so an offset a client kept of anything
+        else (a block that was not adopted, whatever its record said) reads as a miss. O(arena pages), numpy."""
+        n_slabs, stride = self.allocator.n_slabs, self._gen_stride
+        bump = np.ones(n_slabs * stride, dtype=bool)
+        bump[::stride] = False  # epochs: GPU registrations stay valid
+        if len(held):
+            bump[self._gen_index.of_many(np.asarray(held, dtype=np.int64))] = False
+        self._gens[:n_slabs * stride][bump] += np.uint64(1)
 
     def free_slot(self, offset: int) -> None:
         """Return a slot no entry holds (a spare slot, spares.py), with the same generation bump as `free`."""

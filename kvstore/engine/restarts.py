@@ -15,6 +15,7 @@ from kvstore.arena.journal import RamJournal
 from kvstore.engine.adoption import AdoptedEntries, AdoptReport, LiveState, Parts, adopt, export_live
 from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import Catalog, EntryState
+from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
 from kvstore.engine.engine_lock import EngineLock
 from kvstore.engine.generations import GenerationIndex
@@ -43,6 +44,7 @@ class EngineRestarts:
     _hints: Hints
     _disk: DiskLink
     journal: JournalLink | None
+    counters: Counters
 
     def attach_journal(self, journal: RamJournal, generations: np.ndarray) -> JournalLink:
         """Keep `journal` saying which RAM entries are committed (before any block is stored, or right after an
@@ -61,10 +63,16 @@ class EngineRestarts:
         link = self.journal
         if link is None:
             return 0
-        if everything:
+        if everything:  # a hand-over's prepare: from now on every pass hashes (its window then hashes little)
             with self._lock:
                 link.mark_all()
+                link.hash_always = True
         return link.sync(view, hash_missing)
+
+    def end_handover_hashing(self) -> None:
+        """The hand-over failed: the journal thread hashes only as configured again."""
+        if self.journal is not None:
+            self.journal.hash_always = False
 
     def freeze(self) -> None:
         """From now on only this thread may use the engine (engine_lock.py): a hand-over's window."""
@@ -79,6 +87,7 @@ class EngineRestarts:
         if link is None:
             return 0
         with self._lock:
+            link.mark_unhashed()  # records the journal thread wrote since the prepare, unhashed
             return link.write_locked(view)
 
     def stop_for_handover(self) -> int:
@@ -109,6 +118,15 @@ class EngineRestarts:
                 cat, n = self._cat, len(self._cat.keys)
                 self.journal.removed([e for e in entries.eids.tolist() if e >= n or cat.state[e] != _COMMITTED])
             return report, gone
+
+    def count_restart(self, adopted: int, dropped: dict[str, int]) -> None:
+        """A restart that kept the RAM tier: what it adopted and dropped, by reason (Stats, the metrics)."""
+        with self._lock:
+            c = self.counters
+            c.restart_adopted_blocks += adopted
+            for reason, n in dropped.items():
+                name = f"restart_dropped_{reason}"
+                setattr(c, name, getattr(c, name) + n)
 
     def _parts(self) -> Parts:
         return Parts(self._cat, self._ram, self._leases, self._reservations, self._spares, self._hints, self._disk,

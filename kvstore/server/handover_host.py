@@ -133,6 +133,7 @@ class HandoverHostMixin:
         if self.disk is not None:
             self._reopen_disk()
         self.engine.thaw()
+        self.engine.end_handover_hashing()
         self.engine.restart_io()
         self.background.start()
         self.gate.reopen()

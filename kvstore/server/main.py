@@ -128,7 +128,8 @@ class Daemon(HandoverHostMixin):
             if self.disk is not None and disk_quotas.enabled:
                 self.disk.set_floors(TenantFloors(tenant_of=self.guard.owner_of, quota_of=disk_quotas.quota))
             self.tenants = TenantUsage(self.guard.owner_of, TenantQuotas(cfg.ram_quotas), disk_quotas)
-            tables, incarnation = carried_index(inh, cfg.key_index_entries)
+            tables, incarnation = carried_index(inh, cfg.key_index_entries,
+                                                adoption[1].dropped.get("header", 0) if adoption else 0)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason,
                                  incarnation=incarnation)
             self.peers = self._build_peers() if cfg.peer_endpoints else None
@@ -168,6 +169,10 @@ class Daemon(HandoverHostMixin):
         slab_domain = [self.arena.domain_of_slab(s) for s in range(self.arena.layout.n_slabs)]
         report, _ = self.engine.adopt(entries, inh.live, self.engine.lost_namespaces, slab_domain, tables_kept)
         self.adopted_blocks = report.blocks
+        dropped = dict(verification.dropped)
+        for reason, n in report.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        self.engine.count_restart(report.blocks, dropped)
         restored = self.sessions.restore(inh.sessions) if inh.sessions else 0
         log_adoption(inh.source, report, verification, bad_namespaces, self.engine.lost_namespaces, restored,
                      seconds, kept_incarnation=bool(tables_kept or (inh.incarnation and

@@ -17,6 +17,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
                                                 (kvstore/engine/misses.py CAUSES; the causes add up to those lookups)
   kvstore_hints_total{action,outcome}           keys answered by agent hints (Hint RPC, connector), by action and
                                                 outcome (kvstore/hint_vocab.py; every pair, zero included)
+  kvstore_restart_blocks_total{outcome}         blocks a predecessor held in RAM (hand-over, systemd's fd store):
+                                                adopted, or dropped_<check> (kvstore/engine/counters.py)
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
   kvstore_namespace_blocks{namespace} / kvstore_namespace_bytes{namespace}
   Tokens (namespaces registered with tokens_per_block; the others have no token samples):
@@ -73,6 +75,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstore.engine.engine import Engine
+from kvstore.engine.counters import RESTART_DROP_REASONS
 from kvstore.engine.misses import CAUSES, COUNTER_OF
 from kvstore.engine.results import EngineStats
 from kvstore.errors import ConfigError
@@ -152,6 +155,13 @@ class EngineCollector(Collector):
             for outcome in HintOutcome:
                 hints.add_metric([action.value, outcome.value], c[f"hint_{action.value}_{outcome.value}"])
         yield hints
+        restart = CounterMetricFamily("kvstore_restart_blocks", "Blocks a predecessor held in RAM (a hand-over, "
+                                      "systemd's fd store): adopted, or dropped by the check they failed",
+                                      labels=["outcome"])
+        restart.add_metric(["adopted"], c["restart_adopted_blocks"])
+        for reason in RESTART_DROP_REASONS:
+            restart.add_metric([f"dropped_{reason}"], c[f"restart_dropped_{reason}"])
+        yield restart
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
                                 value=self._engine.events.subscribers)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",

@@ -108,10 +108,12 @@ def verified_entries(arena: ArenaBacking, known: dict[int, Fingerprint] | None =
     scan = journal.scan()
     v = verify(scan, arena.layout, arena.view, arena.generations, known=known)
     rec = scan.records[v.ok]
-    keys = [k for k, ok in zip(scan.keys(), v.ok.tolist()) if ok]
+    all_keys = scan.keys()
+    keys = [k for k, ok in zip(all_keys, v.ok.tolist()) if ok]
+    rejected = [(int(ns), k) for ns, k, ok in zip(scan.records["ns"].tolist(), all_keys, v.ok.tolist()) if not ok]
     entries = AdoptedEntries(scan.eids[v.ok].astype(np.int64), rec["ns"].astype(np.int64), keys,
                              rec["offset"].astype(np.int64), rec["size"].astype(np.int64),
-                             rec["checksum"].astype(np.uint64), rec["serial"].astype(np.int64))
+                             rec["checksum"].astype(np.uint64), rec["serial"].astype(np.int64), rejected)
     if owner:
         journal.clear_entries(scan.eids[~v.ok])
         if scan.bad_eids is not None:
@@ -120,13 +122,20 @@ def verified_entries(arena: ArenaBacking, known: dict[int, Fingerprint] | None =
     return entries, v, namespaces, bad
 
 
-def carried_index(inh: Inherited | None, key_index_entries: int) -> tuple[dict[str, IndexTable] | None, int]:
+def carried_index(inh: Inherited | None, key_index_entries: int,
+                  damaged_headers: int = 0) -> tuple[dict[str, IndexTable] | None, int]:
     """The predecessor's key index tables and incarnation, when this daemon can carry both on (a hand-over
     with the same key_index_entries): clients then keep their arena mappings, offsets, leases and tables.
     Else (None, 0): a new incarnation, fresh tables (clients remap, as after any restart)."""
     if inh is None or not inh.incarnation:
         return None, 0
     fds, inh.index_fds = inh.index_fds, {}
+    if damaged_headers:  # a record too damaged to name its key: its key may still be in the tables
+        for fd in fds.values():
+            os.close(fd)
+        log.warning("take-over: %d journal records were damaged: the key index starts afresh and clients remap "
+                    "once", damaged_headers)
+        return None, 0
     same = (key_index_entries and fds and inh.index_capacity == capacity_for(key_index_entries))
     if not same:
         for fd in fds.values():
