@@ -62,6 +62,7 @@ def test_stats_exact_fields() -> None:
         "promotion_failures": 0,
         "disk_writes": 0, "disk_write_failures": 0, "demote_dropped": 0, "demote_queue_full": 0,
         "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0, "disk_reinserted": 0,
+        "disk_writes_queued": 0, "disk_writebacks": 0, "evicted_unwritten": 0, "room_waits": 0,
         "slab_binds": 0, "slab_bind_failures": 0,
         # no prefix Lookup stopped short (both Lookups above are without prefix): no miss has a cause
         "misses_never_stored": 0, "misses_evicted": 0, "misses_disk_reclaimed": 0, "misses_deleted": 0,

@@ -34,6 +34,7 @@ from kvstore.errors import ConfigError
 from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
+from kvstore.policies.write_budget import WriteBudget
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.config.security import unused_peer_settings
 from kvstore.server.info import NodeInfo
@@ -86,7 +87,8 @@ class Daemon:
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
-                                 quotas=TenantQuotas(cfg.ram_quotas))
+                                 quotas=TenantQuotas(cfg.ram_quotas), write_mode=cfg.disk_write,
+                                 budget=self._write_budget(cfg))
             owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
             self.guard = TenantGuard(self.engine, owners)
             self.engine.assign_recovered_tenants(self.guard.known_owners())
@@ -116,6 +118,15 @@ class Daemon:
             raise
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="kvstore-sweeper", daemon=True)
+
+    @staticmethod
+    def _write_budget(cfg: ServerConfig) -> WriteBudget | None:
+        """The disk write budget (disk_write_budget), None for none. Seed 0: the replay's simulator drives the
+        same class with the same seed (bench/replay)."""
+        rate = cfg.write_budget
+        if rate is None or not cfg.disk_bytes:
+            return None
+        return WriteBudget(rate, cfg.disk_write_budget_window_s, seed=0, max_block_bytes=cfg.max_block_bytes)
 
     def _open_disk(self, config: DiskConfig) -> DiskStore:
         """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""
