@@ -11,7 +11,8 @@
   reinsert_hits 0: plain FIFO by segment. Under disk_write = evict the store says which records back a block
   RAM holds (`resident`: a promoted block): those get no second chance (kvstore/tiers/disk/reclaim.py).
 - a delete (`remove`: a Release hint lets go of a disk copy) takes the record out of the index; its bytes stay
-  dead in their segment until it is reclaimed.
+  dead in their segment until it is reclaimed, or until every record of that segment is gone: then it is
+  reused before any reclamation (segments.take_dead), oldest first.
 """
 
 from __future__ import annotations
@@ -87,8 +88,12 @@ class SegmentLog:
                 self._sealed.append(self._active)  # seal the full one
                 self._active = None
             keep: list[bytes] = []
+            dead = next((u for u in self._sealed if not self._members[u] and u not in touched), None)
             if self._free:
                 self._free -= 1
+            elif dead is not None:  # every record deleted (segments.take_dead): reused with nothing dropped
+                self._sealed.remove(dead)
+                del self._members[dead]
             elif self._sealed and self._sealed[0] not in touched:
                 keep = self._reclaim(self._sealed.popleft())
             else:

@@ -4,7 +4,8 @@
               Uncompressed blocks are hashed by a helper thread WHILE the batch's pwrites run (the checksum
               is needed only at commit, and pwrite releases the GIL), so the hash costs no wall time.
     reserve   place each record at the active segment's write pointer (under `lock`); a full segment is sealed
-              and the next one taken: a free one, else the OLDEST sealed one, whose index entries are deleted
+              and the next one taken: a free one, or a sealed one whose records were all deleted, else the
+              OLDEST sealed one, whose index entries are deleted
               in one committed transaction BEFORE it is reused (under `mutate`), except those of its records
               that get a second chance: those are copied to its start right away (reclaim.py). New segments
               are created and preallocated here, outside every lock but `writer`.
@@ -209,6 +210,8 @@ class BatchWriter:
         st = self._st
         with st.lock:
             seg = st.table.take_free()
+            if seg is None:
+                seg = st.table.take_dead(touched)  # all its records deleted: nothing to reclaim
             if seg is not None:
                 st.table.reset(seg, st.alloc_seq())
         reclaimed = None
