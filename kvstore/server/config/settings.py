@@ -82,8 +82,9 @@ class ServerConfig:
     disk_sync: str = _s("disk", "data: fdatasync before the index commit (crash-safe); none: no fsync", "data")
     disk_codec: str = _s("disk", f"default disk compression: {', '.join(CODECS)} (zstd-shuffle2: bf16 KV)", "none")
     disk_admission: str = _s("disk", "which blocks get a disk copy: " + ADMISSION_HELP, "always")
-    disk_write: str = _s("disk", WRITE_HELP + "; evict: RAM and disk hold different blocks, at most half the writes "
-                         "(docs/benchmarks.md), but blocks only in RAM die with the daemon", "evict")
+    disk_write: str = _s("disk", WRITE_HELP + "; evict: RAM and disk hold mostly different blocks (more hits at the "
+                         "same sizes, fewer writes: docs/benchmarks.md), but blocks only in RAM die with the daemon",
+                         "evict")
     disk_write_budget: str = _s("disk", "SSD write budget in bytes per second, averaged over "
                                 "disk_write_budget_window_s, e.g. '200MiB': blocks are admitted at random with a "
                                 "probability that follows it (CacheLib's dynamic random admission), larger blocks "
