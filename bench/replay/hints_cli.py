@@ -120,7 +120,7 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
                                + tuple(f"s3fifo_hint_{k}" for k in S3FIFO_KEYS) + (
         "capacity_tokens", "disk_tokens", "store_share_of_unique", "hit_rate", "sim_hit_rate", "mismatched_requests",
         "tier_mismatches", "tier_checks", "conditions", "replay_s", "hint_s", "misses_by_cause", "prefix_lookups_short",
-        "miss_causes_add_up")))
+        "miss_causes_add_up", "disk_written_bytes", "disk_written_per_served")))
     result = {"trace": w.name, "cut": w.cut, "requests": len(w.requests), "share": shares[0],
               **{k: head[k] for k in HEADLINE},
               **{k: head[k] for k in ("misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")},
