@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
                 "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "belady_hit_rate", "lru_share_of_belady",
                 "mismatched_requests", "tier_mismatches", "misses_by_cause", "miss_causes_add_up",
-                "disk_reinserted_blocks", "disk_write_amplification", "disk_written_per_served", "load_gbps", "put_gbps", "requests_per_s",
-                "replay_s", "conditions")
+                "disk_reinserted_blocks", "disk_write_amplification", "disk_written_per_served", "load_gbps", "put_gbps",
+                "requests_per_s", "replay_s", "conditions")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),
                       table=str(a.out / f"sweep_{stem}.md"))
     bad = all_mismatches(points)
