@@ -156,6 +156,7 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
     lock = [what for what, on in (("leases", store.synced_leases), ("disk writes", store.synced_writes),
                                   ("promotions", spec.disk is not None)) if on]
     c: dict = {"policy": o["policy"], "high_watermark": o["high_watermark"], "low_watermark": o["low_watermark"],
+               "promote_timeout_s": o["promote_timeout_s"],
                "arena_bytes": o["arena_bytes"], "max_block_bytes": o["max_block_bytes"],
                "ram_blocks": spec.tiers[0].capacity_blocks, "lock_step": lock}
     d = spec.disk

@@ -45,6 +45,7 @@ POLICIES = ("lru", "s3fifo")
 # The write-behind queue only ever holds one put's blocks (the replayer drains it after each put); this bound
 # just has to exceed the largest request, which the daemon's 4096-key batches keep far below it.
 WRITE_QUEUE_BLOCKS = 1 << 16
+REPLAY_TIMEOUT_S = 120.0
 
 
 def fmt_tokens(n: int) -> str:
@@ -178,7 +179,11 @@ class StoreSpec:
         DaemonProcess's default: a `disk` folder in the daemon's private temporary workdir."""
         opts: dict[str, Any] = {"arena_bytes": self.ram_tokens * self.bytes_per_token,
                                    "max_block_bytes": self.block_bytes, "policy": self.policy,
-                                   "high_watermark": 1.0, "low_watermark": 1.0}
+                                   "high_watermark": 1.0, "low_watermark": 1.0,
+                                   # a get waits this long for promotions and a Reserve for write-backs: in
+                                   # lock-step a timeout is the box's load, not the store's rule (the daemon's
+                                   # default 5 s timed out once in a full-scale replay at load average 12)
+                                   "promote_timeout_s": REPLAY_TIMEOUT_S}
         d = self.disk
         if d is not None:
             if self.disk_write_budget:
