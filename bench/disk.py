@@ -15,7 +15,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._common import emit_json, fmt_bytes, fs_type, gbs, pressure, print_table, progress
+from bench._common import emit_json, fmt_bytes, fs_type, gbs, on_threads, pressure, print_table, progress
 from bench.disk_phases import PHASES, profile
 from kvstore.testing import DaemonProcess
 from kvstore.tiers.disk import AlignedBuffer, BlockIO, DiskConfig, DiskStatus, DiskStore, WriteItem
@@ -207,7 +206,7 @@ class Passes:
             for i in range(t, n, READERS):
                 if os.preadv(fd, [views[i]], base + i * size) != size:
                     raise RuntimeError("short O_DIRECT pread")
-        dt = on_threads(part)
+        dt = on_threads(part, READERS)
         self.mem.verify(size, idx, salt, "raw read")
         return dt
 
@@ -240,30 +239,6 @@ class Passes:
             raise RuntimeError(f"read_into failed: {sorted({g[0].value for g in got})}")
         self.mem.verify(size, idx, salt, "DiskStore.read_into")
         return dt
-
-
-def on_threads(part: Callable[[int], None], threads: int = READERS) -> float:
-    """Run part(0..threads-1) on that many threads at once; the seconds from the start to the last one's end.
-    Why threads started before the clock: thread creation is not what is measured."""
-    start, errors = threading.Barrier(threads + 1), []
-
-    def run(t: int) -> None:
-        start.wait()
-        try:
-            part(t)
-        except BaseException as exc:  # re-raised in the caller
-            errors.append(exc)
-    workers = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
-    for w in workers:
-        w.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for w in workers:
-        w.join()
-    dt = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return dt
 
 
 def run_rounds(p: Passes, store: DiskStore, plan: Plan, pg: Any) -> dict[tuple[str, int], list[float]]:

@@ -26,8 +26,8 @@ block loses its ON_DISK mark (DISK_DROPPED), and each is published as removed fr
 
 Locking: methods are called under the engine's lock, except the MoverHooks (claim_writes, finish_writes,
 finish_reclaim, finish_promotion) and `resident`, which the mover's threads call with no lock held: they take
-the engine's lock themselves; and `probe_if_due`, `start`, `stop`, `delete`, `delete_let_go`, `wait_room`,
-which run outside it (they do I/O, join threads or wait). `resident` runs in the writer thread while the disk
+the engine's lock themselves; and `probe_if_due`, `start`, `stop`, `delete`, `delete_let_go`, `with_room`,
+which run outside it (they do I/O, join threads or wait; `with_room` takes the lock for its call). `resident` runs in the writer thread while the disk
 store's writer lock is held; no holder of the engine's lock ever waits for that lock (it takes only the
 store's state lock, for index reads), so the order writer -> engine -> store state cannot deadlock.
 With no disk tier every method is a cheap no-op (or says "nothing on disk").
@@ -38,6 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -50,13 +51,16 @@ from kvstore.engine.leases import LeaseTable
 from kvstore.engine.misses import DELETED, DISK_RECLAIMED, MissLedger
 from kvstore.engine.movement import Mover, Promotion
 from kvstore.engine.promotions import Promotions
-from kvstore.engine.ram_space import RamSpace
+from kvstore.engine.ram_space import RamSpace, RoomPending
+from kvstore.errors import StoreFullError
 from kvstore.policies.admission import AdmissionPolicy, AlwaysAdmit, check_write_mode
 from kvstore.policies.write_budget import WriteBudget
 from kvstore.tiers.disk import DiskStatus, DiskStore, WriteItem
 from kvstore.vocab import Tier
 
 __all__ = ["DiskLink"]
+
+T = TypeVar("T")
 
 _COMMITTED = int(EntryState.COMMITTED)
 _DOOMED = int(EntryState.DOOMED)
@@ -131,11 +135,27 @@ class DiskLink:
         for name, keys in by_ns.items():
             self.delete(name, keys)
 
-    def wait_room(self, deadline: float) -> bool:
-        """A Reserve found its victims being written back: wait (no lock held) until no write-back is in flight,
-        or `deadline` (monotonic); False at the deadline."""
-        with self._room:
-            return self._room.wait_for(lambda: self.writebacks == 0, max(0.0, deadline - time.monotonic()))
+    def with_room(self, fn: Callable[[], T], timeout_s: float) -> T:
+        """`fn` (a Reserve) under the engine's lock; while it finds its victims being written back (RoomPending,
+        ram_space.py) wait with no lock held until no write-back is in flight and run it again (it plans anew).
+        StoreFullError (counted) when the writes have not landed after `timeout_s`."""
+        deadline = 0.0
+        while True:
+            with self._lock:
+                try:
+                    return fn()
+                except RoomPending:
+                    self._counters.room_waits += 1
+            deadline = deadline or time.monotonic() + timeout_s
+            with self._room:
+                if self._room.wait_for(lambda: self.writebacks == 0, max(0.0, deadline - time.monotonic())):
+                    continue
+            with self._lock:
+                self._counters.store_full += 1
+            raise StoreFullError(
+                f"store full: the blocks RAM evicted to make room are still being written to the disk tier after "
+                f"{timeout_s:g} s (promote_timeout_s); the disk is slower than the puts: lower high_watermark "
+                "(more room written ahead), use a faster disk_dir, or retry")
 
     @property
     def queued_writes(self) -> int:

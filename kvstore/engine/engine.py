@@ -69,13 +69,13 @@ from kvstore.engine.misses import DELETED, KeyExplanation, MissLedger
 from kvstore.engine.namespaces import NamespaceTable
 from kvstore.engine.queries import EngineQueries
 from kvstore.engine.quotas import TenantQuotas
-from kvstore.engine.ram_space import RamSpace, RoomPending
+from kvstore.engine.ram_space import RamSpace
 from kvstore.engine.reservations import ReservationTable
 from kvstore.engine.results import EngineConfig, LookupResult, ReserveResult, StoreResult
 from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
 from kvstore.engine.writes import RemoteHooks, Writes
-from kvstore.errors import InvalidRequestError, StoreFullError
+from kvstore.errors import InvalidRequestError
 from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
@@ -191,21 +191,8 @@ class Engine(EngineQueries):
     def reserve(self, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
-        deadline = 0.0
-        while True:
-            with self._lock:
-                try:
-                    return self._writes.reserve(self._names.get(ns_name), keys, sizes)
-                except RoomPending:  # victims are being written to disk first (ram_space.py)
-                    self.counters.room_waits += 1
-            deadline = deadline or time.monotonic() + self.config.promote_timeout_s
-            if not self._disk.wait_room(deadline):
-                with self._lock:
-                    self.counters.store_full += 1
-                raise StoreFullError(
-                    f"store full: the blocks RAM evicted to make room are still being written to the disk tier after "
-                    f"{self.config.promote_timeout_s:g} s (promote_timeout_s); the disk is slower than the puts: "
-                    "lower high_watermark (more room written ahead), use a faster disk_dir, or retry")
+        return self._disk.with_room(lambda: self._writes.reserve(self._names.get(ns_name), keys, sizes),
+                                    self.config.promote_timeout_s)
 
     def commit(self, reservation_id: int, checksums: Sequence[int] = (), settle_later: bool = False) -> int:
         """`settle_later`: the watermark eviction it sets off waits for `settle` or the next call (engine_lock.py)."""
