@@ -28,7 +28,7 @@ from kvstore.server.config import load_config
     (["--disk-write-budget", "200MiB", "--disk-write-budget-window-s", "0"], "disk_write_budget_window_s=0.0"),
     (["--disk-write-budget-window-s", "nan"], "use 1 to 86400 seconds"),
     (["--disk-write-budget-window-s", "1e9"], "use 1 to 86400 seconds"),
-    (["--disk-write-budget-window-s", "soon"], "expected a float"),
+    (["--disk-write-budget-window-s", "soon"], "expected a number, got 'soon'"),
     (["--disk-write-budget", "200MiB", "--disk-admission", "never"], "makes no sense; drop one of them"),
     (["--disk-admission", "seen:0"], "N must be 1..255"),
 ])

@@ -200,3 +200,18 @@ def test_commit_mode_is_unchanged(make_rig) -> None:
         5, 0, 1, 1, 0]
     assert eng.stats().disk.blocks == 5 and eng.disk_writing().write_mode == "commit"
 
+
+
+def test_a_peer_guest_is_never_written_here(make_rig) -> None:
+    """Copies the peer tier says this node does not own (Engine.let_go): dropped now or first to go, and under
+    evict their eviction writes nothing (the owner has the block)."""
+    rig = make_rig(write_mode="evict")
+    eng = rig.engine
+    rig.put([b"a0", b"a1", b"a2", b"a3"])
+    assert eng.let_go(NS, [b"a1"], drop=True) == 1           # dropped now, unwritten
+    assert eng.let_go(NS, [b"a2"]) == 1                      # first to go
+    rig.put([b"b0", b"b1"])                                  # a free slot, then a2 goes first: unwritten
+    assert _counters(eng, "disk_writes", "evicted_unwritten", "evictions") == [0, 2, 2]
+    assert eng.exists(NS, [b"a0", b"a1", b"a2", b"a3"]) == [True, False, False, True]
+    rig.put([b"b2"])                                         # a0, an own block: written when it goes
+    assert _counters(eng, "disk_writes", "evicted_unwritten", "evictions") == [1, 2, 3]

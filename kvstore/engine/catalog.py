@@ -25,7 +25,9 @@ was dropped by segment reclamation, so under disk_write=commit eviction drops th
 it again (the disk tier's reinsertion already chose what to keep), and under disk_write=evict its eviction
 writes it again; EVICTING: chosen by eviction and being written first (disk_write=evict, or a Demote): still
 readable, no longer in the policy, its slot freed when the write lands; LET_GO: a Release hint let go of it,
-so it is written nowhere and its disk copy was deleted). `seen` is a saturating use count for admission.
+so it is written nowhere and its disk copy was deleted; GUEST: a copy the peer tier says this node does not
+own, so an eviction never writes it here (a disk copy it has stays). `seen` is a saturating use count for
+admission.
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -41,7 +43,7 @@ from typing import Protocol
 import numpy as np
 
 __all__ = ["Catalog", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED",
-           "EVICTING", "LET_GO"]
+           "EVICTING", "LET_GO", "GUEST"]
 
 
 class EntryState(IntEnum):
@@ -98,6 +100,7 @@ WRITING = 4
 DISK_DROPPED = 8
 EVICTING = 16
 LET_GO = 32
+GUEST = 64
 
 
 class CatalogMirror(Protocol):

@@ -42,8 +42,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from kvstore.engine.catalog import (DISK_DROPPED, EVICTING, LET_GO, ON_DISK, QUEUED, WRITING, Catalog, EntryState,
-                                    Namespace)
+from kvstore.engine.catalog import (DISK_DROPPED, EVICTING, GUEST, LET_GO, ON_DISK, QUEUED, WRITING, Catalog,
+                                    EntryState, Namespace)
 from kvstore.engine.counters import Counters
 from kvstore.engine.engine_lock import EngineLock
 from kvstore.engine.events import REMOVED, STORED, EventBus
@@ -210,7 +210,8 @@ class DiskLink:
         """Victims of an eviction (the policy has forgotten them), under disk_write=evict: True for each taken to be
         written before its slot is freed. Not taken: a block with a disk copy (only its RAM copy goes), or one
         that a Release let go of, admission or the budget refuses, or that finds the tier degraded or the write
-        queue full (it is dropped: counted in evicted_unwritten or demote_queue_full). `force` (a Demote):
+        queue full (it is dropped: counted in evicted_unwritten or demote_queue_full), and a peer tier's guest
+        (a copy another node owns: GUEST). `force` (a Demote):
         admission and the budget are not asked (the budget is charged)."""
         cat, counters = self._cat, self._counters
         out = [False] * len(eids)
@@ -220,7 +221,7 @@ class DiskLink:
             flags = int(cat.flags[eid])
             if flags & ON_DISK:
                 continue
-            if not usable or flags & LET_GO:
+            if not usable or flags & (LET_GO | GUEST):  # let go of, or a copy this node does not own
                 counters.evicted_unwritten += 1
             elif force or self.admission.admits(int(cat.seen[eid])):
                 todo.append(i)
@@ -322,7 +323,7 @@ class DiskLink:
             landed: list[int] = []
             for eid, status in zip(eids, statuses):
                 flags = int(cat.flags[eid])
-                cat.flags[eid] = flags & LET_GO  # a failed write may be retried by a later hit (admission again)
+                cat.flags[eid] = flags & (LET_GO | GUEST)  # a failed write may be retried by a later hit
                 if status is DiskStatus.OK:
                     if not flags & LET_GO:
                         cat.flags[eid] |= ON_DISK
@@ -371,7 +372,7 @@ class DiskLink:
                         if eid is None:
                             gone.append(key)
                         elif cat.flags[eid] & ON_DISK:
-                            cat.flags[eid] = DISK_DROPPED
+                            cat.flags[eid] = DISK_DROPPED | (int(cat.flags[eid]) & GUEST)
                     self._misses.left(ns.id, gone, DISK_RECLAIMED)
                 self._events.publish(REMOVED, name, keys, Tier.DISK)
 

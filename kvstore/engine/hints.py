@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.engine.catalog import EVICTING, ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
+from kvstore.engine.catalog import EVICTING, GUEST, ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
 from kvstore.engine.config import EngineConfig
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
@@ -159,15 +159,17 @@ class Hints:
         handed to a new one), so a cluster's RAM holds each block about once: first to go, as a Release makes
         them, or with `drop` their RAM copy goes now: as an eviction would take it, or, when a reader holds it
         (a load that fetched it), hidden from every later lookup at once and freed when that reader lets go, as
-        a delete of a leased block is (a disk copy stays either way). An entry an agent's hint or a pin marked
-        is left as it is; not counted as a hint or a delete. Returns the entries marked or dropped."""
+        a delete of a leased block is (a disk copy stays either way, and under disk_write = evict its eviction
+        never writes one: GUEST). An entry an agent's hint or a pin marked is left as it is; not counted as a
+        hint or a delete. Returns the entries marked or dropped."""
         self._ram.apply_touches()
         eids, _ = self._lookups.locate(ns, keys)
-        state, pins = self._cat.state, self._cat.pins
+        state, pins, flags = self._cat.state, self._cat.pins, self._cat.flags
         done = 0
         for eid in eids.tolist():
             if eid < 0 or state[eid] != _COMMITTED or pins[eid] or self._policy.priority(eid) == RETAINED:
                 continue
+            flags[eid] |= GUEST
             if drop and self._ram.evictable(eid):
                 self._policy.on_remove(eid)
                 self._ram.evict(eid)
