@@ -29,7 +29,8 @@ finish_reclaim, finish_promotion) and `resident`, which the mover's threads call
 the engine's lock themselves; and `probe_if_due`, `start`, `stop`, `delete`, `delete_let_go`, `with_room`,
 which run outside it (they do I/O, join threads or wait; `with_room` takes the lock for its call). `resident` runs in the writer thread while the disk
 store's writer lock is held; no holder of the engine's lock ever waits for that lock (it takes only the
-store's state lock, for index reads), so the order writer -> engine -> store state cannot deadlock.
+store's state lock, for index reads), so the order writer -> engine -> store state cannot deadlock. The room
+condition (`_room`) is taken after the engine's lock only to notify, and alone by `with_room` to wait.
 With no disk tier every method is a cheap no-op (or says "nothing on disk").
 """
 
