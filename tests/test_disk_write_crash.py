@@ -119,3 +119,25 @@ def test_kill9_mid_load_serves_exactly_what_the_mode_promises(make_daemon, tmp_p
             assert set(A[:8]) <= back
         s = c.stats()
         assert s.disk.checksum_failures == 0 and s.counters["checksum_failures"] == 0
+
+
+def test_a_clean_stop_under_evict_writes_what_only_ram_held(make_daemon, tmp_path) -> None:
+    """SIGTERM, unlike kill -9: the daemon writes RAM's blocks that have no disk copy before it exits, so a
+    restart serves the pinned (never evicted, never written) blocks too."""
+    disk_dir = str(tmp_path / "disk")
+    P, A = _keys("P", 4), _keys("A", 20)
+    d = make_daemon(**_opts(disk_dir, "evict"))
+    with d.client() as c:
+        c.register_namespace(NS)
+        assert c.put_many(NS, P, [_value(k) for k in P]).stored == 4
+        assert c.pin(NS, P) == 4
+        for i in range(0, 20, 4):
+            assert c.put_many(NS, A[i:i + 4], [_value(k) for k in A[i:i + 4]]).stored == 4
+        assert _on_disk(c, P + A) == set(A[:8])
+    d.stop(signal.SIGTERM)
+    d2 = make_daemon(**_opts(disk_dir, "evict"))
+    with d2.client() as c:
+        c.register_namespace(NS)
+        assert {r.key for r in c.keys(NS)} == set(P + A)   # everything: the 8 evicted, and the 16 RAM held
+        for k in P + A:
+            assert c.get(NS, k) == _value(k)

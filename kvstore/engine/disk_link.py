@@ -263,6 +263,21 @@ class DiskLink:
             self._misses.left(ns.id, [key], DELETED)
         self._let_go.append((ns.name, key))
 
+    def flush(self) -> int:
+        """Before a clean stop under evict: queue the admitted RAM blocks that have no disk copy (write-behind, in
+        entry order, the budget and the queue's bound permitting), so a restart finds them; the mover's stop
+        writes them. Returns how many were queued (0 under commit: written already)."""
+        if self.write_mode != "evict" or self.mover is None:
+            return 0
+        cat = self._cat
+        ids = cat.live_ids()
+        busy = ON_DISK | QUEUED | WRITING | EVICTING | LET_GO | GUEST
+        ids = ids[(cat.state[ids] == _COMMITTED) & ((cat.flags[ids] & busy) == 0)
+                  & (cat.seen[ids] >= self.admission.threshold)]
+        before = self._counters.disk_writes_queued
+        self.queue_writes(ids)
+        return self._counters.disk_writes_queued - before
+
     def take_let_go(self) -> list[tuple[str, bytes]]:
         """The (namespace, key) whose disk copies `let_go` marked for deletion since the last call."""
         gone, self._let_go = self._let_go, []

@@ -151,7 +151,10 @@ class Engine(EngineQueries):
         self._disk.start()
 
     def stop(self) -> None:
-        """Finish queued disk writes and promotions, then stop the I/O threads."""
+        """Finish queued disk writes and promotions, then stop the I/O threads. Under disk_write = evict, RAM's
+        blocks that have no disk copy are written first (a clean stop loses nothing the disk has room for)."""
+        with self._lock:
+            self._disk.flush()
         self._disk.stop()
 
     # -- namespaces -------------------------------------------------------------------------------------
