@@ -199,7 +199,7 @@ def progress(total: int) -> _NoProgress:
 
 
 # -- phase timing (added for bench/disk.py; generic) ------------------------------------------------------------
-__all__ += ["timed", "TimedLock"]
+__all__ += ["timed", "TimedLock", "on_threads"]
 
 
 def timed(acc: dict[str, float], phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -283,3 +283,27 @@ def arena_for(working_bytes: int, spare_bytes: int = 0) -> int:
     its arena to its blocks alone would time evictions its spare slots cause."""
     need = max(int((working_bytes + spare_bytes) / 0.9) + (64 << 20), 8 * spare_bytes)
     return -(-need // (1 << 20)) * (1 << 20)
+
+
+def on_threads(part: Callable[[int], None], threads: int) -> float:
+    """Run part(0..threads-1) on that many threads at once; the seconds from the start to the last one's end.
+    Why threads started before the clock: thread creation is not what is measured."""
+    start, errors = threading.Barrier(threads + 1), []
+
+    def run(t: int) -> None:
+        start.wait()
+        try:
+            part(t)
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+    workers = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return dt

@@ -1,4 +1,5 @@
-"""Where the disk tier's time goes in bench.disk: one instrumented write and read pass per block size.
+"""Where the disk tier's time goes in bench.disk: one instrumented write and read pass per block size (reads on
+one thread, so the phases add up to the pass's time).
 
 Outside the medians. Instance attributes shadow the BlockIO and index methods, the store's locks are timed
 ones, and the disk modules' `xxhash` name is a timed proxy for the pass, so the real call path is measured.
@@ -54,7 +55,8 @@ def profile(root: str, p: Passes, plan: Plan, pg: Any, sizes: Sequence[int],
         for size in sizes:
             pg.step(f"phases of DiskStore, {fmt_bytes(size)} blocks")
             for op, fn in (("write_many", lambda: p.tier_write(store, size, plan.pass_bytes)),
-                           ("read_into", lambda: p.tier_read(store, size))):
+                           ("read_into", lambda: p.tier_read(store, size, threads=1))):  # one thread: the
+                # phases of a read add up to its wall time (the timed passes read on the promoters' threads)
                 acc.clear()
                 total = fn()
                 row = {k: round(acc.get(k, 0.0) * 1e3, 1) for k in PHASES}

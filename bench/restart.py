@@ -152,7 +152,8 @@ def _kept(address: str, keys: list[bytes]) -> tuple[float, float]:
 def run_mode(mode: str, work: str, arena: int, block: int) -> Outcome:
     os.makedirs(work, exist_ok=True)
     d = DaemonProcess(workdir=work, arena_bytes=str(arena), max_block_bytes=str(max(block, 1 << 20)),
-                      disk_bytes=str(4 * arena), disk_segment_bytes="64MiB", arena_lock="off", disk_wipe=True)
+                      disk_bytes=str(4 * arena), disk_segment_bytes="64MiB", arena_lock="off", disk_wipe=True,
+                      disk_write="commit")  # write-behind: every block is on disk before the restart
     d.start(timeout_s=120)
     d.args = [a for a in d.args if a != "--disk-wipe"]  # later starts keep the disk tier (but cold)
     succ: DaemonProcess | None = None

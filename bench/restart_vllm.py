@@ -64,7 +64,7 @@ def ttft_across_restarts(work: str, modes: list[str], quick: bool) -> dict[str, 
     kv = os.path.join(work, "kv")
     os.makedirs(kv, exist_ok=True)
     d = DaemonProcess(workdir=kv, arena_bytes="1GiB", max_block_bytes="8MiB", disk_bytes="4GiB",
-                      disk_segment_bytes="64MiB", arena_lock="off")
+                      disk_segment_bytes="64MiB", arena_lock="off", disk_write="commit")
     d.start(timeout_s=120)
     out: dict[str, Any] = {"sessions": n, "prompt_tokens": PROMPT, "layers": layers, "dtype": dtype}
     current = d

@@ -239,10 +239,11 @@ def tiers(c: Client, keys: list[bytes]) -> list[str | None]:
 
 
 def test_demote_then_prefetch_a_session_moves_it_between_ram_and_disk(make_daemon) -> None:
-    """With a disk tier: demote the session's 12 blocks (written behind already: RAM freed now), prefetch them
-    back before the next turn, then a retain longer than the daemon's hint_max_ttl_s (600 s) is clipped."""
+    """With a disk tier under disk_write = commit: demote the session's 12 blocks (written behind already: RAM
+    freed now), prefetch them back before the next turn, then a retain longer than the daemon's hint_max_ttl_s
+    (600 s) is clipped. (Under evict a Demote writes then frees: tests/test_engine_disk_write.py.)"""
     d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB", disk_bytes="16MiB", disk_segment_bytes="4MiB",
-                    disk_sync="none")
+                    disk_sync="none", disk_write="commit")
     s = Side(d.address, make_caches(405))
     prompt = prompt_tokens(100, start=709)
     keys = keys_of(prompt)

@@ -45,8 +45,9 @@ def test_the_load_policy(mode: str, groups: int, fetch: int, want: bool) -> None
 
 
 def _disk_daemon(make_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
+    # disk_write = commit: a put's blocks are on disk soon after it (the tests put blocks there that way)
     return make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB", disk_bytes="16MiB", disk_segment_bytes="4MiB",
-                       disk_sync="none")
+                       disk_sync="none", disk_write="commit")
 
 
 def _on_disk_only(c: Client, ns: str, keys: list[bytes]) -> None:

@@ -1,5 +1,8 @@
 """The disk tier through a real daemon: write-behind, promotion, restarts, crashes, corruption, faults.
 
+These run under disk_write = commit (write-behind), the mode whose behaviour they pin down; disk_write = evict
+has its own daemon tests (test_disk_write_daemon.py, test_disk_write_crash.py).
+
 Arena: 16 MiB of 1 MiB slabs (16 blocks of 1 MiB). Disk: 64 MiB in 4 MiB segments, under the test's
 directory. Block contents are a pure function of the key, so any read can be checked without bookkeeping.
 """
@@ -36,7 +39,7 @@ def _keys(n: int, tag: str = "k") -> list[bytes]:
 def _disk_opts(disk_dir: str, **extra: object) -> dict[str, object]:
     opts: dict[str, object] = dict(arena_bytes="16MiB", max_block_bytes="1MiB", disk_bytes="64MiB",
                                    disk_segment_bytes="4MiB", disk_dir=disk_dir, disk_sync="data",
-                                   high_watermark=1.0, low_watermark=1.0)
+                                   high_watermark=1.0, low_watermark=1.0, disk_write="commit")
     opts.update(extra)
     return opts
 

@@ -13,6 +13,7 @@ import pytest
 
 from kvstore.arena.allocator import ClassUsage
 from kvstore.engine.results import NamespaceUsage
+from kvstore.engine.counters import RESTART_DROP_REASONS
 from kvstore.hint_vocab import HINT_COUNTER_NAMES
 from tests.engine_helpers import NS, KiB, MiB, make_rig, put
 
@@ -62,11 +63,14 @@ def test_stats_exact_fields() -> None:
         "promotion_failures": 0,
         "disk_writes": 0, "disk_write_failures": 0, "demote_dropped": 0, "demote_queue_full": 0,
         "evicted_to_disk": 0, "hit_bytes_ram": 20000 + 4 * KiB, "hit_bytes_disk": 0, "disk_reinserted": 0,
+        "disk_writes_queued": 0, "disk_writebacks": 0, "evicted_unwritten": 0, "room_waits": 0,
         "slab_binds": 0, "slab_bind_failures": 0,
         # no prefix Lookup stopped short (both Lookups above are without prefix): no miss has a cause
         "misses_never_stored": 0, "misses_evicted": 0, "misses_disk_reclaimed": 0, "misses_deleted": 0,
         "misses_cleared": 0, "misses_other_namespace": 0, "misses_load_failed": 0,
         **dict.fromkeys(HINT_COUNTER_NAMES, 0), "hints_late_rejected": 0,  # no hint was sent
+        # no restart handed this engine a predecessor's blocks
+        "restart_adopted_blocks": 0, **{f"restart_dropped_{r}": 0 for r in RESTART_DROP_REASONS},
     }
     eng.release([lease])
     assert eng.stats().leased_bytes == 0

@@ -211,13 +211,14 @@ def test_a_joined_promotion_whose_entry_was_reused_by_another_namespace_is_a_mis
                 reused.update(deleted=gone, offset=r.offsets[0])
             super().set()
 
-    enqueue = eng._disk.mover.enqueue_promotion  # noqa: SLF001
+    enqueue = eng._disk.mover.enqueue_promotions  # noqa: SLF001
 
-    def hooked(p) -> None:
-        p.done = Interleave()
-        enqueue(p)
+    def hooked(ps) -> None:
+        for p in ps:
+            p.done = Interleave()
+        enqueue(ps)
 
-    eng._disk.mover.enqueue_promotion = hooked  # noqa: SLF001
+    eng._disk.mover.enqueue_promotions = hooked  # noqa: SLF001
     res = eng.lookup(NS, [b"k"], lease=True)
     assert reused["deleted"] == 1
     assert (res.present, res.offsets, res.lease_id) == ([False], [], 0)

@@ -39,7 +39,7 @@ def _summary(events: list[KVEvent]) -> list[tuple]:
 
 def test_exact_sequence_for_put_evict_promote_delete(make_daemon, tmp_path) -> None:
     d = make_daemon(arena_bytes="4MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
-                    disk_bytes="16MiB", disk_segment_bytes="2MiB", disk_dir=str(tmp_path / "disk"), disk_sync="none")
+                    disk_bytes="16MiB", disk_segment_bytes="2MiB", disk_dir=str(tmp_path / "disk"), disk_sync="none", disk_write="commit")
     got: queue.Queue = queue.Queue()
     with d.client() as c, c.subscribe([NS]) as stream:
         _collect(stream, got)

@@ -182,7 +182,7 @@ def test_tenants_files_carry_over_and_stay_apart(tmp_path) -> None:
 
 def test_the_disk_tier_carries_on_and_ram_hits_stay_in_ram(tmp_path) -> None:
     with DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB",
-                       disk_bytes="256MiB", disk_segment_bytes="16MiB") as d:
+                       disk_bytes="256MiB", disk_segment_bytes="16MiB", disk_write="commit") as d:
         c = d.client()
         keys, values = _fill(c, 40)
         s = d.successor()

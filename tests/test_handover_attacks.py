@@ -166,7 +166,7 @@ def test_a_successor_of_another_format_makes_the_daemon_stop_for_a_cold_start(tm
 
 def test_a_successor_with_another_arena_starts_cold_and_says_why(tmp_path) -> None:
     d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB", disk_bytes="64MiB",
-                      disk_segment_bytes="16MiB")
+                      disk_segment_bytes="16MiB", disk_write="commit")
     d.start()
     try:
         with d.client() as c:

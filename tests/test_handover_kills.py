@@ -32,7 +32,8 @@ def _values() -> tuple[list[bytes], list[bytes]]:
 
 def _start_with_blocks(tmp_path, env: dict[str, str] | None = None) -> DaemonProcess:
     d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB", disk_bytes="128MiB",
-                      disk_segment_bytes="16MiB", handover_timeout_s=20, env=env)
+                      disk_segment_bytes="16MiB", handover_timeout_s=20, env=env,
+                      disk_write="commit")  # write-behind: the disk holds every block before the hand-over
     d.start()
     keys, values = _values()
     with d.client() as c:

@@ -84,8 +84,9 @@ def test_every_action_without_a_disk_tier_with_exact_outcomes_and_metrics(make_d
 
 
 def test_demote_and_prefetch_move_blocks_between_ram_and_disk(make_daemon) -> None:
+    # disk_write = commit: written behind, so a Demote only drops RAM copies (evict: test_engine_disk_write.py)
     d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB", disk_bytes="16MiB", disk_segment_bytes="4MiB",
-                    disk_sync="none")
+                    disk_sync="none", disk_write="commit")
     with d.client() as c:
         c.register_namespace(NS)
         c.put_many(NS, [b"a", b"b"], [BLOCK] * 2)

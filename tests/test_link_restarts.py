@@ -43,7 +43,7 @@ def test_a_call_that_met_the_old_connection_is_sent_again_once_the_daemon_answer
 def test_a_restart_costs_no_request_after_the_daemon_serves(tmp_path) -> None:
     # kill -9 and start again with the disk tier: the first call after the daemon serves gets what it holds
     d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB", disk_bytes="64MiB",
-                      disk_segment_bytes="16MiB")
+                      disk_segment_bytes="16MiB", disk_write="commit")  # write-behind: a kill -9 keeps them
     d.start()
     link = StoreLink(d.address, timeout_s=5.0, retry_s=60.0)
     try:

@@ -37,7 +37,7 @@ def _xfer(m, name: str, plane: str, direction: str) -> float:
 
 def test_counters_move_by_exact_amounts(make_daemon, tmp_path) -> None:
     d = make_daemon(arena_bytes="16MiB", max_block_bytes="1MiB", high_watermark=1.0, low_watermark=1.0,
-                    disk_bytes="64MiB", disk_segment_bytes="4MiB", disk_dir=str(tmp_path / "disk"), disk_sync="none")
+                    disk_bytes="64MiB", disk_segment_bytes="4MiB", disk_dir=str(tmp_path / "disk"), disk_sync="none", disk_write="commit")
     before = _scrape(d)
     assert _v(before, "kvstore_committed_blocks_total") == 0
     with d.client() as c:

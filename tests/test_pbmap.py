@@ -206,14 +206,20 @@ def test_health_and_key_info_map_from_the_wire() -> None:
 
 def test_disk_stats_cross_the_wire_by_name_with_their_two_renames() -> None:
     from kvstore.client.reports import DiskTierStats
+    from kvstore.engine.results import DiskWriting
+    from kvstore.policies.write_budget import BudgetState
     from kvstore.server.service import disk_tier_stats
     from kvstore.tiers.disk.types import DiskStats
 
     values = {f.name: i + 1 for i, f in enumerate(dataclasses.fields(DiskStats))}
     values.update(degraded=True, degraded_reason="full", direct_io=True)
     d = DiskStats(**values)  # type: ignore[arg-type]  # ints for every numeric field, on purpose distinct
-    got = from_message(DiskTierStats, disk_tier_stats(d, "/var/kv", 7, "always"))
+    budget = BudgetState(1 << 20, 60.0, 0.25, 3, 4, 5, 6, 7, 8)
+    got = from_message(DiskTierStats, disk_tier_stats(d, "/var/kv", 7, "always", DiskWriting("evict", 9, 10, budget)))
     want = {f.name: values.get(f.name) for f in dataclasses.fields(DiskTierStats)}
     want.update(enabled=True, directory="/var/kv", raw_bytes=d.raw_bytes, stored_bytes=d.stored_bytes,
-                write_queue_blocks=7, admission="always")
+                write_queue_blocks=7, admission="always", write_mode="evict", promotion_queue_blocks=9,
+                writeback_blocks=10, budget=dataclasses.asdict(budget))
     assert dataclasses.asdict(got) == want
+    none = from_message(DiskTierStats, disk_tier_stats(d, "/var/kv", 7, "always", DiskWriting("commit", 0, 0, None)))
+    assert (none.write_mode, none.budget) == ("commit", None)

@@ -164,7 +164,7 @@ def test_replay_through_real_daemon_equals_simulation() -> None:
     # 195 orphaned tails found present by puts, one put too large for what is evictable (all or nothing).
     reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1))
     spec = StoreSpec.ram(10_000)
-    sim = simulate(reqs, spec.sim_tiers())
+    sim = simulate(reqs, spec.sim_tiers(), plan=spec.write_plan)
     store = replay(reqs, spec)
     assert store.verify_failures == 0
     assert store.hits == sim.hits
@@ -177,27 +177,39 @@ def test_replay_through_real_daemon_equals_simulation() -> None:
     assert store.synced_leases
 
 
-@pytest.mark.parametrize(("reinsert_hits", "reclaimed", "reinserted"), [(1, 41, 23), (0, 32, 0)])
-def test_replay_with_disk_tier_equals_simulation(reinsert_hits: int, reclaimed: int, reinserted: int) -> None:
+@pytest.mark.parametrize(("write", "reinsert_hits", "figures"), [
+    ("commit", 1, dict(hits=3_203, by_tier=[2_724, 479], full=1, writes=125, reclaimed=41, reinserted=23, moved=584)),
+    ("commit", 0, dict(hits=3_203, by_tier=[2_724, 479], full=1, writes=125, reclaimed=32, reinserted=0, moved=584)),
+    ("evict", 1, dict(hits=3_214, by_tier=[2_734, 480], full=0, writes=116, reclaimed=22, reinserted=10, moved=585)),
+    ("evict", 0, dict(hits=3_214, by_tier=[2_734, 480], full=0, writes=116, reclaimed=32, reinserted=0, moved=585)),
+])
+def test_replay_with_disk_tier_equals_simulation(write: str, reinsert_hits: int, figures: dict) -> None:
     # The same 469 calls into 19 blocks of RAM and 96 blocks of disk (3 segments of 1 MiB = 32 blocks of 32 KiB):
-    # promotions, a failed all-or-nothing put, and reclamation, all exactly as modelled. Plain FIFO drops one
-    # whole segment (32 blocks). With the second chance the first reclamation keeps 16 promoted records (half
-    # a segment), so a second one comes sooner and keeps 7: 41 dropped, 23 copied.
+    # promotions, reclamation (and under commit a failed all-or-nothing put), all exactly as modelled.
+    # commit: every put is written at once (125 blocks). Plain FIFO drops one whole segment (32 blocks); with the
+    # second chance the first reclamation keeps 16 promoted records (half a segment), so a second one comes
+    # sooner and keeps 7: 41 dropped, 23 copied. evict: only the 116 blocks RAM let go of are written (each
+    # before its slot was reused: a Reserve or a promotion waited for it), so the disk has room for more and the
+    # put that failed under commit finds its victims; the second chance keeps 10 records of blocks read back
+    # and evicted again, and none of those RAM still held.
     reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1))
-    spec = StoreSpec.ram_disk(10_000, 49_152, reinsert_hits=reinsert_hits)
+    spec = StoreSpec.ram_disk(10_000, 49_152, reinsert_hits=reinsert_hits, disk_write=write)
     assert spec.disk is not None and (spec.disk.segments, spec.disk.capacity_blocks) == (3, 96)
-    sim = simulate(reqs, spec.sim_tiers())
+    sim = simulate(reqs, spec.sim_tiers(), plan=spec.write_plan)
     store = replay(reqs, spec)
     assert store.verify_failures == 0  # every promoted block came back from disk with its marks
     assert store.hits == sim.hits and store.disk_hits == sim.disk_hits
     checks = _tier_checks(store, sim)
     assert [k for k, (a, b) in checks.items() if a != b] == [], checks
-    assert (sum(sim.hits), sim.hits_by_tier, sim.store_full) == (3_203, [2_724, 479], 1)
+    f = figures
+    assert (sum(sim.hits), sim.hits_by_tier, sim.store_full) == (f["hits"], f["by_tier"], f["full"])
     c = sim.counters
     assert (c["promotions"], c["disk_writes"], c["disk_evicted_blocks"], c["disk_reinserted"]) == (
-        479, 125, reclaimed, reinserted)
-    assert c["disk_blocks"] == 125 - reclaimed and c["evicted_to_disk"] == 584   # one eviction lost its copy
-    assert store.counters["disk_reinserted"] == reinserted
+        f["by_tier"][1], f["writes"], f["reclaimed"], f["reinserted"])
+    assert c["disk_blocks"] == f["writes"] - f["reclaimed"]  # a reinserted record is one of those written
+    assert c["evicted_to_disk"] == f["moved"]
+    assert (c["disk_writebacks"], c["room_waits"] > 0) == ((f["writes"], True) if write == "evict" else (0, False))
+    assert store.counters["disk_reinserted"] == f["reinserted"]
     assert store.synced_writes and store.counters["demote_dropped"] == 0
 
 

@@ -126,7 +126,7 @@ def test_belady_beats_lru_on_the_conversation_trace() -> None:
     # The tiered store at the CLI's quick headline (RAM 3M + disk 30M tokens) against Belady on the same blocks.
     spec = StoreSpec.ram_disk(3_000_000, 30_000_000)
     pool = spec.tiers[0].capacity_blocks + spec.disk.capacity_blocks  # type: ignore[union-attr]  # has a disk
-    store = hit_figures(reqs, simulate(reqs, spec.sim_tiers()).hits).hit_rate
+    store = hit_figures(reqs, simulate(reqs, spec.sim_tiers(), plan=spec.write_plan).hits).hit_rate
     ceiling = hit_figures(reqs, belady(reqs, pool).hits).hit_rate
     assert store <= ceiling
 

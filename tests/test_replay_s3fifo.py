@@ -67,13 +67,15 @@ def test_promotions_allocate_before_any_lands_and_land_in_the_given_order() -> N
     # tracked, so the ghost bound is 0 and it forgets k0 and k1 (inserting each at once would keep k1 there).
     t = PolicyTier("ram", 2)
     t.admit(K[:2], ())
-    assert t.promote([K[2], K[3]], ()) == ([True, True], [K[0], K[1]])
+    assert [t.take_victim(()), t.take_victim(())] == [K[0], K[1]]  # two promotions' slots, before either lands
+    t.insert_landed([K[2], K[3]])
     assert _queues(t) == (2, 0, 0)
     # The landing order is the order of the S FIFO: reversed, k3 is the older entry and goes first.
     for landing, first in ((None, K[4]), (lambda got: got[::-1], K[5])):
         t = PolicyTier("ram", 4)
         t.admit(K[:2], ())
-        assert t.promote([K[4], K[5]], [K[0]], landing) == ([True, True], [])
+        assert t.free_slots() == 2  # two free slots: no victim
+        t.insert_landed(landing([K[4], K[5]]) if landing is not None else [K[4], K[5]])
         assert t.admit(K[6:9], ()) == (True, [K[0], K[1], first])
 
 
@@ -118,7 +120,7 @@ def test_s3fifo_replay_ram_equals_simulation() -> None:
     # 469 AgentX calls into 19 blocks of RAM under S3-FIFO; the replay waits for lease releases before each put
     reqs = generate(SMALL)
     spec = StoreSpec.ram(10_000, policy="s3fifo")
-    sim = simulate(reqs, spec.sim_tiers())
+    sim = simulate(reqs, spec.sim_tiers(), plan=spec.write_plan)
     store = replay(reqs, spec, sync_leases=True)
     assert store.verify_failures == 0 and store.hits == sim.hits
     checks = _tier_checks(store, sim)
@@ -137,7 +139,7 @@ def test_s3fifo_replay_with_disk_tier_equals_simulation(reinsert_hits: int) -> N
     reqs = generate(SMALL)
     spec = StoreSpec.ram_disk(10_000, 49_152, reinsert_hits=reinsert_hits, policy="s3fifo")
     store, landed = replay_observed(reqs, spec, sync_leases=True)
-    sim = simulate(reqs, spec.sim_tiers(), landed=landed)
+    sim = simulate(reqs, spec.sim_tiers(), landed=landed, plan=spec.write_plan)
     assert store.verify_failures == 0 and sim.landing_mismatches == 0
     assert store.hits == sim.hits and store.disk_hits == sim.disk_hits
     checks = _tier_checks(store, sim)
@@ -195,17 +197,17 @@ def test_s3fifo_with_hints_replay_equals_simulation() -> None:
     reqs = generate(AgentXParams(sessions=6, scale=0.05, seed=1, hints=True))
     spec = StoreSpec.ram(12_697, policy="s3fifo")
     store = replay(reqs, spec, sync_leases=True, hints=True)
-    sim = simulate_hinted(reqs, spec.sim_tiers())
+    sim = simulate_hinted(reqs, spec.sim_tiers(), plan=spec.write_plan)
     assert store.verify_failures == 0 and store.hits == sim.hits
     checks = _tier_checks(store, sim)
     assert [k for k, (a, b) in checks.items() if a != b] == [], checks
     assert {k: v for k, v in sim.counters.items() if k.startswith("hint_")} == {
         "hint_pin_accepted": 6, "hint_retain_accepted": 2_551, "hint_retain_missing": 11,
         "hint_release_accepted": 123} == store.hint_outcomes
-    assert (sum(sim.hits), sum(simulate(reqs, spec.sim_tiers()).hits)) == (2_924, 2_780)  # hinted vs plain S3-FIFO
+    assert (sum(sim.hits), sum(simulate(reqs, spec.sim_tiers(), plan=spec.write_plan).hits)) == (2_924, 2_780)  # hinted vs plain S3-FIFO
     spec = StoreSpec.ram_disk(10_000, 49_152, policy="s3fifo")
     store, landed = replay_observed(reqs, spec, sync_leases=True, hints=True)
-    sim = simulate_hinted(reqs, spec.sim_tiers(), landed=landed)
+    sim = simulate_hinted(reqs, spec.sim_tiers(), landed=landed, plan=spec.write_plan)
     assert store.verify_failures == 0 and sim.landing_mismatches == 0
     assert store.hits == sim.hits and store.disk_hits == sim.disk_hits
     checks = _tier_checks(store, sim)

@@ -90,6 +90,20 @@ def test_segment_log_reclaims_the_oldest_segment_whole() -> None:
     assert small.write(keys[5:6]) == [True] and keys[0] not in small and keys[2] in small
 
 
+def test_segment_log_reuses_a_segment_whose_records_were_all_deleted() -> None:
+    # The daemon's segments.take_dead: a Release deleted both records of the middle segment; the next segment
+    # needed is that one, with nothing dropped, while the oldest (all live) waits its turn.
+    keys = [bytes([i]) * 32 for i in range(8)]
+    log = SegmentLog("disk", segments=3, segment_bytes=16384, block_bytes=5000)
+    assert log.write(keys[:6]) == [True] * 6  # [k0 k1] [k2 k3] [k4 k5]
+    log.remove(keys[2])
+    assert log.write(keys[6:7]) == [True] and log.reclaimed == 2  # [k2 k3] still holds k3: [k0 k1] goes
+    log.remove(keys[3])
+    assert log.write(keys[7:8]) == [True]  # into [k6 _]
+    assert log.write([keys[0]]) == [True] and log.reclaimed == 2  # [k2 k3] is dead: reused, nothing dropped
+    assert [k in log for k in keys] == [True, False, False, False, True, True, True, True]
+
+
 def test_disk_fifo_ignores_hits() -> None:
     # One record a segment, 3 segments, no second chance (reinsert_hits=0; with one record a segment there is
     # no room for one anyway): a hit neither keeps a block on disk nor rewrites it.

@@ -69,6 +69,7 @@ def _daemon(tokens: str, work: str) -> DaemonProcess:
     return DaemonProcess(workdir=work, tokens_file=tokens, arena_bytes="4MiB", max_block_bytes="1MiB",
                          high_watermark=1.0, low_watermark=1.0, disk_bytes="8MiB", disk_segment_bytes="1MiB",
                          disk_sync="none", disk_reinsert_hits=0, tenant_disk_quota="alice=2MiB",
+                         disk_write="commit",  # every put reaches the disk: the burst fills it
                          metrics_namespace_labels="name")  # tenant names as labels: checked below
 
 

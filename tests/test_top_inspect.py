@@ -41,7 +41,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
 def _disk_daemon(tmp: Path, **extra: object) -> DaemonProcess:
     opts: dict[str, object] = dict(arena_bytes="16MiB", max_block_bytes="1MiB", high_watermark=1.0,
                                    low_watermark=1.0, disk_bytes="64MiB", disk_segment_bytes="4MiB",
-                                   disk_dir=str(tmp / "disk"), disk_sync="none")
+                                   disk_dir=str(tmp / "disk"), disk_sync="none", disk_write="commit")
     opts.update(extra)
     return DaemonProcess(**opts)
 

@@ -2,7 +2,8 @@
 real (anonymous, page-aligned) mapping as the arena, the real Mover threads.
 
 Rig: 4 slabs of 64 KiB (4 blocks of BLOCK bytes; max_block_bytes = slab), no watermark eviction, so a block
-leaves RAM only when a reserve or promotion needs its slot. Disk: 4 MiB in 1 MiB segments, sync="none".
+leaves RAM only when a reserve or promotion needs its slot. disk_write is `commit` unless a test asks for
+`evict` (write_mode); a write budget may be given. Disk: 4 MiB in 1 MiB segments, sync="none".
 Block contents are a pure function of the key (value). Background work is awaited by polling with a deadline
 (wait_until), never by sleeping. A test module makes its fixture with `make_rig = rig_fixture()`.
 """
@@ -26,6 +27,7 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.results import RESERVED, EngineConfig, LookupResult
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
+from kvstore.policies.write_budget import WriteBudget
 from kvstore.testing import wait_until
 from kvstore.testing.gated_io import GatedIO
 from kvstore.tiers.disk import AlignedBuffer, DiskConfig, DiskStatus, DiskStore, WriteItem
@@ -95,7 +97,8 @@ def rig_fixture() -> Callable[..., Any]:
         made: list[Rig] = []
 
         def make(admission: str = "always", start: bool = True, register: bool = True, disk_bytes: int = 4 * MiB,
-                 reinsert_hits: int = 1) -> Rig:
+                 reinsert_hits: int = 1, write_mode: str = "commit", budget: WriteBudget | None = None,
+                 promote_timeout_s: float = 5.0) -> Rig:
             io = GatedIO()
             disk = DiskStore(DiskConfig(directory=str(tmp_path / "disk"), capacity_bytes=disk_bytes,
                                         segment_bytes=MiB, sync="none", reinsert_hits=reinsert_hits), io=io)
@@ -106,9 +109,11 @@ def rig_fixture() -> Callable[..., Any]:
             address = ctypes.addressof(anchor)
             del anchor
             gens = np.frombuffer(mm, dtype=np.uint64, count=layout.gen_table_bytes // 8)
-            engine = Engine(EngineConfig(max_block_bytes=BLOCK, high_watermark=1.0, low_watermark=1.0), layout,
+            engine = Engine(EngineConfig(max_block_bytes=BLOCK, high_watermark=1.0, low_watermark=1.0,
+                                         promote_timeout_s=promote_timeout_s), layout,
                             gens, SlabAllocator(layout.data_offset, layout.data_bytes, BLOCK), make_policy("lru"),
-                            disk=disk, admission=make_admission(admission), arena_address=address)
+                            disk=disk, admission=make_admission(admission), arena_address=address,
+                            write_mode=write_mode, budget=budget)
             if register:
                 assert engine.register_namespace(NS) is True
             if start:

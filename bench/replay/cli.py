@@ -20,8 +20,13 @@ its headline is RAM 3M + disk 30M tokens (next to RAM 3M alone).
 AgentX's default capacities (3M tokens, and the sweep's) are multiplied by its --scale, since every token
 count of the trace is; its sweep spans 100K..5M tokens, where its working set lies.
 
+--disk-write (evict | commit, the daemon's default evict) and --disk-admission (always | seen:N | never) set
+when and which blocks the disk tier takes, on the daemon and in the simulator alike; --policy the RAM tier's.
+
 --hints (AgentX only; hints_cli.py): the trace with its agent hints at 10 % and 25 % of unique KV
 (--hint-shares), the real store sent the hints, against plain LRU and Belady, one table and one JSON line.
+--writes (writes_cli.py): every disk_write x admission through the real store, and write budgets through the
+simulator, at one store: hit rate against disk bytes written, a table, a plot and one JSON line.
 --sweep draws two lines on one PNG: RAM alone at each --capacities size, and RAM + disk (RAM fixed, disks of
 --disk-capacities; its first point is RAM alone), against the total capacity RAM + disk.
 """
@@ -42,9 +47,11 @@ from bench.replay.hints_cli import run_hints
 from bench.replay.metrics import CostModel
 from bench.replay.report import markdown_table, plot_sweep, series_from_points, summary_rows, summary_title
 from bench.replay.run import Workload, run_point
-from bench.replay.tiers import StoreSpec, fmt_tokens
+from bench.replay.tiers import POLICIES, StoreSpec, fmt_tokens
+from bench.replay.writes_cli import run_writes
 from bench.replay.trace import BLOCK_TOKENS, DEFAULT_TRACE, Convention, Request, cut_trace, load_trace, write_trace
 from bench.replay.verdict import EXIT_MISMATCH, all_mismatches
+from kvstore.policies.admission import WRITE_MODES
 
 __all__ = ["main", "build_parser"]
 
@@ -97,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baseline", action="store_true", help="with a disk tier: skip the RAM-alone replay")
     p.add_argument("--disk-reinsert-hits", type=int, default=1,
                    help="disk second chance: keep records read this many times at reclamation (0: plain FIFO)")
+    p.add_argument("--disk-write", choices=WRITE_MODES, default="evict",
+                   help="when the disk tier is written: evict (RAM's victims) or commit (write-behind)")
+    p.add_argument("--disk-admission", default="always", help="which blocks the disk takes: always, seen:N, never")
+    p.add_argument("--policy", choices=POLICIES, default="lru", help="the RAM tier's eviction policy")
+    p.add_argument("--writes", action="store_true",
+                   help="disk_write x admission (the store) and write budgets (the simulator) at one store")
+    p.add_argument("--sim-only", action="store_true", help="with --writes: every point from the simulator")
     p.add_argument("--bytes-per-token", type=int, default=64, help="KV bytes a token (64: a block is 32 KiB)")
     p.add_argument("--partial-blocks", choices=("drop", "keep"), default="drop",
                    help="drop: only full 512-token blocks are cached (vLLM); keep: every hash id (dataset README)")
@@ -161,19 +175,21 @@ def _specs(a: argparse.Namespace, w: Workload, factor: float) -> list[StoreSpec]
         ram = a.capacity_tokens or int(3_000_000 * factor)
         disk = a.disk_tokens if a.disk_tokens is not None else int(QUICK_DISK_TOKENS * factor) if a.quick else 0
     hits = a.disk_reinsert_hits
-    head = StoreSpec.ram_disk(ram, disk, bpt, hits)
+    writes = {"disk_write": a.disk_write, "disk_admission": a.disk_admission}
+    head = StoreSpec.ram_disk(ram, disk, bpt, hits, a.policy, **writes)
     specs = [head]
     if disk and not a.no_baseline:
-        specs.append(StoreSpec.ram(ram, bpt))
+        specs.append(StoreSpec.ram(ram, bpt, a.policy))
     if a.sweep:
         kind = "agentx" if a.agentx else "trace"
         full, quick = SWEEPS[kind]
         caps = a.capacities or [int(c * factor) for c in (quick if a.quick else full)]
-        specs += [StoreSpec.ram(c, bpt) for c in caps]
+        specs += [StoreSpec.ram(c, bpt, a.policy) for c in caps]
         line_ram, dfull, dquick = DISK_SWEEPS[kind]
         line_ram = a.capacity_tokens or int(line_ram * factor)
         disks = a.disk_capacities or [int(d * factor) for d in (dquick if a.quick else dfull)]
-        specs += [StoreSpec.ram(line_ram, bpt)] + [StoreSpec.ram_disk(line_ram, d, bpt, hits) for d in disks if d]
+        specs += [StoreSpec.ram(line_ram, bpt, a.policy)] + [
+            StoreSpec.ram_disk(line_ram, d, bpt, hits, a.policy, **writes) for d in disks if d]
     unique: dict[tuple[int, int], StoreSpec] = {}
     for spec in specs:
         unique.setdefault((spec.ram_tokens, spec.disk_tokens), spec)
@@ -191,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     if not w.requests:
         print("no requests to replay (check --limit / --window-s)", file=sys.stderr)
         return 1
+    if a.hints and a.writes:
+        parser.error("--hints and --writes are separate runs: choose one")
     if a.hints:
         return run_hints(a, w, parser)
+    if a.writes:
+        return run_writes(a, w, parser)
     try:  # a bad size fails here, before any daemon starts
         specs = _specs(a, w, factor)
     except ValueError as exc:
@@ -234,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         keep = ("capacity_tokens", "disk_tokens", "total_tokens", "store", "hit_rate", "sim_hit_rate", "hit_rate_ram",
                 "hit_rate_disk", "hit_rate_of_max", "prefill_reduction", "belady_hit_rate", "lru_share_of_belady",
                 "mismatched_requests", "tier_mismatches", "misses_by_cause", "miss_causes_add_up",
-                "disk_reinserted_blocks", "disk_write_amplification", "load_gbps", "put_gbps", "requests_per_s",
-                "replay_s", "conditions")
+                "disk_reinserted_blocks", "disk_write_amplification", "disk_written_per_served", "load_gbps", "put_gbps",
+                "requests_per_s", "replay_s", "conditions")
         result.update(sweep=[{k: p[k] for k in keep} for p in points], plot=str(png),
                       table=str(a.out / f"sweep_{stem}.md"))
     bad = all_mismatches(points)

@@ -21,7 +21,9 @@ The model (the daemon's rules, per victim, one at a time):
      recent key neither pinned nor held. An evicted key loses its hints; a new key has none.
 Outcomes per key: in RAM: Retain/Pin/Release accepted (Pin rejected past the pin budget: half the arena,
 counted in blocks of this store; a key pinned again counts once); on disk only: Retain and Pin rejected,
-Release accepted; stored nowhere: missing. The model counts them under the daemon's counter names.
+Release accepted; stored nowhere: missing. The model counts them under the daemon's counter names. A Release
+lets go on both tiers: the disk copy is deleted and the RAM copy is written nowhere (CacheSim.let_go); a
+later Retain or Pin of the RAM copy undoes the second part.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from bench.replay.keys import chain_keys
-from bench.replay.sim import CacheSim, LRUTier, SimResult, SimTier, simulate
+from bench.replay.sim import CacheSim, LRUTier, SimResult, SimTier, WritePlan, simulate
 from bench.replay.sim_policy import HintedPolicyTier, HintPins, PolicyTier
 from bench.replay.trace import Convention, Request
 
@@ -104,21 +106,10 @@ class HintedLRU(HintPins, LRUTier):
         self.retained: set[bytes] = set()
         self.pinned: set[bytes] = set()
 
-    def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
-        od = self._od
-        need = 0 if self.capacity_blocks is None else len(od) + len(keys) - self.capacity_blocks
-        victims: list[bytes] = []
-        for _ in range(max(need, 0)):
-            v = self._victim(keep)
-            if v is None:
-                return False, victims
-            del od[v]
-            self.released.pop(v, None)
-            self.retained.discard(v)
-            victims.append(v)
-        for k in keys:
-            od[k] = None
-        return True, victims
+    def _forget(self, key: bytes) -> None:
+        super()._forget(key)
+        self.released.pop(key, None)
+        self.retained.discard(key)
 
     def retain(self, key: bytes, ttl_s: float, expire: bool) -> None:
         """A Retain of an entry in RAM (`expire`: the replay ending an earlier one with a tiny ttl)."""
@@ -131,7 +122,6 @@ class HintedLRU(HintPins, LRUTier):
     def release(self, key: bytes) -> None:
         self.retained.discard(key)
         self.released.setdefault(key, None)
-
 
     def _victim(self, keep: Collection[bytes]) -> bytes | None:
         pinned = self.pinned
@@ -159,13 +149,19 @@ def apply_hint(sim: CacheSim, send: Send) -> list[str]:
             res = "clipped" if send.ttl_s > DAEMON_MAX_TTL_S else "accepted"
             if send.action == "retain":
                 ram.retain(k, min(send.ttl_s, DAEMON_MAX_TTL_S), send.expire)
+                sim.keep_again(k)
             elif send.action == "release":
                 ram.release(k)
+                sim.let_go(k)
                 res = "accepted"
             elif not ram.pin(k):
                 res = "rejected"
+            else:
+                sim.keep_again(k)
         elif disk is not None and k in disk:
             res = "accepted" if send.action == "release" else "rejected"
+            if send.action == "release":
+                sim.let_go(k)
         else:
             res = "missing"
         out.append(res)
@@ -176,9 +172,9 @@ def apply_hint(sim: CacheSim, send: Send) -> list[str]:
 
 def simulate_hinted(requests: Sequence[Request], tiers: Sequence[SimTier],
                     convention: Convention = Convention.FULL_BLOCKS,
-                    landed: Sequence[bytes] | None = None) -> SimResult:
+                    landed: Sequence[bytes] | None = None, plan: WritePlan | None = None) -> SimResult:
     """`simulate` with the requests' hints sent as the replayer sends them (HintFeed), RAM as a HintedLRU (or,
-    for a PolicyTier, a HintedPolicyTier of its policy); `landed` as for `simulate` (S3-FIFO with a disk)."""
+    for a PolicyTier, a HintedPolicyTier of its policy); `landed` and `plan` as for `simulate`."""
     ram = tiers[0]
     hinted_ram: SimTier
     if isinstance(ram, PolicyTier):
@@ -193,4 +189,4 @@ def simulate_hinted(requests: Sequence[Request], tiers: Sequence[SimTier],
         for send in (feed.before(r) if before else feed.after(r)):
             apply_hint(sim, send)
 
-    return simulate(requests, hinted, convention, on_hints=on_hints, landed=landed)
+    return simulate(requests, hinted, convention, on_hints=on_hints, landed=landed, plan=plan)

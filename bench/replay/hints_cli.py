@@ -50,7 +50,7 @@ S3FIFO_HINT_KEYS = ("hint_gain", "hint_share_of_belady")
 
 
 def hint_specs(w: Workload, shares: list[float], ram_share: float, bytes_per_token: int,
-               reinsert_hits: int) -> list[StoreSpec]:
+               reinsert_hits: int, **writes: str) -> list[StoreSpec]:
     """One store per share of unique KV; ValueError (before any daemon starts) for a disk too small."""
     unique = w.max_result().resident[0] * BLOCK_TOKENS
     out = []
@@ -60,7 +60,7 @@ def hint_specs(w: Workload, shares: list[float], ram_share: float, bytes_per_tok
         total = int(share * unique)
         ram = int(total * ram_share)
         try:
-            out.append(StoreSpec.ram_disk(ram, total - ram, bytes_per_token, reinsert_hits))
+            out.append(StoreSpec.ram_disk(ram, total - ram, bytes_per_token, reinsert_hits, **writes))
         except ValueError as exc:
             raise ValueError(f"{share:g} of {fmt_tokens(unique)} unique KV tokens: {exc}; use more --sessions, "
                              "or --ram-share 1 (RAM alone)") from None
@@ -89,7 +89,8 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
     t0 = time.perf_counter()
     shares = a.hint_shares
     try:
-        specs = hint_specs(w, shares, a.ram_share, a.bytes_per_token, a.disk_reinsert_hits)
+        specs = hint_specs(w, shares, a.ram_share, a.bytes_per_token, a.disk_reinsert_hits,
+                           disk_write=a.disk_write, disk_admission=a.disk_admission)
     except ValueError as exc:
         parser.error(str(exc))
     points, fifo = [], []
@@ -119,7 +120,7 @@ def run_hints(a: argparse.Namespace, w: Workload, parser: argparse.ArgumentParse
                                + tuple(f"s3fifo_hint_{k}" for k in S3FIFO_KEYS) + (
         "capacity_tokens", "disk_tokens", "store_share_of_unique", "hit_rate", "sim_hit_rate", "mismatched_requests",
         "tier_mismatches", "tier_checks", "conditions", "replay_s", "hint_s", "misses_by_cause", "prefix_lookups_short",
-        "miss_causes_add_up")))
+        "miss_causes_add_up", "disk_written_bytes", "disk_written_per_served")))
     result = {"trace": w.name, "cut": w.cut, "requests": len(w.requests), "share": shares[0],
               **{k: head[k] for k in HEADLINE},
               **{k: head[k] for k in ("misses_by_cause", "prefix_lookups_short", "miss_causes_add_up")},

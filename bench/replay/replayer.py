@@ -19,10 +19,13 @@ Sync points, each making the daemon's result independent of thread timing (so st
   before the get. Otherwise a promotion still in flight when the get looks joins it and is inserted into the
   LRU at completion, after the get's touches, in the two promoter threads' finishing order. In vLLM the
   scheduler's probe runs a step before the worker's load, so the prefetch has usually landed too.
-- write-behind (disk tier): after each request, wait until the disk writer has written every committed block
+- write-behind (disk tier): after each request, wait until the disk writer has written every block queued
   and no lease is held ("synced_writes"). Otherwise a block whose write is in flight is held (not evictable),
   and a next lookup could race with a write batch that reclaims the oldest segment. One Stats call answers
-  both; its cost is measured (`settle_s`) and reported.
+  both; its cost is measured (`settle_s`) and reported. Under disk_write = commit with admission seen:N, hits
+  queue writes too: the replay also waits for them before the put (a block being written is not evictable).
+  Under disk_write = evict a put's victims are written inside the put (the Reserve waits for them) and a
+  probe's promotions are read after the writes their room needed (promotions.py), so no other wait is needed.
 - misses (miss_check.py): the daemon's misses_* counters are read before and after the run; the replay counts
   the prefix Lookups that stopped short (`short_lookups`: at most one a request, its probe) to check them by.
 - hints (`hints=True`, hints.py): before a request's probe, the ends of Retains its timestamp passed; after its
@@ -124,18 +127,20 @@ class _Settle:
         self._res.settle_s += time.perf_counter() - t0
 
     def promotions(self) -> None:
-        # one slot per slab of exactly one block: allocated == stored once no slot is held by a promotion
-        self._wait(lambda s: s.allocated_bytes == s.stored_bytes, "the probe's promotions to land")
+        # none in flight (reading, queued, or waiting for room), and, with one slot per slab of exactly one
+        # block, allocated == stored once no slot is held by a promotion
+        self._wait(lambda s: s.disk is not None and s.disk.promotion_queue_blocks == 0
+                   and s.allocated_bytes == s.stored_bytes, "the probe's promotions to land")
 
     def writes(self, blocks: int) -> None:
         self._wait(_written, "the disk writer to drain and the leases to be released", blocks * self._min_write_s)
 
 
 def _written(s: Stats) -> bool:
-    c = s.counters  # admission "always": every committed block was queued once (or refused: queue full)
+    c = s.counters  # every block queued for the writer was written, failed, or dropped at its claim
     done = c["disk_writes"] + c["disk_write_failures"] + c["demote_dropped"]
-    queued = c["committed_blocks"] - c["demote_queue_full"]
-    return s.disk is not None and s.disk.write_queue_blocks == 0 and done >= queued and s.leases_active == 0
+    return (s.disk is not None and s.disk.write_queue_blocks == 0 and done >= c["disk_writes_queued"]
+            and s.leases_active == 0)
 
 
 def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Convention = Convention.FULL_BLOCKS,
@@ -163,8 +168,9 @@ def replay(requests: Sequence[Request], spec: StoreSpec, *, convention: Conventi
         finish = watch(client) if watch is not None else None
         sync = (lambda: wait_for_leases(client)) if sync_leases else None
         before = dict(client.stats().counters)
+        hit_writes = spec.disk is not None and spec.disk_write == "commit" and spec.disk_admission != "always"
         result = _run(client, requests, spec.block_bytes, convention, on_request, sync, disk=spec.disk is not None,
-                      feed=HintFeed() if hints else None)
+                      feed=HintFeed() if hints else None, hit_writes=hit_writes)
         stats = client.stats()
         if finish is not None:
             finish(client)
@@ -200,9 +206,10 @@ def _probe(client: Client, keys: Sequence[bytes]) -> tuple[int, tuple[int, ...],
 
 def _run(client: Client, requests: Sequence[Request], block_bytes: int, convention: Convention,
          on_request: Callable[[], None] | None = None, after_load: Callable[[], None] | None = None,
-         *, disk: bool = False, feed: HintFeed | None = None) -> ReplayResult:
+         *, disk: bool = False, feed: HintFeed | None = None, hit_writes: bool = False) -> ReplayResult:
     """The loop; `after_load` is a sync point between a request's load and its put (tests wait there for the
-    background lease releases, which makes the run exact at any capacity)."""
+    background lease releases, which makes the run exact at any capacity); `hit_writes`: hits may queue disk
+    writes (commit with seen:N), waited for before the put."""
     res = ReplayResult(hits=[], synced_writes=disk)
     settle = _Settle(client, res, block_bytes) if disk else None
     get_rows, put_rows = _Rows(block_bytes), _Rows(block_bytes)
@@ -222,13 +229,15 @@ def _run(client: Client, requests: Sequence[Request], block_bytes: int, conventi
         if n:
             rows = get_rows.take(n)
             sizes = client.get_many_into(NAMESPACE, keys[:n], list(rows))
-            got = sizes.index(None) if None in sizes else n
+            got = sizes.index(None) if None in sizes else n  # a miss: a promotion whose read found no record
             ok = verify(rows, keys[:got])
-            res.verify_failures += n - ok
+            res.verify_failures += got - ok  # blocks that came back with other bytes than stored (never expected)
             n = ok
             res.loaded_bytes += n * block_bytes
             if after_load is not None:
                 after_load()
+        if hit_writes and settle is not None and n:
+            settle.writes(0)
         t2 = clock()
         stored = 0
         if n < len(keys):

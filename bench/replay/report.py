@@ -154,6 +154,8 @@ def summary_rows(p: dict) -> list[tuple[str, str]]:
             ("disk second chance (reads to keep): blocks kept; write amplification",
              f"{p['disk_reinsert_hits'] or 'off'}: {p['disk_reinserted_blocks']:,}; "
              f"{p['disk_write_amplification']:.3f}x"),
+            ("disk_write / admission: disk bytes written per byte served",
+             f"{p['disk_write']} / {p['disk_admission']}: {p['disk_written_per_served']:.3f}"),
             ("waiting for the disk writer and promotions", f"{p['settle_s']:.1f} s ({p['settle_polls']:,} polls)"),
         ]
     if "ttna_p50_s" in p:

@@ -73,7 +73,8 @@ def _ceiling(w: Workload, spec: StoreSpec, fs: HitFigures) -> dict:
     reqs, conv = w.requests, w.convention
     fb = hit_figures(reqs, belady(w.ceiling_plan(), pool).hits, conv)
     if spec.policy != "lru":  # lru_*: plain LRU at this store, whatever policy the store ran
-        fs = hit_figures(reqs, simulate(reqs, spec.with_policy("lru").sim_tiers(), conv).hits, conv)
+        fs = hit_figures(reqs, simulate(reqs, spec.with_policy("lru").sim_tiers(), conv, plan=spec.write_plan).hits,
+                         conv)
     fp = hit_figures(reqs, simulate(reqs, [LRUTier("pool", pool)], conv).hits, conv)
     return {"belady_blocks": pool, "belady_hit_rate": round(fb.hit_rate, 5),
             "belady_prefill_reduction": round(fb.prefill_reduction, 4), "lru_hit_rate": round(fs.hit_rate, 5),
@@ -92,7 +93,8 @@ def _mismatches(store: Sequence[int], sim: Sequence[int]) -> list[tuple[int, int
 
 # counter name -> where the store reports it (engine counters, or the disk tier's stats)
 _CHECKED = ("evictions", "evicted_to_disk", "promotions", "promotion_failures", "hit_keys_ram", "hit_keys_disk",
-            "store_full", "disk_writes", "disk_write_failures", "disk_reinserted")
+            "store_full", "disk_writes", "disk_write_failures", "disk_reinserted", "disk_writes_queued",
+            "disk_writebacks", "evicted_unwritten", "room_waits", "demote_dropped")
 _CHECKED_DISK = {"disk_evicted_blocks": "evicted_blocks", "disk_blocks": "blocks",
                  "disk_bytes_written": "bytes_written", "disk_bytes_read": "bytes_read"}
 
@@ -130,6 +132,10 @@ def _disk_figures(spec: StoreSpec, store: ReplayResult, sim: SimResult) -> dict:
                  "sim_disk_reinserted_blocks": sim.counters.get("disk_reinserted", 0),
                  # device bytes written per byte admitted: 1.0 for a plain FIFO log; reinsertion copies add to it
                  "disk_write_amplification": round(written / admitted, 4) if admitted else 0.0,
+                 # device bytes written per byte served to readers (the issue's write amplification: what each
+                 # hit costs the SSD)
+                 "disk_written_per_served": round(written / store.loaded_bytes, 4) if store.loaded_bytes else 0.0,
+                 "disk_write": spec.disk_write if d else "", "disk_admission": spec.disk_admission if d else "",
                  "synced_writes": store.synced_writes,
                  "settle_s": round(store.settle_s, 2), "settle_polls": store.settle_polls}
     if d:
@@ -150,11 +156,12 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
     lock = [what for what, on in (("leases", store.synced_leases), ("disk writes", store.synced_writes),
                                   ("promotions", spec.disk is not None)) if on]
     c: dict = {"policy": o["policy"], "high_watermark": o["high_watermark"], "low_watermark": o["low_watermark"],
+               "promote_timeout_s": o["promote_timeout_s"],
                "arena_bytes": o["arena_bytes"], "max_block_bytes": o["max_block_bytes"],
                "ram_blocks": spec.tiers[0].capacity_blocks, "lock_step": lock}
     d = spec.disk
     if d is not None:
-        c.update({k: o[k] for k in ("disk_sync", "disk_admission", "disk_codec", "disk_reinsert_hits",
+        c.update({k: o[k] for k in ("disk_sync", "disk_write", "disk_admission", "disk_codec", "disk_reinsert_hits",
                                     "write_queue_blocks", "disk_bytes", "disk_segment_bytes")},
                  disk_segments=d.segments, disk_blocks=d.capacity_blocks)
         if spec.policy != "lru":  # the one thread race the model takes as input (landing.py)
@@ -165,7 +172,8 @@ def _conditions(spec: StoreSpec, store: ReplayResult) -> dict:
 def _hint_figures(w: Workload, spec: StoreSpec, f: HitFigures, out: dict) -> dict:
     """With hints: the store's figures against plain LRU (simulated at the same store) and Belady. The
     point's lru_* figures are plain LRU's then, and hint_* the hinted store's."""
-    plain = hit_figures(w.requests, simulate(w.requests, spec.with_policy("lru").sim_tiers(), w.convention).hits,
+    plain = hit_figures(w.requests, simulate(w.requests, spec.with_policy("lru").sim_tiers(), w.convention,
+                                             plan=spec.write_plan).hits,
                         w.convention)
     bel_hr, bel_pr = out["belady_hit_rate"], out["belady_prefill_reduction"]
     return {"hint_hit_rate": round(f.hit_rate, 5), "hint_prefill_reduction": round(f.prefill_reduction, 4),
@@ -184,15 +192,15 @@ def _store_and_sim(w: Workload, spec: StoreSpec, on_request: Callable[[], None] 
     (landing.py), which the simulator then follows."""
     reqs, conv = w.requests, w.convention
     if spec.policy == "lru":
-        sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv)
+        sim = (simulate_hinted if hints else simulate)(reqs, spec.sim_tiers(), conv, plan=spec.write_plan)
         return replay(reqs, spec, convention=conv, on_request=on_request, hints=hints), sim
     model = simulate_hinted if hints else simulate
     if spec.disk is None:
         store = replay(reqs, spec, convention=conv, on_request=on_request, sync_leases=True, hints=hints)
-        return store, model(reqs, spec.sim_tiers(), conv)
+        return store, model(reqs, spec.sim_tiers(), conv, plan=spec.write_plan)
     store, landed = replay_observed(reqs, spec, convention=conv, on_request=on_request, sync_leases=True,
                                     hints=hints)
-    return store, model(reqs, spec.sim_tiers(), conv, landed=landed)
+    return store, model(reqs, spec.sim_tiers(), conv, landed=landed, plan=spec.write_plan)
 
 
 def run_point(w: Workload, spec: StoreSpec, on_request: Callable[[], None] | None = None, *,

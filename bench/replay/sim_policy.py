@@ -29,7 +29,7 @@ read_buffer.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -99,47 +99,27 @@ class PolicyTier:
             self._eid[k], self._key[eid] = eid, k
             self.policy.on_insert(eid, fingerprint(k))
 
-    def _room(self, used: int, keep: set[int], victims: list[bytes]) -> bool:
-        """One slot for an allocation when `used` slots are taken: free, or freed by one eviction."""
-        if self.capacity_blocks is None or used < self.capacity_blocks:
-            return True
-        v = self._evict(keep)
-        if v is None:
-            return False
-        victims.append(v)
-        return True
-
     def _held(self, keep: Collection[bytes]) -> set[int]:
         """The entry ids no victim may be: those the call found present."""
         return {self._eid[k] for k in keep if k in self._eid}
 
+    def free_slots(self) -> int:
+        """Slots no entry holds."""
+        return (1 << 62) if self.capacity_blocks is None else self.capacity_blocks - len(self._eid)
+
+    def take_victim(self, keep: Collection[bytes]) -> bytes | None:
+        """One victim chosen by the policy outside `keep` (the keys the call holds), forgotten; None: none."""
+        return self._evict(self._held(keep))
+
+    def insert_landed(self, keys: Sequence[bytes]) -> None:
+        """Blocks that got a slot (a put's, promotions in the order they landed), inserted in that order."""
+        self._insert(keys)
+
     def admit(self, keys: Sequence[bytes], keep: Collection[bytes]) -> tuple[bool, list[bytes]]:
         """Reserve + Commit of absent keys: all slots first (all or nothing), then the inserts in order."""
-        ids = self._held(keep)
-        victims: list[bytes] = []
-        used = len(self._eid)
-        for _ in keys:
-            if not self._room(used, ids, victims):
-                return False, victims
-            used += 1
-        self._insert(keys)
-        return True, victims
+        from bench.replay.sim import admit
 
-    def promote(self, keys: Sequence[bytes], keep: Collection[bytes],
-                landing: Callable[[list[bytes]], list[bytes]] | None = None) -> tuple[list[bool], list[bytes]]:
-        """A probe's promotions: a slot each in order (False: none could be freed), then the inserts of those
-        that got one, in chain order or in the order `landing` (the promoters' finishing order) gives them."""
-        ids = self._held(keep)
-        victims: list[bytes] = []
-        oks: list[bool] = []
-        used = len(self._eid)
-        for _ in keys:
-            ok = self._room(used, ids, victims)
-            used += ok
-            oks.append(ok)
-        got = [k for k, ok in zip(keys, oks) if ok]
-        self._insert(landing(got) if landing is not None else got)
-        return oks, victims
+        return admit(self, keys, keep)
 
 
 class HintPins:

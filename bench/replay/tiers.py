@@ -13,10 +13,13 @@ Disk (`DiskLayout`): disk_bytes = disk_tokens * bytes_per_token, rounded DOWN to
 daemon reclaims, FIFO). The segment size is the largest whole MiB that still gives >= 64 segments (so the
 oldest-segment reclamation drops at most ~1.6 % of the tier at once, close to a block-grained FIFO), and at
 least one record (the block rounded up to 4 KiB). disk_sync "none": this is a hit-rate replay, not a
-durability test, so no fsync. Codec none (the stamped rows would compress to nothing and skew the bytes),
-admission always (every committed block gets its disk copy, which the simulator assumes). `disk_reinsert_hits`
-is the disk tier's second chance at reclamation (the daemon's default 1; 0 = plain FIFO), on both sides.
-`policy` is the RAM tier's eviction policy (POLICIES), the daemon's `policy` option and the simulator's RAM tier.
+durability test, so no fsync. Codec none (the stamped rows would compress to nothing and skew the bytes).
+`disk_reinsert_hits` is the disk tier's second chance at reclamation (the daemon's default 1; 0 = plain FIFO),
+on both sides. `policy` is the RAM tier's eviction policy (POLICIES), the daemon's `policy` option and the
+simulator's RAM tier. `disk_write` (commit | evict, the daemon's default evict) and `disk_admission` (always |
+seen:N | never) are the daemon's settings and the simulator's WritePlan. `disk_write_budget` (bytes per second
+of the trace's clock, 0: none) is the simulator's only: the daemon's budget runs on its own clock, and a replay
+runs far faster than the trace, so no daemon can be sized to the same budget (`daemon_options` refuses it).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, PolicyTier, SegmentLog, SimTier
+from bench.replay.sim import PAGE_BYTES, WRITER_BATCH_BLOCKS, LRUTier, PolicyTier, SegmentLog, SimTier, WritePlan
 from bench.replay.trace import BLOCK_TOKENS
+from kvstore.errors import ConfigError
+from kvstore.policies.admission import WRITE_MODES, make_admission
 
 __all__ = ["TierSpec", "StoreSpec", "DiskLayout", "fmt_tokens", "MIN_SEGMENTS", "POLICIES"]
 
@@ -40,6 +45,7 @@ POLICIES = ("lru", "s3fifo")
 # The write-behind queue only ever holds one put's blocks (the replayer drains it after each put); this bound
 # just has to exceed the largest request, which the daemon's 4096-key batches keep far below it.
 WRITE_QUEUE_BLOCKS = 1 << 16
+REPLAY_TIMEOUT_S = 120.0
 
 
 def fmt_tokens(n: int) -> str:
@@ -96,8 +102,18 @@ class StoreSpec:
     bytes_per_token: int = 64
     policy: str = "lru"
     disk_reinsert_hits: int = 1
+    disk_write: str = "evict"
+    disk_admission: str = "always"
+    disk_write_budget: int = 0          # bytes per second of the trace's clock (the simulator only); 0: none
+    disk_write_budget_window_s: float = 60.0
 
     def __post_init__(self) -> None:
+        if self.disk_write not in WRITE_MODES:
+            raise ValueError(f"disk_write={self.disk_write!r}: use one of {', '.join(WRITE_MODES)}")
+        try:
+            make_admission(self.disk_admission)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         if not self.tiers or self.tiers[0].kind != "ram":
             raise ValueError("the first tier must be 'ram'")
         if [t.kind for t in self.tiers[1:]] not in ([], ["disk"]):
@@ -119,14 +135,20 @@ class StoreSpec:
 
     @staticmethod
     def ram_disk(ram_tokens: int, disk_tokens: int, bytes_per_token: int = 64, reinsert_hits: int = 1,
-                 policy: str = "lru") -> StoreSpec:
-        """RAM alone when disk_tokens is 0."""
+                 policy: str = "lru", **writes: Any) -> StoreSpec:
+        """RAM alone when disk_tokens is 0; `writes`: disk_write, disk_admission, disk_write_budget[_window_s]."""
         tiers = (TierSpec("ram", ram_tokens),) + ((TierSpec("disk", disk_tokens),) if disk_tokens else ())
-        return StoreSpec(tiers, bytes_per_token, policy, disk_reinsert_hits=reinsert_hits)
+        return StoreSpec(tiers, bytes_per_token, policy, disk_reinsert_hits=reinsert_hits, **writes)
 
     def with_policy(self, policy: str) -> StoreSpec:
         """The same store under another RAM eviction policy."""
         return dataclasses.replace(self, policy=policy)
+
+    @property
+    def write_plan(self) -> WritePlan:
+        """When the simulator writes the disk tier: the daemon's disk_write and admission, and the budget."""
+        budget = (self.disk_write_budget, self.disk_write_budget_window_s) if self.disk_write_budget else None
+        return WritePlan(self.disk_write, make_admission(self.disk_admission).threshold, budget)
 
     @property
     def block_bytes(self) -> int:
@@ -157,12 +179,19 @@ class StoreSpec:
         DaemonProcess's default: a `disk` folder in the daemon's private temporary workdir."""
         opts: dict[str, Any] = {"arena_bytes": self.ram_tokens * self.bytes_per_token,
                                    "max_block_bytes": self.block_bytes, "policy": self.policy,
-                                   "high_watermark": 1.0, "low_watermark": 1.0}
+                                   "high_watermark": 1.0, "low_watermark": 1.0,
+                                   # a get waits this long for promotions and a Reserve for write-backs: in
+                                   # lock-step a timeout is the box's load, not the store's rule (the daemon's
+                                   # default 5 s timed out once in a full-scale replay at load average 12)
+                                   "promote_timeout_s": REPLAY_TIMEOUT_S}
         d = self.disk
         if d is not None:
+            if self.disk_write_budget:
+                raise ValueError("disk_write_budget is the simulator's only: a replay runs faster than the trace, so "
+                                 "no daemon budget equals it (simulate the budget; replay without it)")
             opts.update(disk_bytes=d.capacity_bytes, disk_segment_bytes=d.segment_bytes, disk_sync="none",
-                        disk_codec="none", disk_admission="always", write_queue_blocks=WRITE_QUEUE_BLOCKS,
-                        disk_reinsert_hits=self.disk_reinsert_hits)
+                        disk_codec="none", disk_admission=self.disk_admission, disk_write=self.disk_write,
+                        write_queue_blocks=WRITE_QUEUE_BLOCKS, disk_reinsert_hits=self.disk_reinsert_hits)
         return opts
 
     def sim_tiers(self) -> list[SimTier]:

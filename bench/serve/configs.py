@@ -71,9 +71,10 @@ class Servers:
     """Starts servers by name (several at once, then waits for all), keeps them, stops them all at the end."""
 
     def __init__(self, model_dir: str, sizes: Sizes, work_dir: str, log_dir: str, vllm_python: str,
-                 connector_extra: dict[str, Any] | None = None) -> None:
+                 connector_extra: dict[str, Any] | None = None, disk_write: str = "evict") -> None:
         """``connector_extra``: kv_connector_extra_config keys for KVStoreConnector beside the address (checked
-        by run.py against the connector's own config)."""
+        by run.py against the connector's own config); ``disk_write``: the daemon's setting in (c)."""
+        self.disk_write = disk_write
         self.model_dir, self.sizes, self.work, self.logs, self.python = model_dir, sizes, work_dir, log_dir, vllm_python
         self.connector_extra = dict(connector_extra or {})
         self.specs: dict[str, VllmSpec] = {}
@@ -144,6 +145,8 @@ class Servers:
             opts = peer_daemon_options(self)
         arena = s.small_arena_bytes if mode == "disk" else s.arena_bytes
         disk = s.disk_bytes if mode == "disk" else "0"
+        if mode == "disk":
+            opts["disk_write"] = self.disk_write
         self.daemons[i] = start_kvstore(work, arena, disk, **opts)
 
     def set_store(self, mode: str) -> None:

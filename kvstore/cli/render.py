@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvstore.client.reports import DiskWriteBudgetStats
 from kvstore.client.types import ControlPlaneStats, Health, KeyInfo, PeerTierStats, Stats
 
 __all__ = [
@@ -179,7 +180,10 @@ def print_stats(s: Stats) -> None:
             ("blocks", d.blocks),
             ("compression", f"{d.compression_ratio:.2f}x ({human_bytes(d.raw_bytes)} -> {human_bytes(d.stored_bytes)})"),
             ("written / read", f"{human_bytes(d.bytes_written)} / {human_bytes(d.bytes_read)}"),
-            ("write queue", f"{d.write_queue_blocks} blocks (admission {d.admission})"),
+            ("writes", f"disk_write {d.write_mode or '?'}, admission {d.admission}"),
+            ("write queue", f"{d.write_queue_blocks} blocks ({d.writeback_blocks} RAM victims being written back); "
+                            f"promotions in flight {d.promotion_queue_blocks}"),
+            *_budget_rows(d.budget),
             ("evicted", f"{d.evicted_blocks} blocks, {human_bytes(d.evicted_bytes)}"),
             ("checksum failures / io errors", f"{d.checksum_failures} / {d.io_errors}"),
         ]))
@@ -272,3 +276,14 @@ def _peers_line(p: PeerTierStats | None) -> str:
     etcd = "etcd connected" if p.etcd_connected else "etcd UNREACHABLE (last member set)"
     names = ", ".join(m.node_id + ("*" if m.is_self else "") for m in p.members)
     return f"{len(p.members)} members [{names}], {etcd}, plane {p.data_plane} {p.data_address}, replication {p.replication}"
+
+
+def _budget_rows(b: DiskWriteBudgetStats | None) -> list[tuple[str, object]]:
+    """The disk write budget's lines of `kvstore stats` (none without a budget)."""
+    if b is None:
+        return [("write budget", "none")]
+    return [("write budget", f"{human_bytes(b.bytes_per_s)}/s over {b.window_s:g} s; this window "
+                             f"{human_bytes(b.window_admitted)} of {human_bytes(b.window_target)}, "
+                             f"admit probability {b.probability:.3f}"),
+            ("budget admitted / refused", f"{human_bytes(b.admitted_bytes)} ({b.admitted_blocks} blocks) / "
+                                          f"{human_bytes(b.refused_bytes)} ({b.refused_blocks} blocks)")]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.pbmap import LOCAL, from_message, wire
 
-__all__ = ["Health", "Stats", "PeerTierStats", "PeerMember", "DiskTierStats", "NamespaceStats", "SizeClassStats",
-           "TenantStats", "ControlPlaneStats",
+__all__ = ["Health", "Stats", "PeerTierStats", "PeerMember", "DiskTierStats", "DiskWriteBudgetStats", "NamespaceStats",
+           "SizeClassStats", "TenantStats", "ControlPlaneStats",
            "NamespaceInfo", "SizeClassInfo", "DiskInfo", "PeerInfo", "PeerMemberInfo", "TenantInfo"]
 
 
@@ -141,10 +141,29 @@ class DiskTierStats:
     evicted_bytes: int
     write_queue_blocks: int
     admission: str
+    write_mode: str = ""              # disk_write: commit | evict
+    promotion_queue_blocks: int = 0   # promotions started and not landed
+    writeback_blocks: int = 0         # RAM victims being written before their slot is freed
+    budget: DiskWriteBudgetStats | None = None  # None: no disk_write_budget
 
     @property
     def compression_ratio(self) -> float:
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+@dataclass(frozen=True)
+class DiskWriteBudgetStats:
+    """The disk write budget's state (kvstore/policies/write_budget.py): totals and the current window."""
+
+    bytes_per_s: int
+    window_s: float
+    probability: float
+    window_admitted: int
+    window_target: int
+    admitted_bytes: int
+    admitted_blocks: int
+    refused_bytes: int
+    refused_blocks: int
 
 
 @dataclass(frozen=True)

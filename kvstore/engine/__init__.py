@@ -10,7 +10,8 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     spares.py        SpareSlots: arena slots a same-node connection holds ahead of its puts
     lookups.py       Lookups: the steps of a Lookup across tiers (locate, RAM hits, promotions, leasing)
     views.py         Views: ListKeys, Describe, Stats (read-only; RAM half under the lock, disk half after)
-    disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks
+    disk_link.py     DiskLink: when blocks are written (commit / evict), admission, the budget; the mover's hooks
+    promotions.py    Promotions: disk blocks read back into slots, and the groups that wait for room
     movement.py      Mover: the disk writer and promoter threads (I/O outside the lock); Promotion
     namespaces.py    NamespaceTable: registration rules, lookup by name, owners
     reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history; plan of a Reserve

@@ -288,7 +288,8 @@ def _live(p: Parts, live: LiveState, now: float, report: AdoptReport) -> None:
 
 
 def _disk(cat: Catalog, disk: DiskLink, adopted: np.ndarray) -> int:
-    """Mark adopted blocks the disk tier holds; queue the others' writes when admission takes a first use."""
+    """Mark adopted blocks the disk tier holds; under disk_write = commit, queue the others' writes when admission
+    takes a first use (under evict they are written when RAM evicts them, as any block)."""
     if disk.store is None or not len(adopted):
         return 0
     by_ns: dict[int, list[int]] = {}
@@ -304,7 +305,7 @@ def _disk(cat: Catalog, disk: DiskLink, adopted: np.ndarray) -> int:
                 cat.flags[eid] |= ON_DISK
             else:
                 missing.append(eid)
-        if missing and disk.admission.admits(1):
+        if missing and disk.write_mode == "commit" and disk.admission.admits(1):
             before = disk.queued_writes
             disk.queue_writes(np.array(missing, dtype=np.int64))
             queued += disk.queued_writes - before

@@ -12,14 +12,22 @@ States of an entry (the engine moves them; the catalog only stores them)::
         |--abort--> (freed)
         `--reservation TTL--> QUARANTINED --grace--> (freed)
     PROMOTING --read from disk ok--> COMMITTED;  --read failed / cancelled--> (freed)
+    COMMITTED --evicted, disk_write=evict--> EVICTING flag, still COMMITTED --written--> (freed; on disk)
+
+A PROMOTING entry may wait for room (offset -1) while the victims that make it are written (disk_link.py).
 
 RESERVED, PROMOTING and COMMITTED entries are in a namespace's index; DOOMED and QUARANTINED ones are
 invisible and wait for readers or late writers to be gone before their slot is reused.
 
 `flags` records the disk tier's view of a RAM entry (ON_DISK: a verified copy exists, so eviction only drops
 the RAM copy; QUEUED: waiting for the background writer; WRITING: its write is in flight; DISK_DROPPED: its copy
-was dropped by segment reclamation, so eviction drops the block, and hits do not queue it again: the disk
-tier's reinsertion already chose what to keep). `seen` is a saturating use count for admission.
+was dropped by segment reclamation, so under disk_write=commit eviction drops the block and hits do not queue
+it again (the disk tier's reinsertion already chose what to keep), and under disk_write=evict its eviction
+writes it again; EVICTING: chosen by eviction and being written first (disk_write=evict, or a Demote): still
+readable, no longer in the policy, its slot freed when the write lands; LET_GO: a Release hint let go of it,
+so it is written nowhere and its disk copy was deleted; GUEST: a copy the peer tier says this node does not
+own, so an eviction never writes it here (a disk copy it has stays). `seen` is a saturating use count for
+admission.
 
 Not thread-safe: the engine calls it under its lock.
 """
@@ -34,7 +42,8 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Catalog", "CatalogJournal", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING", "DISK_DROPPED"]
+__all__ = ["Catalog", "CatalogJournal", "CatalogMirror", "EntryState", "Namespace", "ON_DISK", "QUEUED", "WRITING",
+           "DISK_DROPPED", "EVICTING", "LET_GO", "GUEST"]
 
 
 class EntryState(IntEnum):
@@ -89,6 +98,9 @@ ON_DISK = 1
 QUEUED = 2
 WRITING = 4
 DISK_DROPPED = 8
+EVICTING = 16
+LET_GO = 32
+GUEST = 64
 
 
 class CatalogMirror(Protocol):

@@ -45,6 +45,10 @@ COUNTER_NAMES: tuple[str, ...] = (
     "hit_bytes_ram",
     "hit_bytes_disk",
     "disk_reinserted",
+    "disk_writes_queued",   # blocks accepted into the disk write queue (write-behind and write-backs)
+    "disk_writebacks",      # of those, RAM victims written before their slot is freed (disk_write=evict, Demote)
+    "evicted_unwritten",    # RAM victims with no disk copy left unwritten: admission, the budget, a Release, degraded
+    "room_waits",           # Reserves that waited for victims' write-backs to land before their slots were free
     "slab_binds",         # empty arena slabs moved from one tenant's memory file to another's (tokens on)
     "slab_bind_failures",  # such moves that failed (no memory for the new tenant's pages): counted as store full
     # prefix Lookups that stopped short, by the cause of their first miss (misses.py; they add up to those Lookups)

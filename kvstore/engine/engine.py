@@ -4,7 +4,9 @@ Metadata only; clients (and the disk I/O threads) move the bytes. Primitives and
 exceptions from kvstore.errors; see each method):
 
 - reserve(ns, keys, sizes): slots for every key not present yet (in RAM or on disk), all or nothing
-  (StoreFullError). Reserved slots are invisible until commit and never evicted.
+  (StoreFullError). Reserved slots are invisible until commit and never evicted. Under disk_write=evict a
+  victim may have to be written to disk before its slot is free: the Reserve then waits for those writes
+  with no lock held (up to promote_timeout_s; counted in room_waits) and tries again.
 - commit(rid, checksums) / abort(rid): end a reservation (ReservationClosedError if it already ended,
   UnknownReservationError if it never existed). A reservation that outlives its TTL is expired and its slots
   quarantined (reservations.py). A commit queues admitted blocks for the disk writer (disk_link.py). Store is
@@ -30,7 +32,9 @@ their state, each "called under the engine's lock":
     reservations.py  ReservationTable: open reservations, TTL, quarantine, closed history
     spares.py        SpareSlots: slots a same-node connection holds ahead of its puts (Store: one request a put)
     writes.py        Writes: Reserve, Commit, Store; what every commit sets off (events, peers, disk, watermarks)
-    disk_link.py     DiskLink: admission, write-behind, promotions; the mover's hooks (they take the lock)
+    disk_link.py     DiskLink: when blocks are written (commit / evict), admission, the write budget; the
+                     mover's hooks (they take the lock)
+    promotions.py    Promotions: disk blocks read back into slots, and the groups that wait for room
     lookups.py       Lookups: the steps of a Lookup across tiers
     hints.py         Hints: Retain/Release (policy priorities), Demote, Prefetch, Pin with a TTL
     misses.py        MissLedger: keys that left the store, when and why (miss_causes.py: a miss's cause)
@@ -77,6 +81,7 @@ from kvstore.fastpath.key_index import IndexTable
 from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
 from kvstore.policies.admission import AdmissionPolicy
+from kvstore.policies.write_budget import WriteBudget
 from kvstore.tiers.disk import DiskStore
 from kvstore.validation import check_count, check_sizes
 from kvstore.vocab import Tier
@@ -106,6 +111,8 @@ class Engine(EngineQueries, EngineRestarts):
         arena_address: int = 0,
         quotas: TenantQuotas | None = None,
         namespaces: dict[int, dict[str, object]] | None = None,
+        write_mode: str = "commit",
+        budget: WriteBudget | None = None,
     ) -> None:
         """`namespaces`: a predecessor's namespaces by id (a restart that keeps the RAM tier: restarts.py), placed
         before the disk tier's; those that could not be taken are in `lost_namespaces`."""
@@ -124,7 +131,8 @@ class Engine(EngineQueries, EngineRestarts):
         self._reservations = ReservationTable(cat, config, self._free_unwritten, self.counters)
         self._disk = DiskLink(disk, admission, cat=cat, ram=self._ram, leases=self._leases, counters=self.counters,
                               events=self.events, lock=self._lock, arena_address=arena_address,
-                              queue_blocks=config.write_queue_blocks, misses=self.misses)
+                              queue_blocks=config.write_queue_blocks, misses=self.misses, write_mode=write_mode,
+                              budget=budget)
         self._lookups = Lookups(cat, self._ram, self._leases, self._disk, self.counters)
         self._hints = Hints(config, cat, self._ram, self._disk, self._lookups, self.counters, quotas)
         self._views = Views(config, cat, self._ram, self._leases, self._reservations, disk, self.counters)
@@ -150,7 +158,10 @@ class Engine(EngineQueries, EngineRestarts):
         self._disk.start()
 
     def stop(self) -> None:
-        """Finish queued disk writes and promotions, then stop the I/O threads."""
+        """Finish queued disk writes and promotions, then stop the I/O threads. Under disk_write = evict, RAM's
+        blocks that have no disk copy are written first (a clean stop loses nothing the disk has room for)."""
+        with self._lock:
+            self._disk.flush()
         self._disk.stop()
 
     # -- namespaces -------------------------------------------------------------------------------------
@@ -190,8 +201,8 @@ class Engine(EngineQueries, EngineRestarts):
     def reserve(self, ns_name: str, keys: Sequence[bytes], sizes: Sequence[int]) -> ReserveResult:
         self._check_keys(keys, unique=True)
         check_sizes(sizes, len(keys), self.config.max_block_bytes)
-        with self._lock:
-            return self._writes.reserve(self._names.get(ns_name), keys, sizes)
+        return self._disk.with_room(lambda: self._writes.reserve(self._names.get(ns_name), keys, sizes),
+                                    self.config.promote_timeout_s)
 
     def commit(self, reservation_id: int, checksums: Sequence[int] = (), settle_later: bool = False) -> int:
         """`settle_later`: the watermark eviction it sets off waits for `settle` or the next call (engine_lock.py)."""
@@ -405,7 +416,10 @@ class Engine(EngineQueries, EngineRestarts):
         self._check_keys(keys)
         probed = self.lookup(ns_name, keys, lease=False, summary=True).tiers if act is HintAction.PREFETCH else None
         with self._lock:
-            return self._hints.apply(self._names.get(ns_name), keys, act, ttl, time.monotonic(), probed)
+            out = self._hints.apply(self._names.get(ns_name), keys, act, ttl, time.monotonic(), probed)
+            gone = self._disk.take_let_go()
+        self._disk.delete_let_go(gone)  # a Release's disk copies (index I/O: outside the lock)
+        return out
 
     def let_go(self, ns_name: str, keys: Sequence[bytes], drop: bool = False) -> int:
         """RAM copies this node does not own (the peer tier's): first to go, or dropped now (hints.py let_go);

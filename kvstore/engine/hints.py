@@ -6,11 +6,14 @@ in no tier is MISSING for every action. Per action:
     RETAIN    RAM entry: kept until now + ttl_s while any other entry can go (HintedPolicy's RETAINED; still
               evictable under pressure) -> ACCEPTED, or CLIPPED when ttl_s > hint_max_ttl_s (the max is used).
               Only on disk -> REJECTED: prefetch it first.
-    RELEASE   RAM entry: first to go (RELEASED; a later Retain or Pin undoes it) -> ACCEPTED; only on disk ->
-              ACCEPTED (no RAM copy to let go of).
+    RELEASE   lets go on both tiers. RAM entry: first to go (RELEASED), and written nowhere when it goes (a later
+              Retain or Pin undoes both) -> ACCEPTED; its disk copy, if any, is deleted. Only on disk: the disk
+              copy is deleted -> ACCEPTED. (disk_link.py `let_go`; the deletes run after the lock.)
     DEMOTE    no disk tier -> REJECTED. Only on disk -> ACCEPTED. In RAM with a disk copy: the RAM copy is
               dropped now -> ACCEPTED (pinned -> REJECTED; leased -> DEFERRED, released: first to go). Without
-              one: its write is queued (bypassing admission) and the RAM copy is dropped when the write lands
+              one: written now, bypassing admission and the write budget (charged to it): under
+              disk_write=evict as an eviction's write-back (out of the policy at once, its slot freed when the
+              write lands), under commit queued as write-behind and the RAM copy dropped when the write lands
               -> DEFERRED (the write queue full -> REJECTED).
     PREFETCH  the engine runs a probe Lookup first (lease-less: disk and peer hits start their promotion, as a
               scheduler's probe does); present in any tier -> ACCEPTED.
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.engine.catalog import ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
+from kvstore.engine.catalog import EVICTING, GUEST, ON_DISK, QUEUED, WRITING, Catalog, EntryState, Namespace
 from kvstore.engine.config import EngineConfig
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
@@ -124,6 +127,8 @@ class Hints:
                 res = self._defer(ns, eid, key, act, now + ttl, timed)
             elif tier != _RAM or state[eid] != _COMMITTED:  # on disk only (eid < 0)
                 res = self._not_in_ram(act)
+                if act is HintAction.RELEASE:
+                    self._disk.let_go(ns, key, -1)
             else:
                 res = self._act(ns, eid, key, act, now + ttl, timed)
             out.append(res.value)
@@ -136,28 +141,35 @@ class Hints:
         """A hint on a committed RAM entry (every action but PREFETCH, which needs nothing more)."""
         if act is HintAction.RETAIN:
             self._policy.set_priority(eid, RETAINED, until)
+            self._disk.keep_again(eid)
             return timed
         if act is HintAction.RELEASE:
             self._policy.set_priority(eid, RELEASED)
+            self._disk.let_go(ns, key, eid)
             return ACCEPTED
         if act is HintAction.DEMOTE:
             return self._demote(eid, key)
-        return self._pin(ns, eid, key, until, timed)
+        res = self._pin(ns, eid, key, until, timed)
+        if res is not REJECTED:
+            self._disk.keep_again(eid)
+        return res
 
     def let_go(self, ns: Namespace, keys: Sequence[bytes], drop: bool = False) -> int:
         """The peer tier's word on copies this node does not own (pushed to their owner, fetched from it, or
         handed to a new one), so a cluster's RAM holds each block about once: first to go, as a Release makes
         them, or with `drop` their RAM copy goes now: as an eviction would take it, or, when a reader holds it
         (a load that fetched it), hidden from every later lookup at once and freed when that reader lets go, as
-        a delete of a leased block is (a disk copy stays either way). An entry an agent's hint or a pin marked
-        is left as it is; not counted as a hint or a delete. Returns the entries marked or dropped."""
+        a delete of a leased block is (a disk copy stays either way, and under disk_write = evict its eviction
+        never writes one: GUEST). An entry an agent's hint or a pin marked is left as it is; not counted as a
+        hint or a delete. Returns the entries marked or dropped."""
         self._ram.apply_touches()
         eids, _ = self._lookups.locate(ns, keys)
-        state, pins = self._cat.state, self._cat.pins
+        state, pins, flags = self._cat.state, self._cat.pins, self._cat.flags
         done = 0
         for eid in eids.tolist():
             if eid < 0 or state[eid] != _COMMITTED or pins[eid] or self._policy.priority(eid) == RETAINED:
                 continue
+            flags[eid] |= GUEST
             if drop and self._ram.evictable(eid):
                 self._policy.on_remove(eid)
                 self._ram.evict(eid)
@@ -244,8 +256,18 @@ class Hints:
                 return DEFERRED
             self._drop(eid)
             return ACCEPTED
+        if cat.flags[eid] & EVICTING:
+            return DEFERRED  # being written back already: its slot goes when the write lands
+        if self._disk.write_mode == "evict":  # written now, as an eviction's write-back
+            self._disk.keep_again(eid)
+            if not self._ram.demote(eid):
+                return REJECTED  # the write queue is full (or the tier degraded)
+            self._ram.apply_touches()
+            self._policy.on_remove(eid)
+            return DEFERRED
         if not cat.flags[eid] & (QUEUED | WRITING):
-            self._disk.queue_writes(np.array([eid], dtype=np.int64))
+            self._disk.keep_again(eid)
+            self._disk.queue_writes(np.array([eid], dtype=np.int64), bypass=True)
             if not cat.flags[eid] & QUEUED:
                 return REJECTED  # the write-behind queue is full
         self._demoting[eid] = key

@@ -241,19 +241,20 @@ class Lookups:
         disk = np.flatnonzero(tiers[:limit] == _DISK)
         if not len(disk):
             return promos
-        keep = set(ram_ids.tolist())
         started: dict[bytes, Promotion | None] = {}  # a key repeated in one lookup: one promotion, one slot
+        self._disk.begin_promotions(set(ram_ids.tolist()))  # one group: read together (promotions.py)
         for i in disk.tolist():
             eid = int(eids[i])
             if eid >= 0:
                 p = self._disk.promotion(eid)
             else:
                 if keys[i] not in started:
-                    started[keys[i]] = self._disk.start_promotion(ns, keys[i], -eid, keep)
+                    started[keys[i]] = self._disk.start_promotion(ns, keys[i], -eid)
                 p = started[keys[i]]
                 eids[i] = p.eid if p is not None else -1
             if p is not None:
                 promos[i] = p
+        self._disk.end_promotions()
         return promos
 
     def _answer(self, ns: Namespace, keys: Sequence[bytes], prefix: bool, tiers: np.ndarray,

@@ -5,7 +5,7 @@ knows it only at the moment a block leaves, so it writes that moment down here:
 
     evicted         RAM eviction of a block with no disk copy (by the engine's eviction policy)
     disk_reclaimed  its last copy dropped by the disk tier's segment reclamation
-    deleted         a Delete removed it
+    deleted         a Delete removed it, or a Release hint let go of its disk copy
     cleared         a namespace Clear (recorded once per namespace with its time, never per key)
 
 and when a key is absent with no record, the cause is one of:

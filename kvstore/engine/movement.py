@@ -14,6 +14,13 @@ engine's lock for each call):
 
 A full write queue rejects new blocks (counted): under overload, the disk tier keeps fewer copies rather than
 slowing puts.
+
+Reads go first: the writer does not start a batch while promotions are queued or being read (for at most
+`yield_s`). A get waits for its promotions and nobody waits for write-behind; and a write batch may reclaim a
+disk segment, which would make a promotion queued before it a miss or not depending on which thread ran first
+(the replay's simulator relies on a Lookup's promotions being read before the writes its hits queued).
+Write-backs a promotion waits for (disk_write=evict) are not held back: that promotion is not queued until
+its room is made (disk_link.py).
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ class Promotion:
     eid: int
     namespace: str
     key: bytes
-    address: int
+    address: int    # 0 while it waits for room (disk_link.py)
     capacity: int
+    length: int = 0  # the block's stored length (what its slot must hold)
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
     cancelled: bool = False
@@ -56,7 +64,7 @@ class MoverHooks(Protocol):
 
 class Mover:
     def __init__(self, disk: DiskStore, hooks: MoverHooks, *, queue_blocks: int = 4096, batch_blocks: int = 16,
-                 promoters: int = 2) -> None:
+                 promoters: int = 2, yield_s: float = 1.0) -> None:
         self._disk = disk
         self._hooks = hooks
         self._max_queue = queue_blocks
@@ -66,6 +74,8 @@ class Mover:
         self._cond = threading.Condition()
         self._stopping = False
         self._in_flight = 0  # blocks claimed by the writer and not yet reported back
+        self._reading = 0  # promotions taken by a promoter and not yet reported back
+        self._yield_s = yield_s
         self._threads = [threading.Thread(target=self._write_loop, name="kvstore-disk-writer", daemon=True)]
         self._threads += [threading.Thread(target=self._promote_loop, name=f"kvstore-promoter-{i}", daemon=True)
                           for i in range(promoters)]
@@ -104,9 +114,10 @@ class Mover:
                 self._cond.notify_all()
             return len(accepted)
 
-    def enqueue_promotion(self, p: Promotion) -> None:
+    def enqueue_promotions(self, ps: list[Promotion]) -> None:
+        """Queue reads, in order (a Lookup's, in its chain's order)."""
         with self._cond:
-            self._promotions.append(p)
+            self._promotions.extend(ps)
             self._cond.notify_all()
 
     def _write_loop(self) -> None:
@@ -128,6 +139,9 @@ class Mover:
         items, eids = self._hooks.claim_writes(batch)
         if not items:
             return
+        with self._cond:  # reads go first (module docstring); checked after the claim, which took the engine's
+            # lock: a Lookup that queued this batch's writes has queued its promotions by then too
+            self._cond.wait_for(lambda: not (self._promotions or self._reading) or self._stopping, self._yield_s)
         try:
             result = self._disk.write_batch(items)
         except Exception:  # the writer must survive a bad batch; the holds must be given back either way
@@ -146,6 +160,7 @@ class Mover:
                 if not self._promotions:
                     return
                 p = self._promotions.popleft()
+                self._reading += 1
             status = DiskStatus.IO_ERROR
             try:
                 if not p.cancelled:
@@ -156,3 +171,7 @@ class Mover:
                 log.exception("promotion of a block of %s failed", p.namespace)
             finally:
                 self._hooks.finish_promotion(p, status)
+                with self._cond:
+                    self._reading -= 1
+                    if not self._reading:
+                        self._cond.notify_all()

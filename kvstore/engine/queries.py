@@ -15,7 +15,7 @@ from kvstore.engine.leases import LeaseTable
 from kvstore.engine.namespaces import NamespaceTable
 from kvstore.engine.ram_space import RamSpace
 from kvstore.engine.reservations import ReservationTable
-from kvstore.engine.results import EngineStats, KeyRecord
+from kvstore.engine.results import DiskWriting, EngineStats, KeyRecord
 from kvstore.engine.views import Views
 from kvstore.errors import InvalidRequestError
 from kvstore.validation import check_keys
@@ -93,6 +93,13 @@ class EngineQueries:
     @property
     def admission_name(self) -> str:
         return self._disk.admission.name
+
+    def disk_writing(self) -> DiskWriting:
+        """When the disk tier is written and at what rate: the mode, what is in flight, the budget's state."""
+        with self._lock:
+            budget = self._disk.budget
+            return DiskWriting(self._disk.write_mode, len(self._disk.promotions), self._disk.writebacks,
+                               budget.state() if budget is not None else None)
 
     def disk_degraded_reason(self) -> str:
         """Why the disk tier is degraded ('' when healthy or absent): Health reports it."""

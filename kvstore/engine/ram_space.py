@@ -10,6 +10,13 @@ evicted down to the low watermark. Evicting a block that has a disk copy only dr
 quotas (quotas.py) victims come from over-quota tenants first, then, for an allocation, from the requesting
 tenant's own blocks; no other tenant is evicted below its quota.
 
+Write-backs (disk_write=evict): `write_back` (DiskLink's) may take a victim to write it to disk first. Its slot
+is then freed only when the write lands (`writeback_landed`), so an allocation that needed it gets PENDING
+instead of an offset once the victims it set writing cover its slot: Reserve raises RoomPending (the engine
+waits for the writes outside its lock and tries again), a promotion waits for room (disk_link.py), a spare-slot
+grant gives none. The watermark pass counts slots being written as already gone (`incoming_bytes`), so the
+writes it starts ahead of need are what keeps puts from waiting.
+
 Freeing a slot bumps its generation word: a reader that copied the slot and then sees another generation
 treats its copy as a miss (that is what makes an expired lease safe).
 """
@@ -17,6 +24,7 @@ treats its copy as a miss (that is what makes an expired lease safe).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import numpy as np
 
@@ -35,7 +43,14 @@ from kvstore.policies import EvictionPolicy
 from kvstore.policies.hinted import with_hints
 from kvstore.vocab import Tier
 
-__all__ = ["RamSpace"]
+__all__ = ["RamSpace", "RoomPending", "PENDING"]
+
+PENDING: Final = -1  # allocate(): no slot yet; victims are being written to make one (see the module docstring)
+
+
+class RoomPending(Exception):
+    """A Reserve must wait for victims' write-backs to land before it can have its slots (never leaves the engine:
+    Engine.reserve waits outside its lock and tries again)."""
 
 _COMMITTED = int(EntryState.COMMITTED)  # plain int: comparing a numpy scalar with an IntEnum costs ~13 us
 _DOOMED = int(EntryState.DOOMED)
@@ -59,6 +74,9 @@ class RamSpace:
         self._counters = counters
         self._events = events
         self._misses = misses if misses is not None else MissLedger(0)  # why keys left (evictions are written)
+        # disk_write=evict: DiskLink.write_back takes victims to write before their slot is freed (True each)
+        self.write_back: Callable[[list[int], bool], list[bool]] | None = None
+        self.incoming_bytes = 0  # slot bytes of entries being written back: freed when their write lands
 
     # -- the policy's view ------------------------------------------------------------------------------
     def record_hits(self, ids: np.ndarray) -> None:
@@ -103,22 +121,36 @@ class RamSpace:
     # -- allocation -------------------------------------------------------------------------------------
     def allocate_all(self, sizes: Sequence[int], todo: list[int], keep: set[int], tenant: str) -> list[int]:
         """A slot for each `sizes[i]`, i in `todo` (offsets by position, 0 elsewhere); all or nothing:
-        StoreFullError (counted) when one cannot be found, with the others given back."""
+        StoreFullError (counted) when one cannot be found, with the others given back; RoomPending, with the
+        others given back too, when victims for every slot were chosen but some are being written first (so
+        one pass sets every write going, in victim order, and the retry finds their slots free)."""
         offsets = [0] * len(sizes)
+        pending = False
         for i in todo:
             off = self.allocate(sizes[i], keep, tenant)
-            if off is None:
-                for j in todo:
-                    if offsets[j]:
-                        self.allocator.free(offsets[j])
+            if off is None and not pending:
+                self._give_back(offsets, todo)
                 self._counters.store_full += 1
                 raise StoreFullError(self.full_message(sum(sizes[j] for j in todo)))
+            if off is None or off == PENDING:
+                pending = True
+                continue
             offsets[i] = off
+        if pending:
+            self._give_back(offsets, todo)
+            raise RoomPending()
         return offsets
+
+    def _give_back(self, offsets: list[int], todo: list[int]) -> None:
+        for j in todo:
+            if offsets[j]:
+                self.allocator.free(offsets[j])
+                offsets[j] = 0
 
     def allocate(self, size: int, keep: set[int], tenant: str | None = None) -> int | None:
         """A slot of `size`, evicting as needed but never an entry in `keep`; `tenant` is who asks (quotas.py
-        decides whose blocks may go).
+        decides whose blocks may go). None: nothing left to evict; PENDING: the victims chosen are being
+        written back and will free a slot when they land (disk_write=evict; see the module docstring).
 
         With isolate_tenants the slot comes from a slab bound to the tenant's own memory file (arena/backing.py),
         so only that tenant's processes can map it; evicting another tenant's blocks helps only once one of its
@@ -128,12 +160,17 @@ class RamSpace:
         if off is not None:
             return off
         eligible = (lambda eid: eid not in keep and self.evictable(eid)) if keep else self.evictable
+        need, coming = self.allocator.slot_bytes(size), 0
         while off is None:
             victim = (self._choose_victim(eligible) if self._quotas is None
                       else self._choose_quota_victim(eligible, tenant))
             if victim is None:
-                return None
-            self.evict(victim)
+                return PENDING if coming else None
+            if not self.evict(victim):  # being written first: its slot comes later
+                coming += self.allocator.slot_bytes(int(self._cat.size[victim]))
+                if coming >= need:
+                    return PENDING
+                continue
             off = self.allocator.allocate(size, domain)
         return off
 
@@ -147,7 +184,7 @@ class RamSpace:
         out = self.allocator.allocate_many(size, count, self.domain(tenant))
         while len(out) < count:
             off = self.allocate(size, keep, tenant)
-            if off is None:
+            if off is None or off == PENDING:  # (PENDING: the write-backs it started free slots later)
                 for got in out:
                     self.free_slot(got)
                 return None
@@ -165,13 +202,14 @@ class RamSpace:
         )
 
     def enforce_watermarks(self) -> None:
-        """Above the high watermark, evict down to the low one (after a commit)."""
+        """Above the high watermark, evict down to the low one (after a commit). Slots being written back count
+        as gone already: their writes are under way."""
         alloc, cfg = self.allocator, self._config
-        if alloc.allocated_bytes <= cfg.high_watermark * alloc.capacity:
+        if alloc.allocated_bytes - self.incoming_bytes <= cfg.high_watermark * alloc.capacity:
             return
         target = cfg.low_watermark * alloc.capacity
         if self._quotas is None:  # choose every victim first (the policy forgets each), then one evict_many
-            excess, victims = alloc.allocated_bytes - target, []
+            excess, victims = alloc.allocated_bytes - self.incoming_bytes - target, []
             self._touches.apply()  # once: choosing victims records no hits
             choose, evictable, sizes = self.policy.choose_victim, self.evictable, self._cat.size
             while excess > 0 and (victim := choose(evictable)) is not None:
@@ -179,7 +217,8 @@ class RamSpace:
                 excess -= alloc.slot_bytes(int(sizes[victim]))
             self.evict_many(victims)
             return
-        while alloc.allocated_bytes > target:  # quotas: whose blocks may go depends on the usage after each one
+        while alloc.allocated_bytes - self.incoming_bytes > target:  # quotas: whose blocks may go depends on the
+            # usage after each one (a victim being written back counts as gone: incoming_bytes grew)
             victim = self._choose_quota_victim(self.evictable, None, own_pass=False)
             if victim is None:
                 return
@@ -209,10 +248,12 @@ class RamSpace:
     def evict_many(self, eids: list[int]) -> None:
         """`evict` of each, with one KV event per kind, one miss-ledger call and one key-index removal per
         namespace instead of one each per block: a Store of 32 blocks into a full arena evicts 32, and the
-        per-block calls were half of its time."""
+        per-block calls were half of its time. Victims taken for a write-back (one queueing, in order) go later."""
+        if eids and self.write_back is not None:
+            eids = [e for e, taken in zip(eids, self._take_for_writing(eids)) if not taken]
         if len(eids) < 2:
             for eid in eids:
-                self.evict(eid)
+                self._drop(eid)
             return
         cat, counters = self._cat, self._counters
         by_ns: dict[int, list[int]] = {}
@@ -239,8 +280,42 @@ class RamSpace:
             counters.evictions += len(group)
             counters.evicted_bytes += sum(sizes)
 
-    def evict(self, eid: int) -> None:
-        """Drop a committed entry the policy has already forgotten."""
+    def evict(self, eid: int) -> bool:
+        """Evict a committed entry the policy has already forgotten: True when its slot is free now, False when
+        DiskLink took it to write it first (disk_write=evict: freed by `writeback_landed`)."""
+        if self.write_back is not None and self._take_for_writing([eid])[0]:
+            return False
+        self._drop(eid)
+        return True
+
+    def demote(self, eid: int) -> bool:
+        """A Demote hint under disk_write=evict: write the entry back now (admission and the budget bypassed), as
+        an eviction; True when taken (the caller takes it out of the policy)."""
+        return self.write_back is not None and self._take_for_writing([eid], force=True)[0]
+
+    def _take_for_writing(self, eids: list[int], force: bool = False) -> list[bool]:
+        assert self.write_back is not None
+        taken = self.write_back(eids, force)
+        sizes = self._cat.size
+        self.incoming_bytes += sum(self.allocator.slot_bytes(int(sizes[e])) for e, t in zip(eids, taken) if t)
+        return taken
+
+    def writeback_landed(self, eid: int) -> None:
+        """The write-back of `eid` ended (its flags say how: ON_DISK when it landed). Its slot goes now, unless a
+        reader or a pin took the entry meanwhile: then it stays in RAM, tracked by the policy again (with its disk
+        copy, if the write landed). A deleted entry (DOOMED) is freed by its last holder, not here."""
+        cat = self._cat
+        self.incoming_bytes -= self.allocator.slot_bytes(int(cat.size[eid]))
+        if cat.state[eid] != _COMMITTED:
+            return
+        if cat.leases[eid] or cat.pins[eid]:
+            self._touches.apply()
+            self._policy_insert(cat.namespace_of(eid), [eid])
+            return
+        self._drop(eid)
+
+    def _drop(self, eid: int) -> None:
+        """Free a committed entry's slot as an eviction: the block lives on on disk (ON_DISK) or is gone."""
         cat, counters = self._cat, self._counters
         size = int(cat.size[eid])
         if self._events.subscribers:

@@ -18,10 +18,11 @@ from kvstore.engine.config import EngineConfig  # re-exported: it lived here bef
 from kvstore.vocab import ReserveOutcome
 
 if TYPE_CHECKING:
+    from kvstore.policies.write_budget import BudgetState
     from kvstore.tiers.disk.types import DiskStats
 
 __all__ = ["EngineConfig", "ReserveResult", "StoreResult", "LookupResult", "HitColumns", "KeyRecord", "NamespaceStats", "NamespaceUsage",
-           "EngineStats"]
+           "EngineStats", "DiskWriting"]
 
 RESERVED, ALREADY_PRESENT, IN_FLIGHT = ReserveOutcome.RESERVED, ReserveOutcome.ALREADY_PRESENT, ReserveOutcome.IN_FLIGHT
 
@@ -136,3 +137,13 @@ class EngineStats:
     namespaces: list[NamespaceStats] = field(default_factory=list)
     size_classes: list[ClassUsage] = field(default_factory=list)
     disk: DiskStats | None = None  # when the disk tier is enabled (its names differ in two places: service.py)
+
+
+@dataclass(frozen=True)
+class DiskWriting:
+    """When the disk tier is written and at what rate (the engine's part of DiskTierStats, by field name)."""
+
+    write_mode: str                 # disk_write: commit | evict
+    promotion_queue_blocks: int     # promotions started and not landed (reading, queued or waiting for room)
+    writeback_blocks: int           # RAM victims being written before their slot is freed
+    budget: BudgetState | None      # None: no disk_write_budget

@@ -5,7 +5,9 @@
     s3fifo.py     S3-FIFO (Yang et al., SOSP'23) over dense entry ids
     factory.py    a policy from its configured name (`policy = "lru" | "s3fifo"`)
     hinted.py     priorities and expiries over any policy: Retain (skip until a deadline), Release (first to go)
-    admission.py  disk admission: which RAM blocks deserve a copy on the SSD (`always`, `seen:N`, `never`)
+    admission.py  disk admission: which RAM blocks deserve a copy on the SSD (`always`, `seen:N`, `never`), and
+                  when it is written (`disk_write`: `commit` or `evict`)
+    write_budget.py  the disk write budget: random admission at a byte rate, larger blocks refused first
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from kvstore.server.handover_host import HandoverHostMixin
 from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
+from kvstore.policies.write_budget import WriteBudget
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
@@ -118,7 +119,8 @@ class Daemon(HandoverHostMixin):
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
-                                 quotas=TenantQuotas(cfg.ram_quotas),
+                                 quotas=TenantQuotas(cfg.ram_quotas), write_mode=cfg.disk_write,
+                                 budget=self._write_budget(cfg),
                                  namespaces=adoption[2] if adoption is not None else None)
             self.engine.attach_journal(self.arena.journal, self.arena.generations)
             owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
@@ -177,6 +179,15 @@ class Daemon(HandoverHostMixin):
         log_adoption(inh.source, report, verification, bad_namespaces, self.engine.lost_namespaces, restored,
                      seconds, kept_incarnation=bool(tables_kept or (inh.incarnation and
                                                                      self.info.incarnation == inh.incarnation)))
+
+    @staticmethod
+    def _write_budget(cfg: ServerConfig) -> WriteBudget | None:
+        """The disk write budget (disk_write_budget), None for none. Seed 0: the replay's simulator drives the
+        same class with the same seed (bench/replay)."""
+        rate = cfg.write_budget
+        if rate is None or not cfg.disk_bytes:
+            return None
+        return WriteBudget(rate, cfg.disk_write_budget_window_s, seed=0, max_block_bytes=cfg.max_block_bytes)
 
     def _open_disk(self, config: DiskConfig) -> DiskStore:
         """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""

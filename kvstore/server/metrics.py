@@ -40,7 +40,13 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_blocks / kvstore_disk_degraded / kvstore_disk_compression_ratio
   kvstore_disk_io_bytes_total{direction}        read, written
   kvstore_disk_evicted_blocks_total / kvstore_disk_reinserted_total / kvstore_disk_io_errors_total
-  kvstore_disk_write_queue_blocks
+  kvstore_disk_write_queue_blocks / kvstore_disk_promotion_queue_blocks / kvstore_disk_writeback_blocks
+  kvstore_disk_writes_queued_total / kvstore_disk_writebacks_total / kvstore_evicted_unwritten_total
+  kvstore_room_waits_total                      Reserves that waited for victims' write-backs (disk_write=evict)
+  kvstore_disk_write_mode{mode}                 1 for the configured disk_write (commit, evict)
+  kvstore_disk_budget_bytes_per_second / kvstore_disk_budget_probability   the write budget (if set) ...
+  kvstore_disk_budget_window_bytes{state}       ... this window's admitted bytes and target
+  kvstore_disk_budget_bytes_total{decision} / kvstore_disk_budget_blocks_total{decision}   admitted, refused
   kvstore_disk_quota_kept_blocks_total / kvstore_disk_quota_overcommitted_total   tenant disk quotas at reclamation
   kvstore_tenant_bytes{tenant,tier} / kvstore_tenant_quota_bytes{tenant,tier}     usage against tenant quotas
   kvstore_event_subscribers                     KV-event streams open
@@ -77,9 +83,10 @@ from prometheus_client.registry import Collector
 from kvstore.engine.engine import Engine
 from kvstore.engine.counters import RESTART_DROP_REASONS
 from kvstore.engine.misses import CAUSES, COUNTER_OF
-from kvstore.engine.results import EngineStats
+from kvstore.engine.results import DiskWriting, EngineStats
 from kvstore.errors import ConfigError
 from kvstore.hint_vocab import HintAction, HintOutcome
+from kvstore.policies.admission import WRITE_MODES
 from kvstore.peer.cluster import PeerStatus
 from kvstore.server.metric_collectors import ControlCollector, PeerCollector, StaticCollector, TransferCollector
 from kvstore.server.metric_labels import MetricLabels
@@ -110,6 +117,11 @@ _COUNTERS = {
     "demote_dropped": ("kvstore_demote_dropped", "Queued disk writes dropped: evicted or deleted first"),
     "demote_queue_full": ("kvstore_demote_queue_full", "Blocks not admitted to disk: write queue full"),
     "disk_reinserted": ("kvstore_disk_reinserted", "Disk records kept at segment reclamation (read since written)"),
+    "disk_writes_queued": ("kvstore_disk_writes_queued", "Blocks accepted into the disk write queue"),
+    "disk_writebacks": ("kvstore_disk_writebacks", "RAM victims queued to be written before their slot is freed"),
+    "evicted_unwritten": ("kvstore_evicted_unwritten",
+                          "RAM victims without a disk copy left unwritten (admission, budget, Release, degraded)"),
+    "room_waits": ("kvstore_room_waits", "Reserves that waited for victims' disk write-backs to free their slots"),
     "deleted_blocks": ("kvstore_deleted_blocks", "Blocks deleted by clients"),
     "store_full": ("kvstore_store_full", "Reserves refused: nothing evictable"),
     "checksum_failures": ("kvstore_checksum_failures", "Blocks that failed their checksum (counted as misses)"),
@@ -267,6 +279,7 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield GaugeMetricFamily("kvstore_disk_compression_ratio", "Raw / stored bytes written", value=d.compression_ratio)
     yield GaugeMetricFamily("kvstore_disk_write_queue_blocks", "Blocks waiting for the disk writer",
                             value=engine.write_queue_blocks)
+    yield from _disk_writing(engine.disk_writing())
     io = CounterMetricFamily("kvstore_disk_io_bytes", "Disk tier bytes moved", labels=["direction"])
     io.add_metric(["written"], d.bytes_written)
     io.add_metric(["read"], d.bytes_read)
@@ -279,6 +292,39 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield CounterMetricFamily("kvstore_disk_quota_overcommitted",
                               "Disk reclamations that ignored quotas (protected bytes > capacity - 2 segments)",
                               value=d.quota_overcommitted)
+
+
+def _disk_writing(w: DiskWriting) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """When the disk tier is written (disk_write), what is in flight, and the write budget's state."""
+    yield GaugeMetricFamily("kvstore_disk_promotion_queue_blocks", "Promotions started and not landed",
+                            value=w.promotion_queue_blocks)
+    yield GaugeMetricFamily("kvstore_disk_writeback_blocks", "RAM victims being written before their slot is freed",
+                            value=w.writeback_blocks)
+    mode = GaugeMetricFamily("kvstore_disk_write_mode", "1 for the configured disk_write", labels=["mode"])
+    for name in WRITE_MODES:
+        mode.add_metric([name], int(name == w.write_mode))
+    yield mode
+    b = w.budget
+    if b is None:
+        return
+    yield GaugeMetricFamily("kvstore_disk_budget_bytes_per_second", "disk_write_budget", value=b.bytes_per_s)
+    yield GaugeMetricFamily("kvstore_disk_budget_probability", "This window's admission probability",
+                            value=b.probability)
+    window = GaugeMetricFamily("kvstore_disk_budget_window_bytes", "Bytes admitted in this window, and its target",
+                               labels=["state"])
+    window.add_metric(["admitted"], b.window_admitted)
+    window.add_metric(["target"], b.window_target)
+    yield window
+    nbytes = CounterMetricFamily("kvstore_disk_budget_bytes", "Bytes offered to the write budget, by decision",
+                                 labels=["decision"])
+    blocks = CounterMetricFamily("kvstore_disk_budget_blocks", "Blocks offered to the write budget, by decision",
+                                 labels=["decision"])
+    nbytes.add_metric(["admitted"], b.admitted_bytes)
+    nbytes.add_metric(["refused"], b.refused_bytes)
+    blocks.add_metric(["admitted"], b.admitted_blocks)
+    blocks.add_metric(["refused"], b.refused_blocks)
+    yield nbytes
+    yield blocks
 
 
 def _tenants(s: EngineStats, usage: TenantUsage, labels: MetricLabels) -> Iterator[GaugeMetricFamily]:

@@ -22,7 +22,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.engine.engine import Engine
 from kvstore.engine.quotas import TenantQuotas
-from kvstore.engine.results import KeyRecord
+from kvstore.engine.results import DiskWriting, KeyRecord
 from kvstore.engine.sessions import SessionBook
 from kvstore.engine.events import MOVED, REMOVED, STORED, Event
 from kvstore.errors import IntegrityError, InvalidRequestError, KVStoreError, StoreFullError
@@ -220,7 +220,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         if d is None:
             return None
         return disk_tier_stats(d, self._engine.disk_directory, self._engine.write_queue_blocks,
-                               self._engine.admission_name)
+                               self._engine.admission_name, self._engine.disk_writing())
 
     # -- byte streams (fallback path) ---------------------------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutChunk], context: grpc.ServicerContext) -> pb.PutResponse:
@@ -320,11 +320,18 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             self._observe("Get", time.perf_counter() - start)
 
 
-def disk_tier_stats(d: DiskStats, directory: str, write_queue_blocks: int, admission: str) -> pb.DiskTierStats:
+def disk_tier_stats(d: DiskStats, directory: str, write_queue_blocks: int, admission: str,
+                    writing: DiskWriting | None = None) -> pb.DiskTierStats:
     """DiskStats by field name (kvstore.pbmap); what the engine adds is given, and the fields not on the wire
     are listed in _DISK_NOT_ON_WIRE."""
+    extra: dict[str, object] = {}
+    if writing is not None:
+        extra = {"write_mode": writing.write_mode, "promotion_queue_blocks": writing.promotion_queue_blocks,
+                 "writeback_blocks": writing.writeback_blocks}
+        if writing.budget is not None:
+            extra["budget"] = to_message(writing.budget, pb.DiskWriteBudget, enabled=True)
     return to_message(d, pb.DiskTierStats, ignore=_DISK_NOT_ON_WIRE, enabled=True, directory=directory,
-                      write_queue_blocks=write_queue_blocks, admission=admission)
+                      write_queue_blocks=write_queue_blocks, admission=admission, **extra)
 
 
 def _event_pb(ev: Event, node_id: str) -> pb.KVEvent:

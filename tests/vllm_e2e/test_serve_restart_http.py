@@ -61,7 +61,8 @@ def test_restarts_under_a_live_vllm_serve(tmp_path) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     (tmp_path / "kv").mkdir()
     d = DaemonProcess(workdir=str(tmp_path / "kv"), arena_bytes="256MiB", max_block_bytes="8MiB",
-                      disk_bytes="1GiB", disk_segment_bytes="64MiB")
+                      disk_bytes="1GiB", disk_segment_bytes="64MiB",
+                      disk_write="commit")  # write-behind: the kill -9 below keeps what was saved
     d.start(timeout_s=60)
     successor: DaemonProcess | None = None
     try:

@@ -23,8 +23,9 @@ KEY_BYTES = LAYERS * 2 * BLOCK * HEADS * HEAD_DIM * 4  # one vLLM block: layers 
 
 @pytest.fixture()
 def disk_daemon() -> Iterator[DaemonProcess]:
+    # disk_write = commit: the stored blocks are written behind, then demoted (the test waits for both)
     with DaemonProcess(arena_bytes="64MiB", max_block_bytes="8MiB", disk_bytes="64MiB", disk_segment_bytes="16MiB",
-                       disk_sync="none") as d:
+                       disk_sync="none", disk_write="commit") as d:
         yield d
 
 

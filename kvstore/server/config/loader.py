@@ -72,6 +72,8 @@ def _coerce(f: dataclasses.Field, raw: object, source: str) -> object:
             return float(raw)  # type: ignore[arg-type]  # TypeError from a TOML table is caught below
     except (TypeError, ValueError):
         raise _wrong(f.name, source, kind, raw) from None
+    if f.name.endswith("_budget") and isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)  # a rate written as a TOML integer (bytes per second)
     if not isinstance(raw, str):
         raise _wrong(f.name, source, "str", raw)
     return raw

@@ -7,16 +7,19 @@ What is left is here, each checked once by ServerConfig.validate().
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from kvstore.addresses import parse_host_port
 from kvstore.errors import ConfigError
 from kvstore.fastpath.sockets import MAX_SPIN_US
+from kvstore.policies.admission import check_write_mode
+from kvstore.policies.write_budget import MAX_WINDOW_S, MIN_WINDOW_S, check_budget
 
 if TYPE_CHECKING:
     from kvstore.server.config.settings import ServerConfig
 
-__all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry", "check_restarts"]
+__all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry", "check_restarts", "check_disk_writes"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -62,6 +65,22 @@ def check_arena(cfg: ServerConfig) -> None:
     require(cfg.arena_lock in ARENA_LOCKS, f"arena_lock={cfg.arena_lock!r}: use auto, on or off")
     require(cfg.arena_bytes >= 2 * cfg.max_block_bytes,
             f"arena_bytes={cfg.arena_bytes} must be at least 2 x max_block_bytes ({cfg.max_block_bytes})")
+
+
+def check_disk_writes(cfg: ServerConfig) -> None:
+    """When blocks are written and how fast (disk_write, the budget), and what makes no sense together."""
+    check_write_mode(cfg.disk_write)
+    window = cfg.disk_write_budget_window_s
+    require(isinstance(window, (int, float)) and not isinstance(window, bool) and math.isfinite(window)
+            and MIN_WINDOW_S <= window <= MAX_WINDOW_S,
+            f"disk_write_budget_window_s={window!r}: use {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g} seconds")
+    budget = cfg.write_budget
+    if budget is None:
+        return
+    check_budget(budget, window, cfg.max_block_bytes)
+    require(cfg.disk_admission != "never",
+            f"disk_write_budget={cfg.disk_write_budget!r} with disk_admission = never: nothing is ever offered to the "
+            "disk, so the budget makes no sense; drop one of them")
 
 
 def check_disk_geometry(cfg: ServerConfig) -> None:

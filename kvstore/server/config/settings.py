@@ -25,12 +25,12 @@ from kvstore.fastpath.sockets import DAEMON_SPIN_US
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.peer.cluster import COPIES, PLANES, PeerConfig
 from kvstore.policies import POLICY_NAMES
-from kvstore.policies.admission import ADMISSION_HELP, make_admission
+from kvstore.policies.admission import ADMISSION_HELP, WRITE_HELP, make_admission
 from kvstore.policies.factory import policy_class
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
 from kvstore.server.config import rules, security
-from kvstore.server.config.units import parse_quotas
+from kvstore.server.config.units import parse_quotas, parse_size
 from kvstore.tiers.disk.config import CODECS, DiskConfig, check_disk_options
 
 __all__ = ["ServerConfig", "SECTIONS"]
@@ -83,6 +83,16 @@ class ServerConfig:
     disk_sync: str = _s("disk", "data: fdatasync before the index commit (crash-safe); none: no fsync", "data")
     disk_codec: str = _s("disk", f"default disk compression: {', '.join(CODECS)} (zstd-shuffle2: bf16 KV)", "none")
     disk_admission: str = _s("disk", "which blocks get a disk copy: " + ADMISSION_HELP, "always")
+    disk_write: str = _s("disk", WRITE_HELP + "; evict: RAM and disk hold mostly different blocks (more hits at the "
+                         "same sizes, fewer writes: docs/benchmarks.md), but blocks only in RAM die with the daemon",
+                         "evict")
+    disk_write_budget: str = _s("disk", "SSD write budget in bytes per second, averaged over "
+                                "disk_write_budget_window_s, e.g. '200MiB': blocks are admitted at random with a "
+                                "probability that follows it (CacheLib's dynamic random admission), larger blocks "
+                                "refused first; written, refused and the budget's state are in Stats and /metrics; "
+                                "'' = no budget", "")
+    disk_write_budget_window_s: float = _s("disk", "the span the disk write budget is averaged over, in seconds "
+                                           "(1..86400)", 60.0)
     disk_wipe: bool = _s("disk", "empty the disk tier at start instead of serving what it holds", False)
     disk_probe_interval_s: float = _s("disk", "how often a degraded disk tier is retried", 5.0)
     promote_timeout_s: float = _s("disk", "how long a get waits for blocks read back from disk", 5.0)
@@ -220,6 +230,14 @@ class ServerConfig:
         return parse_quotas(self.tenant_disk_quota, "tenant_disk_quota")
 
     @property
+    def write_budget(self) -> int | None:
+        """disk_write_budget in bytes per second; None for no budget ('')."""
+        text = self.disk_write_budget.strip()
+        if not text:
+            return None
+        return parse_size(text.removesuffix("/s"), "disk_write_budget")
+
+    @property
     def peer_endpoints(self) -> list[str]:
         return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
@@ -282,6 +300,7 @@ class ServerConfig:
         else:
             check_disk_options(self.disk_sync, self.disk_codec, self.disk_probe_interval_s, self.disk_reinsert_hits)
         make_admission(self.disk_admission)
+        rules.check_disk_writes(self)
         self.peer_config()
         security.check_security(self)
         security.check_etcd(self)

@@ -24,7 +24,10 @@ from typing import NamedTuple, TypeVar
 
 import lmdb
 
-__all__ = ["DiskIndex", "IndexEntry", "FORMAT_VERSION", "make_key"]
+from kvstore.tiers.disk.codec import CODEC_NAMES
+from kvstore.tiers.disk.types import DiskRecord
+
+__all__ = ["DiskIndex", "IndexEntry", "FORMAT_VERSION", "make_key", "record_of"]
 
 FORMAT_VERSION = 1
 _NS = struct.Struct(">I")
@@ -338,3 +341,11 @@ class DiskIndex:
             return out
 
         return self._write("clear a namespace", body, durable=True)
+
+
+def record_of(namespace: str, key: bytes, e: IndexEntry) -> DiskRecord:
+    """The public record of an index entry (DiskStore.lookup, list_keys)."""
+    return DiskRecord(
+        namespace=namespace, key=key, length=e.length, stored_length=e.stored_length, checksum=e.checksum,
+        segment=e.segment, offset=e.offset, seq=e.seq, codec=CODEC_NAMES.get(e.codec, f"#{e.codec}"),
+    )

@@ -9,6 +9,10 @@ read. Like CacheLib Navy's hits-based reinsertion, reclamation keeps the records
                 quota (floors.py), all of them; then the hot records of the oldest segment, in offset order,
                 while everything kept stays within half a segment (so without quotas every reclamation frees at
                 least half a segment: a write never cascades through the log, even when everything is hot).
+                A hot record whose block the owner holds in RAM backed by it (`StoreState.resident`, asked
+                before the store's locks are taken: the engine under disk_write=evict, for a block read back
+                from disk) is not kept: RAM holds that block and writes it again when it lets go of it, and
+                keeping the copy would spend the log's room on blocks that are not missing from RAM.
     2. reclaim  ONE durable index txn deletes every other entry of the segment and records its new open_seq.
                 The kept entries stay in the index but are stale now (seq < open_seq): readers miss them, a
                 delete still finds and removes them, recovery drops them.
@@ -90,13 +94,14 @@ class Reclaimer:
         st = self._st
         cfg = st.config
         tenants = self._tenants()
+        resident = self._resident(touched)
         with st.mutate:
             with st.lock:
                 seg = st.table.oldest_sealed()
                 if seg is None or seg in touched:
                     return None
                 seqs = dict(st.table.members[seg])
-                hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten]
+                hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten and k not in resident]
                 ns_bytes = dict(st.table.ns_bytes)
                 open_seq = st.alloc_seq()
             current = self._current(seg, seqs, hot if tenants is None else [k for k in seqs if k not in rewritten])
@@ -110,6 +115,20 @@ class Reclaimer:
                 st.counters.evicted_bytes += sum(e.length for _, e in removed)
                 st.counters.quota_kept_blocks += len(protected)
         return Reclaimed(seg, keep, [k for k, _ in removed])
+
+    def _resident(self, touched: Collection[int]) -> set[bytes]:
+        """Index keys of the oldest segment's hot records whose block the owner holds in RAM backed by them
+        (step 1). Asked with no store lock held but the writer's, which alone changes what the oldest segment is."""
+        st = self._st
+        if st.resident is None:
+            return set()
+        with st.lock:
+            seg = st.table.oldest_sealed()
+            hot = [] if seg is None or seg in touched else st.table.hot(seg, st.config.reinsert_hits)
+        if not hot:
+            return set()
+        held = st.resident([(st.index.ns_name(ns), key) for ns, key in map(split_key, hot)])
+        return {k for k, r in zip(hot, held) if r}
 
     def _tenants(self) -> dict[int, str] | None:
         """namespace id -> tenant of every namespace on disk, or None without quotas. Resolved here, before

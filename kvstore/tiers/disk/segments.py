@@ -8,8 +8,9 @@ The data lives in `segments` files of `segment_bytes` each, used as one log (as 
     segment-00003.kvd                              free (no file yet, or nothing live in it)
 
 Every record starts on a 4 KiB page (O_DIRECT) and takes round_up(stored_length, 4096) bytes: its footprint.
-When the active segment cannot hold the next record it is sealed and a free segment becomes active; when none
-is free the OLDEST sealed segment is reclaimed whole (FIFO): the store first deletes its index entries in one
+When the active segment cannot hold the next record it is sealed and a free segment becomes active, else a
+sealed one whose records were all deleted (`take_dead`: nothing is lost, and the room a Release let go of
+comes back before its turn in the FIFO); when none is, the OLDEST sealed segment is reclaimed whole (FIFO): the store first deletes its index entries in one
 committed transaction, then reuses it, so the index never points at overwritten bytes. FIFO by segment keeps
 writes sequential and reclamation O(1) per segment; deleted or replaced records simply wait for their segment
 to be reclaimed.
@@ -161,6 +162,16 @@ class SegmentTable:
 
     def take_free(self) -> int | None:
         return self.free.pop() if self.free else None
+
+    def take_dead(self, busy: set[int]) -> int | None:
+        """The oldest sealed segment that no live record holds any more (every record deleted: a Release let go of
+        them, or they were rewritten elsewhere), outside `busy` (segments the caller wrote records into that are
+        not committed yet): reusable at once, with no reclamation and nothing dropped. None when there is none."""
+        for seg in self.sealed:
+            if not self.members[seg] and seg not in busy:
+                self.sealed.remove(seg)
+                return seg
+        return None
 
     def oldest_sealed(self) -> int | None:
         return self.sealed[0] if self.sealed else None

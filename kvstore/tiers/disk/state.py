@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from kvstore.tiers.disk.config import DiskConfig, round_up
 from kvstore.tiers.disk.counters import DiskCounters
@@ -67,6 +68,9 @@ class StoreState:
         self.closed = False
         self.next_seq = 1
         self.floors: TenantFloors | None = None   # per-tenant disk quotas (floors.py); set by DiskStore.set_floors
+        # which (namespace, key) records have a RAM copy that counts on them (DiskStore.set_resident): no second
+        # chance for those at reclamation
+        self.resident: Callable[[list[tuple[str, bytes]]], list[bool]] | None = None
 
     def alloc_seq(self) -> int:
         """Caller holds `lock`."""

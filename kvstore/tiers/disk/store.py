@@ -31,13 +31,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvstore.errors import ConfigError, InvalidRequestError
-from kvstore.tiers.disk.codec import CODEC_NAMES
 from kvstore.tiers.disk.config import DiskConfig
 from kvstore.tiers.disk.counters import DiskCounters
 from kvstore.tiers.disk.directory import StoreDirectory
 from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
-from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key
+from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key, record_of
 from kvstore.tiers.disk.io import BlockIO
 from kvstore.tiers.disk.reader import BlockReader
 from kvstore.tiers.disk.recovery import recover
@@ -55,9 +54,7 @@ class DiskStore:
     def __init__(self, config: DiskConfig, io: BlockIO | None = None) -> None:
         self.config = config
         self._io = io if io is not None else BlockIO()
-        self._writer_lock = threading.Lock()
-        self._mutate = threading.Lock()
-        self._lock = threading.Lock()
+        self._writer_lock, self._mutate, self._lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._st: StoreState | None = None
         self._writer: BatchWriter | None = None
         self._reader: BlockReader | None = None
@@ -65,6 +62,7 @@ class DiskStore:
         self._pending_drops: list[bytes] = []   # invalid entries found while read-only, dropped once writable
         self._probe_count = 0
         self._floors: TenantFloors | None = None
+        self._resident: Callable[[list[tuple[str, bytes]]], list[bool]] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self, *, wipe: bool = False) -> RecoveryReport:
@@ -188,14 +186,22 @@ class DiskStore:
             cfg, self._io, files, SegmentTable(cfg.segments, cfg.segment_bytes), index,
             Health(cfg.directory, cfg.probe_interval_s), DiskCounters(), self._writer_lock, self._mutate, self._lock,
         )
-        st.floors = self._floors
+        st.floors, st.resident = self._floors, self._resident
         return st
+
+    def set_resident(self, resident: Callable[[list[tuple[str, bytes]]], list[bool]] | None) -> None:
+        """Which records back a RAM copy (reclaim.py: no second chance for those); called holding only `writer`."""
+        self._resident = resident
+        self._attach()
 
     def set_floors(self, floors: TenantFloors | None) -> None:
         """Per-tenant disk quotas (floors.py): enforced from the next segment reclamation on."""
         self._floors = floors
+        self._attach()
+
+    def _attach(self) -> None:
         if self._st is not None:
-            self._st.floors = floors
+            self._st.floors, self._st.resident = self._floors, self._resident
 
     def namespace_bytes(self) -> dict[str, int]:
         """Footprint on disk (page-rounded stored bytes of live records) per namespace that holds any."""
@@ -269,7 +275,7 @@ class DiskStore:
         with st.lock:
             ns_id = st.index.ns_id(namespace)
             entry = st.index.get(make_key(ns_id, bytes(key))) if ns_id is not None else None
-        return _record(namespace, bytes(key), entry) if entry is not None else None
+        return record_of(namespace, bytes(key), entry) if entry is not None else None
 
     def contains_many(self, namespace: str, keys: Sequence[bytes]) -> list[int]:
         """Length of each block, 0 when absent; one read transaction."""
@@ -289,7 +295,7 @@ class DiskStore:
         with st.lock:
             ns_id = st.index.ns_id(namespace)
             found = st.index.scan(ns_id, bytes(cursor), limit + 1) if ns_id is not None else []
-        records = [_record(namespace, k, e) for k, e in found[:limit]]
+        records = [record_of(namespace, k, e) for k, e in found[:limit]]
         return records, (records[-1].key if len(found) > limit else b"")
 
     def namespaces(self) -> list[str]:
@@ -388,11 +394,4 @@ class DiskStore:
     def segment_path(self, segment: int) -> str:
         """Path of a segment file (for tools and tests)."""
         return os.path.join(self.config.directory, segment_name(segment))
-
-
-def _record(namespace: str, key: bytes, e: IndexEntry) -> DiskRecord:
-    return DiskRecord(
-        namespace=namespace, key=key, length=e.length, stored_length=e.stored_length, checksum=e.checksum,
-        segment=e.segment, offset=e.offset, seq=e.seq, codec=CODEC_NAMES.get(e.codec, f"#{e.codec}"),
-    )
 
