@@ -28,4 +28,6 @@
     request_attrs.py   what the scheduler side reads from a vLLM Request besides its tokens (by attribute name)
     tails.py           partial last blocks: stored when a request finishes, offered to a request that continues them
     scheduler_tails.py the scheduler side's tails: the lookup after a prompt's hit, the save of a request's last one
+    request_state.py   what the scheduler side keeps per request, and what it reads of a scheduled one
+    counter_names.py   the counter vocabularies several modules name: miss causes, hint outcomes
 """

@@ -55,13 +55,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from connector.background import Background
+from connector.counter_names import HINT_COUNTERS
 from connector.keys import KeyChain
+from connector.stats import ConnectorCounters
 from kvstore.hint_vocab import HintAction, HintOutcome
 
 if TYPE_CHECKING:
     from connector.link import StoreLink
     from kvstore.client import Client
-    from connector.stats import ConnectorCounters
 
 __all__ = ["Hint", "HintError", "HintSessions", "HINT_COUNTERS", "HINTS_PARAM", "SESSION_PARAM", "parse_hint",
            "request_hints"]
@@ -76,9 +77,6 @@ KEY_BYTES = 16
 _FIELDS = frozenset({"action", "ttl_s", "session", "keys", "tokens"})
 _ACTIONS = ", ".join(a.value for a in HintAction)
 
-#: the connector's hint counters (connector/stats.py): one per outcome, then the ones only the connector knows
-HINT_COUNTERS: tuple[str, ...] = tuple("hint_" + o.value for o in HintOutcome) + (
-    "hint_malformed", "hint_failed", "hint_dropped", "hint_empty", "session_noted", "session_note_failed")
 
 
 class HintError(ValueError):

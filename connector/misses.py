@@ -32,24 +32,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from connector.background import Background
+from connector.counter_names import (CONNECTOR_CAUSES, DAEMON_CAUSES, LOAD_FAILED, LOOKUP_FAILED, MISS_CAUSES,
+                                     STORE_DOWN, STREAM_MODE, UNEXPLAINED)
+from connector.stats import ConnectorCounters
 from kvstore.vocab import Tier
 
 if TYPE_CHECKING:
     from connector.link import StoreLink
-    from connector.stats import ConnectorCounters
 
 __all__ = ["MissExplainer", "MissTarget", "MissRecord", "DAEMON_CAUSES", "CONNECTOR_CAUSES", "MISS_CAUSES",
            "STORE_DOWN", "LOOKUP_FAILED", "STREAM_MODE", "LOAD_FAILED", "UNEXPLAINED"]
 
 log = logging.getLogger(__name__)
 
-STORE_DOWN, LOOKUP_FAILED, STREAM_MODE, LOAD_FAILED, UNEXPLAINED = (
-    "store_down", "lookup_failed", "stream_mode", "load_failed", "unexplained")
-#: causes the daemon's explain names for an absent key (kvstore/engine/misses.py)
-DAEMON_CAUSES = ("never_stored", "evicted", "disk_reclaimed", "deleted", "cleared", "other_namespace")
-#: causes the connector knows without asking
-CONNECTOR_CAUSES = (STORE_DOWN, LOOKUP_FAILED, STREAM_MODE, LOAD_FAILED, UNEXPLAINED)
-MISS_CAUSES = DAEMON_CAUSES + CONNECTOR_CAUSES
 
 _NONE = int(Tier.NONE)
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from connector.config import ConnectorConfig
@@ -76,48 +75,13 @@ from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
 from connector.probe import ShardProbe
 from connector.request_attrs import lora_name, mm_hashes, num_tokens
 from connector.stats import ConnectorCounters
+from connector.request_state import ReqState, ScheduledRequest
 from connector.scheduler_tails import SchedulerTails
-from connector.tails import Tail
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request in this step's scheduler output: its block tables, one per KV cache group (whole, or this
-    step's additions)."""
-
-    req_id: str
-    block_ids: list[list[int]] | None
-    is_full_table: bool
-    num_scheduled_tokens: int
-
-
-@dataclass
-class _ReqState:
-    request: Any
-    namespaces: list[str]       # one per shard: pipeline stage x TP rank x KV cache group (`_names`)
-    salt: str | None
-    chain: KeyChain
-    root: bytes                 # the chain's root (seed, LoRA adapter, multimodal hashes)
-    memo: bool                  # its keys may come from and go to the key memo (no multimodal input, no embeddings)
-    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
-    stored_keys: int = 0        # keys known to be in the store (lookup answer or saved)
-    lookup_keys: int | None = None  # remembered lookup answer until scheduled
-    load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
-    local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
-    loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
-    fetch_keys: int = 0         # the remembered lookup's hit keys past vLLM's own cache not in this node's RAM
-    lookup_tail: Tail | None = None  # the remembered lookup's partial last block (connector/tails.py)
-    tail_saved: bool = False    # its final partial last block is saved (or asked for)
-    missed: bool = False        # a miss cause is counted (or being explained) for this request
-    names_tenant: str | None = None  # the tenant `namespaces` were built for (None: not built yet)
-    sync_builds: int = 0        # a synchronous load's `loading` outlives this many builds (its failures
-    #                             reach update_connector_output after the step it ran in, which with async
-    #                             scheduling follows the next build)
 
 
 class SchedulerSide(SchedulerTails):
@@ -144,7 +108,7 @@ class SchedulerSide(SchedulerTails):
         self._windowed = [s.group_kind.windowed for s in self.stages.specs]
         self.probe = ShardProbe(self.stages, link, self.counters)
         self.load_policy = LoadPolicy(config, self.stages, self.num_groups)  # in the step or not (load_policy.py)
-        self._reqs: dict[str, _ReqState] = {}
+        self._reqs: dict[str, ReqState] = {}
         self._loads: list[LoadJob] = []
         # partial last blocks (connector/tails.py): where a stored block is one vLLM block, one KV cache group
         self.tails = config.tails and self.num_groups == 1 and self.blocks_per_key == 1
@@ -155,20 +119,20 @@ class SchedulerSide(SchedulerTails):
         self.hints = HintSessions(link, self.counters, tokens_per_key=self.tokens_per_key, key_seed=config.key_seed)
 
     # -- state -------------------------------------------------------------------------------------------
-    def _state(self, request: Any) -> _ReqState:
+    def _state(self, request: Any) -> ReqState:
         st = self._reqs.get(request.request_id)
         if st is None:
             mm = mm_hashes(request)
             root = chain_root(self.config.key_seed, lora_name=lora_name(request), mm_hashes=mm)
             salt = getattr(request, "cache_salt", None) or None
             memo = self.key_memo is not None and not mm and getattr(request, "prompt_embeds", None) is None
-            st = _ReqState(request, [], salt,
+            st = ReqState(request, [], salt,
                            KeyChain(self.tokens_per_key, self.config.key_seed, root), root, memo)
             self._reqs[request.request_id] = st
         st.request = request
         return st
 
-    def _names(self, st: _ReqState) -> list[str]:
+    def _names(self, st: ReqState) -> list[str]:
         """The request's shard namespaces for this process's tenant (the daemon names it on connecting: its
         namespaces carry it, connector/namespace.py), built again should the tenant change."""
         tenant = self.link.tenant or ""
@@ -180,7 +144,7 @@ class SchedulerSide(SchedulerTails):
         """vLLM's on_new_request: start the request's state (keys are hashed lazily)."""
         self._state(request)
 
-    def _extend(self, st: _ReqState, tokens: Sequence[int]) -> list[bytes]:
+    def _extend(self, st: ReqState, tokens: Sequence[int]) -> list[bytes]:
         """The request's keys of every full chunk of ``tokens`` (KeyChain.extend): a new request's leading keys
         from the key memo where vLLM has hashed their blocks, and the keys hashed here remembered there."""
         memo, chain = self.key_memo, st.chain
@@ -243,14 +207,14 @@ class SchedulerSide(SchedulerTails):
                           served_tokens_disk=t * sum(1 for x in beyond if x == Tier.DISK),
                           served_tokens_peer=t * sum(1 for x in beyond if x == Tier.PEER))
 
-    def _missed(self, st: _ReqState, cause: str | MissTarget) -> None:
+    def _missed(self, st: ReqState, cause: str | MissTarget) -> None:
         """The request's first miss: counted now (a cause known here) or once the daemon has explained it."""
         if not st.missed:
             st.missed = True
             rid = st.request.request_id
             self.misses.count(rid, cause) if isinstance(cause, str) else self.misses.submit(rid, cause)
 
-    def _lookup(self, st: _ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
+    def _lookup(self, st: ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
         """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
         return self.probe.lookup(self._names(st), keys)
 
@@ -383,7 +347,7 @@ class SchedulerSide(SchedulerTails):
             self._reqs.pop(rid, None)
         return plan
 
-    def _save_job(self, st: _ReqState, num_scheduled_tokens: int, fresh_table: bool) -> SaveJob | None:
+    def _save_job(self, st: ReqState, num_scheduled_tokens: int, fresh_table: bool) -> SaveJob | None:
         """``fresh_table``: this step's output carried the request's whole block tables (a new or resumed request);
         otherwise a windowed group's entries for tokens computed in earlier steps may name blocks vLLM has handed
         back since (it does not tell the connector), and only keys this step completes are saved there."""

@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 from connector.config import ConnectorConfig
 from connector.link import StoreLink
 from connector.plan import SaveJob
+from connector.request_state import ReqState
 from connector.stats import ConnectorCounters
 from connector.tails import Tail, find_tail, finished_tail
 from kvstore.vocab import Tier
-
-if TYPE_CHECKING:
-    from connector.scheduler import _ReqState
 
 __all__ = ["SchedulerTails"]
 
@@ -29,10 +27,10 @@ class SchedulerTails:
     _tail_saves: list[SaveJob]   # the saves of finished requests' tails, for the next step's plan
 
     if TYPE_CHECKING:  # SchedulerSide's own method this mixin calls: declared for the type checker only
-        def _extend(self, st: _ReqState, tokens: Sequence[int]) -> list[bytes]: ...
-        def _names(self, st: _ReqState) -> list[str]: ...
+        def _extend(self, st: ReqState, tokens: Sequence[int]) -> list[bytes]: ...
+        def _names(self, st: ReqState) -> list[str]: ...
 
-    def _find_tail(self, st: _ReqState, prompt: Sequence[int], full: int) -> Tail | None:
+    def _find_tail(self, st: ReqState, prompt: Sequence[int], full: int) -> Tail | None:
         """The longest stored partial block after the prompt's ``full`` hit keys (an agent's next turn: the
         previous turn's context ended inside the block its new tokens fill). Off RAM it is one more block to
         read or fetch (load_mode "auto" weighs it against sync_fetch_bytes with the rest). Not asked after no hit
@@ -53,7 +51,7 @@ class SchedulerTails:
                                                                                        "served_tokens_ram")
             self.counters.add(tail_hit_tokens=tail.tokens, **{where: tail.tokens})
         return tail
-    def _tail_after_finish(self, st: _ReqState, block_ids: Sequence[int] | None) -> bool:
+    def _tail_after_finish(self, st: ReqState, block_ids: Sequence[int] | None) -> bool:
         """request_finished's answer: True when the request's tail could not be saved in its last step and is
         queued for the next one (vLLM keeps its blocks until the worker reports it sent)."""
         if not self.tails or st.tail_saved or self.config.save != "all" or st.loading is not None:
@@ -68,7 +66,7 @@ class SchedulerTails:
         self._tail_saves.append(job)
         return True
 
-    def _final_tail(self, st: _ReqState, num_scheduled_tokens: int) -> SaveJob | None:
+    def _final_tail(self, st: ReqState, num_scheduled_tokens: int) -> SaveJob | None:
         """The request's partial last block, saved in the step whose forward writes the last of its KV, so vLLM
         need not hold its blocks after it finishes: with save "prompt", the step that computes the prompt's last
         token; with "all", the step that samples the request's last token (max_tokens: a request that stops
@@ -90,7 +88,7 @@ class SchedulerTails:
         return self._tail_job(st, req.all_token_ids or [], computed, st.block_ids[0] if st.block_ids else [],
                               release=False)
 
-    def _tail_job(self, st: _ReqState, tokens: Sequence[int], computed: int, table: list[int], *,
+    def _tail_job(self, st: ReqState, tokens: Sequence[int], computed: int, table: list[int], *,
                   release: bool) -> SaveJob | None:
         """The save of the partial block after the full keys of ``tokens[:computed]`` (KV written), from its
         block in ``table``; None where there is none, its block is unknown, or a full key before it is not

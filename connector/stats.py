@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from connector.hints import HINT_COUNTERS
-from connector.misses import MISS_CAUSES
+from connector.counter_names import HINT_COUNTERS, MISS_CAUSES
 
 __all__ = ["ConnectorCounters", "COUNTER_NAMES", "MISS_COUNTERS", "miss_summary", "timed"]
 

@@ -2,22 +2,19 @@
 
 These rules span parts (a listener and the TLS files, the peer tier and the tokens, etcd and every other
 protection), so no single component's config can hold them; each is checked here once, by
-ServerConfig.validate(). The files themselves (TLS, tokens, etcd secrets, label key) are checked by the
+checks.validate(). The files themselves (TLS, tokens, etcd secrets, label key) are checked by the
 classes that read them (kvstore/security, server/metric_labels.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from kvstore.security.tls import is_loopback_address, is_loopback_host
 from kvstore.security.tokens import TokenTable
 from kvstore.server.config.rules import require
+from kvstore.server.config.settings import ServerConfig
 from kvstore.server.metric_labels import read_label_key
-
-if TYPE_CHECKING:
-    from kvstore.server.config.settings import ServerConfig
 
 __all__ = ["check_security", "check_etcd", "check_metrics_labels", "unused_peer_settings"]
 

@@ -8,8 +8,9 @@ both print. ServerConfig builds the components' own configs, which check their o
     disk_config()    -> DiskConfig    (kvstore/tiers/disk/config.py), None with disk_bytes = 0
     peer_config()    -> PeerConfig    (kvstore/peer/cluster.py), built even without etcd to check the settings
 
-`validate()` runs every rule once: the components' (by building them), the factories' (policy, admission)
-and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those places.
+checks.validate(cfg) runs every rule once: the components' (by building them), the factories' (policy,
+admission) and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those
+places; this module imports none of them (they read a ServerConfig: the imports point one way).
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from kvstore.engine.config import EngineConfig
-from kvstore.engine.sessions import check_book_limits
 from kvstore.fastpath.sockets import DAEMON_SPIN_US
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.peer.cluster import COPIES, PLANES, PeerConfig
 from kvstore.policies import POLICY_NAMES
-from kvstore.policies.admission import ADMISSION_HELP, make_admission
-from kvstore.policies.factory import policy_class
+from kvstore.policies.admission import ADMISSION_HELP
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
-from kvstore.server.config import rules, security
 from kvstore.server.config.units import parse_quotas
-from kvstore.tiers.disk.config import CODECS, DiskConfig, check_disk_options
+from kvstore.tiers.disk.config import CODECS, DiskConfig
 
 __all__ = ["ServerConfig", "SECTIONS"]
 
@@ -251,23 +249,3 @@ class ServerConfig:
             max_block_bytes=self.max_block_bytes, capacity_bytes=capacity_bytes,
             tls=self.tls if self.tls.enabled else None, etcd_security=self.etcd_security,
         )
-
-    # -- validation -------------------------------------------------------------------------------------------
-    def validate(self) -> ServerConfig:
-        """Every rule once, before anything is created; ConfigError names the setting and how to fix it."""
-        rules.check_listeners(self)
-        self.engine_config()
-        rules.check_arena(self)
-        policy_class(self.policy)
-        if self.disk_bytes:
-            self.disk_config()
-            rules.check_disk_geometry(self)
-        else:
-            check_disk_options(self.disk_sync, self.disk_codec, self.disk_probe_interval_s, self.disk_reinsert_hits)
-        make_admission(self.disk_admission)
-        self.peer_config()
-        security.check_security(self)
-        security.check_etcd(self)
-        security.check_metrics_labels(self)
-        check_book_limits(self.session_book_max, self.session_book_keys)
-        return self
