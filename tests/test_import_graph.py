@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kvstore", "connector")
+PACKAGES = ("kvstore", "kvstore_connector", "connector")
 
 # Known cycles outside the files being restructured, each as the sorted modules of its strongly connected
 # component. A shrinking allowlist: remove an entry when its cycle is untied; never add one.
@@ -139,7 +139,7 @@ def _cycle_in(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
 def test_the_graph_is_complete() -> None:
     """The parser sees the packages (a walk that found nothing would pass the cycle test vacuously)."""
     graph = import_graph()
-    assert "kvstore.engine.engine" in graph and "connector.vllm_connector" in graph
+    assert "kvstore.engine.engine" in graph and "kvstore_connector.vllm_connector" in graph
     assert "kvstore.engine.catalog" in graph["kvstore.engine.engine"]
 
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from bench._common import print_table, progress
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.errors import ConfigError
 from bench.serve.configs import CONFIGS, Servers, Sizes
 from bench.serve.costs import CostMeter

@@ -54,7 +54,7 @@ class NodeInfo:
             boot_id=boot_id(), pid=os.getpid(), arena=self.arena_info(),
             max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
             max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(), peers=self.peer_stats(),
-            tenant=current_tenant.get() or "",  # the caller's: its namespaces may carry it (connector/namespace.py)
+            tenant=current_tenant.get() or "",  # the caller's: its namespaces may carry it (kvstore_connector/namespace.py)
         )
 
     def control_stats(self) -> pb.ControlPlaneStats:

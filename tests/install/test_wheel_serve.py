@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.serve.http_client import complete, reset_prefix_cache
 from bench.serve.model import kv_bytes_per_token, write_model
 from bench.serve.servers import BLOCK_SIZE, SERVED_NAME
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.client import Client
 from kvstore.testing import free_port, wait_until
 
@@ -105,7 +105,7 @@ async def _warm(url: str, prompt: list[int]) -> int:
 def test_the_wheel_in_a_fresh_vllm_venv_serves_a_hit_through_vllm_serve_with_the_readme_config(tmp_path: Path) -> None:
     py = str(VENV / "bin" / "python")
     env, cwd = _env(tmp_path), tmp_path
-    where = subprocess.run([py, "-c", "import kvstore, connector.vllm_connector as c, vllm; "
+    where = subprocess.run([py, "-c", "import kvstore, kvstore_connector.vllm_connector as c, vllm; "
                             "print(kvstore.__file__); print(c.__file__)"],
                            env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-4000:]

@@ -4,7 +4,7 @@ session of three turns, each turn = the previous prompt + the tokens the model g
 vLLM's own prefix cache is reset before every turn, so every cached token came from the store. With
 save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: everything vLLM
 computed for the turn before (its prompt and all generated tokens but the last), its full blocks and the partial
-one after them (connector/tails.py), loaded into a block the turn's own new tokens then fill. A second server
+one after them (kvstore_connector/tails.py), loaded into a block the turn's own new tokens then fill. A second server
 without the connector runs the same session: the greedy tokens of every turn must be equal.
 """
 
@@ -46,7 +46,7 @@ async def _session(url: str, reset: bool) -> list[tuple[int, int, tuple[int, ...
 
 
 def _kvstore_metrics(url: str) -> dict[tuple[str, str], float]:
-    """The connector's counters on the server's own /metrics (connector/prom.py): (name, family label value)
+    """The connector's counters on the server's own /metrics (kvstore_connector/prom.py): (name, family label value)
     -> value, for engine 0."""
     text = httpx.get(f"{url}/metrics", timeout=30.0).text
     return {(s.name, s.labels.get("tier") or s.labels.get("cause") or s.labels.get("outcome") or ""): s.value
@@ -91,7 +91,7 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
     assert (metrics[("vllm:kvstore_tail_hit_tokens_total", "")], metrics[("vllm:kvstore_tail_saves_total", "")]) == (
         51 + 31, 3)
     assert ("vllm:kvstore_misses_total", "never_stored") in metrics
-    # the time vLLM's threads spent in the connector's hooks (connector/stats.py timed): some, and far less than
+    # the time vLLM's threads spent in the connector's hooks (kvstore_connector/stats.py timed): some, and far less than
     # the three turns took (bench.serve's no-reuse rounds divide it by the server's time)
     hooks = [metrics[(f"vllm:kvstore_{side}_hook_seconds_total", "")] for side in ("scheduler", "worker")]
     assert all(0 < h < 5.0 for h in hooks), hooks

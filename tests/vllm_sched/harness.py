@@ -35,7 +35,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.vllm_connector import KVStoreConnector
 
 BLOCK, HEADS, HEAD_DIM, LAYERS, NUM_BLOCKS = 16, 2, 64, 2, 128
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -89,7 +89,7 @@ class Harness:
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="kvstore_connector.vllm_connector",
                               kv_role="kv_both",
                               # asynchronous loads unless a test asks (most follow WAITING_FOR_REMOTE_KVS);
                               # no partial last blocks unless a test asks (test_vllm_scheduler_tails.py): the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from connector.namespace import namespace_for
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus

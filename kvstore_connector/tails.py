@@ -6,7 +6,7 @@ prefix cache recomputes it too; a store that keeps it makes the turn cheaper tha
 
 Save: the tokens whose KV a request computed past its last full block, once final (its prompt's with save
 "prompt"; every token but the last sampled one with "all"), are its tail. Its block is gathered whole under the
-tail key (connector/keys.py: the last full key plus the tail's own tokens), so the slot is a stored block like
+tail key (kvstore_connector/keys.py: the last full key plus the tail's own tokens), so the slot is a stored block like
 any other. The save rides in the step whose forward writes the last of that KV where the scheduler knows which
 step that is: the one computing the prompt's last token ("prompt"), or the one sampling token max_tokens
 ("all"; agents' turns as bench.serve sends them). A request that stops sooner (EOS, a stop string) is known to
@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from connector.keys import tail_keys
-from connector.link import StoreLink
+from kvstore_connector.keys import tail_keys
+from kvstore_connector.link import StoreLink
 from kvstore.vocab import Tier
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Scheduler side of the connector: metadata only, no bytes.
 
 Per request it keeps the chained keys of its full stored blocks (`KeyChain`; a new request's keys of a prefix
-vLLM has hashed already come from the key memo, connector/key_memo.py), its vLLM block table, how many
+vLLM has hashed already come from the key memo, kvstore_connector/key_memo.py), its vLLM block table, how many
 stored blocks the store already has (from the lookup) and how many it has asked the worker to save. Each
 step it turns that into a `StepPlan`:
 
@@ -13,7 +13,7 @@ step it turns that into a `StepPlan`:
   loads synchronously by default (load_mode "auto"): the request is scheduled in the same step and the
   worker copies its blocks before the forward; so does one whose blocks on disk or at peers (beyond vLLM's own
   cache) total at most sync_fetch_bytes, read or fetched while the step waits (the lookup started that read;
-  connector/load_policy.py).
+  kvstore_connector/load_policy.py).
   Other hits load asynchronously (load_kv_async=True): the request waits in WAITING_FOR_REMOTE_KVS while the
   daemon promotes or fetches and the worker copies.
   No hit is offered when this process's client is in stream mode (the daemon's arena cannot be mapped):
@@ -26,18 +26,18 @@ step it turns that into a `StepPlan`:
 - build: for every scheduled request, the stored blocks whose tokens are fully computed after this step and
   not yet saved become a `SaveJob` ("prompt" policy: prompt tokens only; "all": generated ones too).
 - request_finished: the request's state goes; its blocks are freed at once (delay_free=False): the worker's
-  gather has read them by then (see connector/worker.py), and only the Commit of arena slots is pending. The
+  gather has read them by then (see kvstore_connector/worker.py), and only the Commit of arena slots is pending. The
   exception: with save "all", a request that stopped before max_tokens (EOS, a stop string) has its partial
-  last block saved now (connector/tails.py), and vLLM keeps its blocks until the worker has gathered that
+  last block saved now (kvstore_connector/tails.py), and vLLM keeps its blocks until the worker has gathered that
   block, in the next step.
-- tails (connector/tails.py): a lookup also asks for the longest stored partial block after its hit keys; the
+- tails (kvstore_connector/tails.py): a lookup also asks for the longest stored partial block after its hit keys; the
   hit then ends inside a block, and the load copies that block too. A request's final partial block is saved
   in the step that writes the last of its KV where that step is known (the prompt's last token; with "all",
   the step that samples token max_tokens).
-- misses (connector/misses.py): a request the store does not fully serve counts one cause, once: the lookup's
+- misses (kvstore_connector/misses.py): a request the store does not fully serve counts one cause, once: the lookup's
   (store down, a failed call, stream mode, or the daemon's reason for the first missing key, asked off this
   thread), else a failed load's.
-- hints (connector/hints.py): when a request finishes, its session's chain becomes its stored keys and its hints
+- hints (kvstore_connector/hints.py): when a request finishes, its session's chain becomes its stored keys and its hints
   (kv_transfer_params' "kvstore_hints", vLLM's Request.kv_hints) are queued for a background thread that sends
   them to every shard namespace.
 
@@ -45,7 +45,7 @@ Tensor parallelism: each TP rank stores its own heads under its own namespace, a
 every (pipeline stage, TP rank) shard (vllm_connector.shard_specs): a hit is what every rank can load (TP 8:
 8 prefix Lookups per new request, pipelined on the fast path: one round trip plus the daemon's work for each).
 
-Hybrid models (KV cache groups, vLLM's hybrid manager; connector/groups.py): every group is a shard of its own,
+Hybrid models (KV cache groups, vLLM's hybrid manager; kvstore_connector/groups.py): every group is a shard of its own,
 with its own block table. The hit is the full-attention shards' common prefix, shortened until every
 sliding-window or chunked-local shard holds the window vLLM keeps there (one more pipelined probe of those
 shards' keys). Loads fill only the blocks vLLM keeps (its null block marks the others); a windowed group saves
@@ -62,21 +62,21 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from connector.config import ConnectorConfig
-from connector.groups import NULL_BLOCK, save_points, saved_in_window
-from connector.hints import HintSessions
-from connector.key_memo import KeyMemo
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.load_policy import LoadPolicy
-from connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
-from connector.namespace import KVLayoutSpec, StageLayouts
-from connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
-from connector.probe import ShardProbe
-from connector.request_attrs import lora_name, mm_hashes, num_tokens
-from connector.stats import ConnectorCounters
-from connector.request_state import ReqState, ScheduledRequest
-from connector.scheduler_tails import SchedulerTails
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.groups import NULL_BLOCK, save_points, saved_in_window
+from kvstore_connector.hints import HintSessions
+from kvstore_connector.key_memo import KeyMemo
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.load_policy import LoadPolicy
+from kvstore_connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts
+from kvstore_connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
+from kvstore_connector.probe import ShardProbe
+from kvstore_connector.request_attrs import lora_name, mm_hashes, num_tokens
+from kvstore_connector.stats import ConnectorCounters
+from kvstore_connector.request_state import ReqState, ScheduledRequest
+from kvstore_connector.scheduler_tails import SchedulerTails
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
@@ -89,7 +89,7 @@ class SchedulerSide(SchedulerTails):
                  counters: ConnectorCounters | None = None, *, stages: StageLayouts | None = None,
                  key_memo: KeyMemo | None = None) -> None:
         """``stages``: every pipeline stage's layout (default: ``spec`` alone, no pipeline parallelism).
-        ``key_memo``: keys found by vLLM's block hashes (connector/key_memo.py; None: every request's keys are
+        ``key_memo``: keys found by vLLM's block hashes (kvstore_connector/key_memo.py; None: every request's keys are
         hashed from its first token)."""
         self.config = config
         self.spec = spec
@@ -110,7 +110,7 @@ class SchedulerSide(SchedulerTails):
         self.load_policy = LoadPolicy(config, self.stages, self.num_groups)  # in the step or not (load_policy.py)
         self._reqs: dict[str, ReqState] = {}
         self._loads: list[LoadJob] = []
-        # partial last blocks (connector/tails.py): where a stored block is one vLLM block, one KV cache group
+        # partial last blocks (kvstore_connector/tails.py): where a stored block is one vLLM block, one KV cache group
         self.tails = config.tails and self.num_groups == 1 and self.blocks_per_key == 1
         self._tail_saves: list[SaveJob] = []
         self._stored: list[StoredRecord] = []
@@ -134,7 +134,7 @@ class SchedulerSide(SchedulerTails):
 
     def _names(self, st: ReqState) -> list[str]:
         """The request's shard namespaces for this process's tenant (the daemon names it on connecting: its
-        namespaces carry it, connector/namespace.py), built again should the tenant change."""
+        namespaces carry it, kvstore_connector/namespace.py), built again should the tenant change."""
         tenant = self.link.tenant or ""
         if st.names_tenant != tenant:
             st.namespaces, st.names_tenant = self.stages.names(st.salt, tenant), tenant
@@ -215,7 +215,7 @@ class SchedulerSide(SchedulerTails):
             self.misses.count(rid, cause) if isinstance(cause, str) else self.misses.submit(rid, cause)
 
     def _lookup(self, st: ReqState, keys: list[bytes]) -> tuple[int, list[int], str | MissTarget | None]:
-        """The request's prefix across every shard (connector/probe.py): the hit, its tiers, why it stopped."""
+        """The request's prefix across every shard (kvstore_connector/probe.py): the hit, its tiers, why it stopped."""
         return self.probe.lookup(self._names(st), keys)
 
     def _workers_can_load(self) -> bool:
@@ -249,7 +249,7 @@ class SchedulerSide(SchedulerTails):
         local = st.local_tokens
         end = local + num_external_tokens
         first_key = local // t
-        # Our hits end on a key boundary or inside a stored tail (connector/tails.py); were one cut inside a
+        # Our hits end on a key boundary or inside a stored tail (kvstore_connector/tails.py); were one cut inside a
         # key, its whole key is loaded and vLLM recomputes (overwrites) the positions past ``end``.
         last_key = -(-end // t)
         keys = self._extend(st, request.prompt_token_ids or [])[first_key:last_key]
@@ -396,8 +396,8 @@ class SchedulerSide(SchedulerTails):
 
     def request_finished(self, request: Any, block_ids: Sequence[int] | None = None) -> bool:
         """Whether vLLM must keep the request's blocks: only while a partial last block that could not be saved
-        in its last step waits for the worker's gather (connector/tails.py; ``block_ids``: vLLM's blocks of its
-        computed tokens, group 0). Drops its state and queues its hints (connector/hints.py)."""
+        in its last step waits for the worker's gather (kvstore_connector/tails.py; ``block_ids``: vLLM's blocks of its
+        computed tokens, group 0). Drops its state and queues its hints (kvstore_connector/hints.py)."""
         st = self._reqs.pop(request.request_id, None) or self._state(request)
         self._reqs.pop(request.request_id, None)
         self.hints.finished(request, self._names(st), st.chain.keys[:st.stored_keys], st.root)

@@ -1,23 +1,23 @@
 """The scheduler's lookup of a prompt's prefix across every shard of a model, in one pipelined round trip.
 
 A model served with pipeline stages, tensor-parallel ranks and hybrid KV cache groups stores each (stage, rank,
-group) shard under its own namespace (connector/namespace.py), and a prefix is a hit only when every shard can
+group) shard under its own namespace (kvstore_connector/namespace.py), and a prefix is a hit only when every shard can
 load its part: every full-attention shard all of it (one prefix probe each, pipelined: Client.probe_prefix_tiers),
-every sliding-window or chunked-local shard the window vLLM keeps at the hit (connector/groups.py; one more
+every sliding-window or chunked-local shard the window vLLM keeps at the hit (kvstore_connector/groups.py; one more
 pipelined probe of those shards' window keys, or of every key up to the hit when a window has a hole). The answer
 carries each hit key's tier (the farthest shard's: RAM < DISK < PEER) and, when the hit stops short, which key and
-which shards to ask the daemon about (connector/misses.py).
+which shards to ask the daemon about (kvstore_connector/misses.py).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from connector.groups import first_needed_key, window_hit
-from connector.link import StoreLink
-from connector.misses import LOOKUP_FAILED, STORE_DOWN, MissTarget
-from connector.namespace import StageLayouts
-from connector.stats import ConnectorCounters
+from kvstore_connector.groups import first_needed_key, window_hit
+from kvstore_connector.link import StoreLink
+from kvstore_connector.misses import LOOKUP_FAILED, STORE_DOWN, MissTarget
+from kvstore_connector.namespace import StageLayouts
+from kvstore_connector.stats import ConnectorCounters
 from kvstore.vocab import Tier
 
 if TYPE_CHECKING:

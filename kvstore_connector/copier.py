@@ -1,7 +1,7 @@
 """Byte movers between the arena and vLLM's KV cache, chosen by where the cache lives.
 
 `CpuCopier`: the native batched copy (kvstore._native.copy_addrs), GIL released, one call per batch.
-`connector.cuda_copy.CudaCopier`: the arena registered as pinned, device-mapped host memory and one kernel
+`kvstore_connector.cuda_copy.CudaCopier`: the arena registered as pinned, device-mapped host memory and one kernel
 launch per batch on a dedicated stream (see that module). Both take a `CopyPlan` and never loop over blocks
 or layers in Python.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from connector.layout import CopyPlan
+from kvstore_connector.layout import CopyPlan
 from kvstore._native import copy_addrs
 from kvstore.client.arena_map import ArenaMap
 
@@ -47,7 +47,7 @@ def make_copier(device: str, arena: ArenaMap, threads: int) -> Copier:
     """The copier for KV caches on ``device`` ("cpu", "cuda:0", ...) through the mapping ``arena``; it is
     closed by the mapping's close hook, after the last copy that holds a reference to it."""
     if device.startswith("cuda"):
-        from connector.cuda_copy import CudaCopier  # imports torch.cuda / cupy only on GPU nodes
+        from kvstore_connector.cuda_copy import CudaCopier  # imports torch.cuda / cupy only on GPU nodes
 
         copier: Copier = CudaCopier(arena, device)
     else:

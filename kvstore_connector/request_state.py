@@ -1,6 +1,6 @@
 """What the scheduler side keeps per request, and what it reads of each scheduled request: plain values.
 
-Apart from connector/scheduler.py so that its mixin connector/scheduler_tails.py can name them without importing
+Apart from kvstore_connector/scheduler.py so that its mixin kvstore_connector/scheduler_tails.py can name them without importing
 the scheduler side back (each module's imports point one way: tests/test_import_graph.py).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector.keys import KeyChain
-from connector.tails import Tail
+from kvstore_connector.keys import KeyChain
+from kvstore_connector.tails import Tail
 
 __all__ = ["ReqState", "ScheduledRequest"]
 
@@ -41,7 +41,7 @@ class ReqState:
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
     fetch_keys: int = 0         # the remembered lookup's hit keys past vLLM's own cache not in this node's RAM
-    lookup_tail: Tail | None = None  # the remembered lookup's partial last block (connector/tails.py)
+    lookup_tail: Tail | None = None  # the remembered lookup's partial last block (kvstore_connector/tails.py)
     tail_saved: bool = False    # its final partial last block is saved (or asked for)
     missed: bool = False        # a miss cause is counted (or being explained) for this request
     names_tenant: str | None = None  # the tenant `namespaces` were built for (None: not built yet)

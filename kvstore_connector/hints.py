@@ -54,14 +54,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from connector.background import Background
-from connector.counter_names import HINT_COUNTERS
-from connector.keys import KeyChain
-from connector.stats import ConnectorCounters
+from kvstore_connector.background import Background
+from kvstore_connector.counter_names import HINT_COUNTERS
+from kvstore_connector.keys import KeyChain
+from kvstore_connector.stats import ConnectorCounters
 from kvstore.hint_vocab import HintAction, HintOutcome
 
 if TYPE_CHECKING:
-    from connector.link import StoreLink
+    from kvstore_connector.link import StoreLink
     from kvstore.client import Client
 
 __all__ = ["Hint", "HintError", "HintSessions", "HINT_COUNTERS", "HINTS_PARAM", "SESSION_PARAM", "parse_hint",
@@ -259,7 +259,7 @@ class HintSessions:
             if errors:
                 self.counters.add(hint_malformed=len(errors))
                 self._log_once("malformed", "kvstore connector: request %s: dropped malformed hint(s): %s "
-                               "(see connector/hints.py for the format)", request.request_id, "; ".join(errors))
+                               "(see kvstore_connector/hints.py for the format)", request.request_id, "; ".join(errors))
             ns = tuple(namespaces)
             if session is not None and keys:
                 self._set_chain(session, ns, tuple(keys))

@@ -9,7 +9,7 @@ before it as a separate piece, and requires the dimensions after it to fill one 
 of block ``b`` is the byte range ``[base + b * block_stride, + piece_bytes)``. The dimensions after it may be a
 permutation of a dense block (vLLM 0.33's default GPU layout gives per-layer views (blocks, K/V, tokens, heads x
 dim) of pages stored token-major): the piece is then the page's bytes in memory order, which is why the
-namespace names vLLM's KV cache layout (connector/namespace.py).
+namespace names vLLM's KV cache layout (kvstore_connector/namespace.py).
 
 A stored block (one key) holds ``blocks_per_key`` consecutive vLLM blocks, each laid out as all its pieces in
 order. `plan` turns a batch of (slot address, vLLM block ids) into flat (dst, src, length) arrays for the native

@@ -3,9 +3,9 @@
 Plain numbers behind a lock (the worker's load and commit threads update them). vLLM pulls them with
 get_kv_connector_stats(), which takes and resets the interval's values; `totals` keeps running sums.
 
-Misses (connector/misses.py): every request the store did not fully serve counts one ``miss_<cause>``, the cause
+Misses (kvstore_connector/misses.py): every request the store did not fully serve counts one ``miss_<cause>``, the cause
 of the first block it did not serve; `miss_summary` adds their sum (``miss_causes``) to a reduced interval.
-Hints (connector/hints.py): ``hint_<outcome>`` per key and shard namespace, and ``hint_malformed``,
+Hints (kvstore_connector/hints.py): ``hint_<outcome>`` per key and shard namespace, and ``hint_malformed``,
 ``hint_failed``, ``hint_dropped``, ``hint_empty``.
 """
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from connector.counter_names import HINT_COUNTERS, MISS_CAUSES
+from kvstore_connector.counter_names import HINT_COUNTERS, MISS_CAUSES
 
 __all__ = ["ConnectorCounters", "COUNTER_NAMES", "MISS_COUNTERS", "miss_summary", "timed"]
 
@@ -33,14 +33,14 @@ COUNTER_NAMES = (
     "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window
     # where the looked-up prompt tokens would come from: vLLM's own prefix cache, then the store's tiers
     "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
-    "tail_hit_tokens",        # of the served tokens, those of partial last blocks (connector/tails.py)
+    "tail_hit_tokens",        # of the served tokens, those of partial last blocks (kvstore_connector/tails.py)
     "tail_saves",             # partial last blocks the scheduler side asked the worker to store
     "loaded_blocks", "loaded_bytes", "load_failed_blocks", "load_seconds",  # worker side
     "saved_blocks", "saved_bytes", "save_skipped_blocks", "save_failures", "save_seconds",
     # wall time vLLM's threads spent inside the connector's hooks (`timed`): its direct cost on the step's path
     "scheduler_hook_seconds", "worker_hook_seconds",
-    "connect_failures",       # connects to the daemon that failed (none answers at the address: connector/link.py)
-) + MISS_COUNTERS + HINT_COUNTERS  # hints (connector/hints.py): outcomes per key and shard, malformed, ...
+    "connect_failures",       # connects to the daemon that failed (none answers at the address: kvstore_connector/link.py)
+) + MISS_COUNTERS + HINT_COUNTERS  # hints (kvstore_connector/hints.py): outcomes per key and shard, malformed, ...
 _KNOWN = frozenset(COUNTER_NAMES)  # `add` checks every name it is given, now on every timed hook call too
 
 

@@ -1,6 +1,6 @@
 """GPU <-> arena copies: the arena as pinned, device-mapped host memory and one gather/scatter kernel.
 
-Registration: per arena mapping, through connector/pinning.py (whole for a shared arena, per slab and
+Registration: per arena mapping, through kvstore_connector/pinning.py (whole for a shared arena, per slab and
 re-checked against the slab's epoch for a tenant's sparse file).
 
 Why a kernel and not cudaMemcpyAsync: one stored block is made of one piece per layer and K/V (64 pieces of
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from connector.layout import CopyPlan
-from connector.pinning import PinnedRanges
+from kvstore_connector.layout import CopyPlan
+from kvstore_connector.pinning import PinnedRanges
 from kvstore.client.arena_map import ArenaMap
 
 __all__ = ["CudaCopier", "compute_marker", "device_pointer"]

@@ -93,7 +93,7 @@ class StoreLink:
     @property
     def tenant(self) -> str | None:
         """The tenant of this process's token as the daemon named it on the last connect ('' without tokens);
-        None before the first one. Namespace names carry it (connector/namespace.py): their builders ask
+        None before the first one. Namespace names carry it (kvstore_connector/namespace.py): their builders ask
         `client` first (the scheduler's lookup, the worker's saves and loads), so a name is built once the
         tenant is known. Reading it never connects: when it did (from inside a save's steps), the link of
         tests/test_arena_remap.py's kill -9 stress no longer came back after the last restart (why, not

@@ -12,7 +12,7 @@ unregistered and registered again. Registrations of slabs that left us are dropp
 which gives their orphaned pages back.
 
 No CUDA here: `register(address, bytes)` and `unregister(address)` are injected (cudaHostRegister and
-cudaHostUnregister in connector/cuda_copy.py), so tests drive the same logic on CPU.
+cudaHostUnregister in kvstore_connector/cuda_copy.py), so tests drive the same logic on CPU.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ built on them never hit across restarts or across two vLLM instances. Ours are d
     key_i = xxh3_128(key_{i-1} + int64 tokens of chunk i, seed)
 
 A key therefore names the whole prefix up to the end of its chunk, which is what makes a prefix Lookup
-meaningful. A partial last chunk (a request's tail, connector/tails.py) has a key of its own:
+meaningful. A partial last chunk (a request's tail, kvstore_connector/tails.py) has a key of its own:
 
     tail  = xxh3_128(NUL + b"tail" + key_{i-1} + int64 tokens of the tail, seed)
 
@@ -15,7 +15,7 @@ meaningful. A partial last chunk (a request's tail, connector/tails.py) has a ke
 
 Multimodal hashes go into the root (not into the chunk that holds the image): conservative —
 a different image changes every key of the request, including ones before it — but never wrong.
-The cache_salt is not hashed here: it selects the namespace (see connector/namespace.py).
+The cache_salt is not hashed here: it selects the namespace (see kvstore_connector/namespace.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class KeyChain:
         self.keys: list[bytes] = []
 
     def adopt(self, keys: Sequence[bytes]) -> None:
-        """Start from the keys of the first len(keys) chunks, known already (connector/key_memo.py): extend then
+        """Start from the keys of the first len(keys) chunks, known already (kvstore_connector/key_memo.py): extend then
         hashes only the chunks after them. Only on a chain with no keys yet."""
         if self.keys:
             raise ValueError(f"adopt on a chain that holds {len(self.keys)} keys already")

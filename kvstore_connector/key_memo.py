@@ -13,7 +13,7 @@ Why it cannot hand out a wrong key:
   i's whole prefix only where vLLM hashes in blocks at least as large as its KV blocks: one KV cache group (hash
   block = block_size x DCP; with EAGLE each hash also covers a few tokens more, a longer prefix still). With
   several groups vLLM hashes at a finer grain (their GCD), and the composition root leaves the memo out
-  (connector/vllm_connector.py), as it does for a hash function narrower than 128 bits;
+  (kvstore_connector/vllm_connector.py), as it does for a hash function narrower than 128 bits;
 - an entry keeps the chain root it was made under (seed, LoRA adapter): a hash found under another root is a
   miss. Requests with multimodal inputs (their root names every image) or prompt embeddings are not memoized;
 - equal hashes, equal prefixes, equal keys: the chain from there on is the same one (test: keys through the memo

@@ -31,14 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from connector.background import Background
-from connector.counter_names import (CONNECTOR_CAUSES, DAEMON_CAUSES, LOAD_FAILED, LOOKUP_FAILED, MISS_CAUSES,
+from kvstore_connector.background import Background
+from kvstore_connector.counter_names import (CONNECTOR_CAUSES, DAEMON_CAUSES, LOAD_FAILED, LOOKUP_FAILED, MISS_CAUSES,
                                      STORE_DOWN, STREAM_MODE, UNEXPLAINED)
-from connector.stats import ConnectorCounters
+from kvstore_connector.stats import ConnectorCounters
 from kvstore.vocab import Tier
 
 if TYPE_CHECKING:
-    from connector.link import StoreLink
+    from kvstore_connector.link import StoreLink
 
 __all__ = ["MissExplainer", "MissTarget", "MissRecord", "DAEMON_CAUSES", "CONNECTOR_CAUSES", "MISS_CAUSES",
            "STORE_DOWN", "LOOKUP_FAILED", "STREAM_MODE", "LOAD_FAILED", "UNEXPLAINED"]

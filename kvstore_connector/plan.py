@@ -5,7 +5,7 @@ keys and block ids; the worker owns the bytes. `block_ids` of a job holds one li
 a model without hybrid groups), each flat, ``blocks_per_key`` entries per key in key order. An entry of -1 is a
 block the worker must not touch: already in vLLM's own prefix cache (possibly shared with other requests),
 which happens when a hit starts inside a stored block; or, in a sliding-window or chunked-local group, a block
-vLLM does not keep (a load) or one this group does not store (a save, see connector/groups.py). A load copies
+vLLM does not keep (a load) or one this group does not store (a save, see kvstore_connector/groups.py). A load copies
 every key of a group with at least one block to fill; a save stores a group's key only when all its blocks are
 there.
 """
@@ -33,7 +33,7 @@ class LoadJob:
 @dataclass(frozen=True)
 class SaveJob:
     """Store vLLM blocks ``block_ids`` under ``keys`` (keys already present are skipped by the daemon).
-    ``release``: a finished request's partial last block (connector/tails.py): vLLM holds the request's blocks
+    ``release``: a finished request's partial last block (kvstore_connector/tails.py): vLLM holds the request's blocks
     until the worker reports it sent, which it does once it has gathered them, whatever the save's fate."""
 
     req_id: str

@@ -1,4 +1,4 @@
-"""The connector's counters (connector/stats.py) on vLLM's Prometheus /metrics, beside vLLM's own metrics.
+"""The connector's counters (kvstore_connector/stats.py) on vLLM's Prometheus /metrics, beside vLLM's own metrics.
 
 vLLM asks the connector class for a `KVConnectorPromMetrics` (KVStoreConnector.build_prom_metrics) once per
 stat logger, and hands it every scheduler step's connector stats: the dict of KVStoreStats, one interval's
@@ -9,8 +9,8 @@ Names follow vLLM's connector metrics (``vllm:<connector>_<what>_total``), one p
 except four families that share a counter under one label, its values the closed vocabularies of stats.py:
 
     vllm:kvstore_served_tokens_total{tier}      served_tokens_<tier>: vllm, ram, disk, peer
-    vllm:kvstore_misses_total{cause}            miss_<cause>: connector.misses.MISS_CAUSES
-    vllm:kvstore_hints_total{outcome}           hint_<outcome>: connector.hints.HINT_COUNTERS
+    vllm:kvstore_misses_total{cause}            miss_<cause>: kvstore_connector.misses.MISS_CAUSES
+    vllm:kvstore_hints_total{outcome}           hint_<outcome>: kvstore_connector.hints.HINT_COUNTERS
     vllm:kvstore_session_notes_total{outcome}   session_noted (noted), session_note_failed (failed)
     vllm:kvstore_<name>_total                   every other name, e.g. vllm:kvstore_loaded_bytes_total
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from connector.stats import COUNTER_NAMES
+from kvstore_connector.stats import COUNTER_NAMES
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 
 if TYPE_CHECKING:

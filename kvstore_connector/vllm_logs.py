@@ -8,7 +8,7 @@ __all__ = ["log_where_vllm_logs"]
 
 
 def log_where_vllm_logs() -> None:
-    """Send the connector's and the client's log lines (loggers `connector.*`, `kvstore.*`) to vLLM's own
+    """Send the connector's and the client's log lines (loggers `kvstore_connector.*`, `kvstore.*`) to vLLM's own
     handlers, at vLLM's level: vLLM configures only its `vllm` logger, and a line of another logger would
     otherwise reach its log only from WARNING up, as a bare message without level or time. Once, when the
     first connector is built (vLLM has configured its logging by then); a logger that has handlers of its
@@ -16,7 +16,7 @@ def log_where_vllm_logs() -> None:
     ours = logging.getLogger("vllm")
     if not ours.handlers:
         return
-    for name in ("connector", "kvstore"):
+    for name in ("kvstore_connector", "kvstore"):
         logger = logging.getLogger(name)
         if not logger.handlers:
             for handler in ours.handlers:

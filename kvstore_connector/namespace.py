@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from connector.groups import FULL, GroupKind
+from kvstore_connector.groups import FULL, GroupKind
 
 __all__ = ["KVLayoutSpec", "StageLayouts", "namespace_for", "registration"]
 

@@ -13,7 +13,7 @@ Keys (all optional)::
     load               true (default) / false: offer stored prefixes to the scheduler
     tails              true (default) / false: also store a finished request's partial last block and offer it
                        to a request that continues those tokens (an agent's next turn then recomputes nothing
-                       of its context; connector/tails.py). Where one stored block is one vLLM block and the
+                       of its context; kvstore_connector/tails.py). Where one stored block is one vLLM block and the
                        model has one KV cache group
     load_mode          "auto" (default): a hit held in this node's RAM loads synchronously, in the step that
                        schedules the request (a memcpy of its blocks before the forward), and so does one whose

@@ -19,10 +19,10 @@ get_finished reports loads as received (failed ones too, as vLLM requires). A sa
 during its gather, which is complete when wait_for_save returns (CPU) or ordered before any later kernel
 (CUDA), so vLLM may free a finished request's blocks at once; the Commit that follows touches only the arena.
 (Holding blocks until commits finish would also block reset_prefix_cache.) The one send reported is a finished
-request's partial last block (connector/tails.py): vLLM held its blocks for that gather, and the request is
+request's partial last block (kvstore_connector/tails.py): vLLM held its blocks for that gather, and the request is
 reported sent in the step that gathered it (or failed to).
 
-KV cache groups (hybrid models, connector/groups.py): each group has its own layers, namespace and block table;
+KV cache groups (hybrid models, kvstore_connector/groups.py): each group has its own layers, namespace and block table;
 every job carries one block list per group, and each group is loaded and saved on its own (its own Lookup lease,
 or slots, gather and Store or Commit). A load copies the keys of a group that have a block to fill; a save stores the
 keys whose blocks are all given (the scheduler marks what a group does not keep or store with -1).
@@ -39,14 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from connector.config import ConnectorConfig
-from connector.copier import Copier, make_copier
-from connector.layout import KVLayout, LayoutError
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, namespace_for
-from connector.plan import LoadJob
-from connector.saves import Saves
-from connector.stats import ConnectorCounters
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.copier import Copier, make_copier
+from kvstore_connector.layout import KVLayout, LayoutError
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, namespace_for
+from kvstore_connector.plan import LoadJob
+from kvstore_connector.saves import Saves
+from kvstore_connector.stats import ConnectorCounters
 from kvstore.client import Client, arena_path
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.fast_channel import quiet_thread
@@ -149,7 +149,7 @@ class WorkerSide(Saves):
             return
         after = None
         if self.layout is not None and self.layout.is_cuda:
-            from connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
+            from kvstore_connector.cuda_copy import compute_marker  # noqa: PLC0415 - GPU nodes only
 
             after = compute_marker(self.layout.device)
         waits: list[Future[Any]] = []

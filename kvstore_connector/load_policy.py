@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from connector.config import ConnectorConfig
-from connector.namespace import StageLayouts
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.namespace import StageLayouts
 from kvstore.vocab import Tier
 
 __all__ = ["LoadPolicy"]

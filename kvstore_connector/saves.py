@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from connector.copier import Copier
-from connector.layout import KVLayout
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, namespace_for
-from connector.plan import SaveJob
-from connector.stats import ConnectorCounters
+from kvstore_connector.copier import Copier
+from kvstore_connector.layout import KVLayout
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, namespace_for
+from kvstore_connector.plan import SaveJob
+from kvstore_connector.stats import ConnectorCounters
 from kvstore.client import Client
 from kvstore.client.arena_map import ArenaMap
 from kvstore.client.slot_bank import SlotBank, Taken
@@ -81,7 +81,7 @@ class Saves:
             try:
                 self._save_job(job)
             finally:
-                if job.release:  # a finished request's tail (connector/tails.py): gathered or failed, vLLM may
+                if job.release:  # a finished request's tail (kvstore_connector/tails.py): gathered or failed, vLLM may
                     self._released(job.req_id)  # free its blocks now
 
     def _save_job(self, job: SaveJob) -> None:

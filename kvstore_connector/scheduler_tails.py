@@ -1,4 +1,4 @@
-"""The scheduler side's partial last blocks (a mixin of SchedulerSide; what tails are: connector/tails.py): the
+"""The scheduler side's partial last blocks (a mixin of SchedulerSide; what tails are: kvstore_connector/tails.py): the
 lookup of a tail after a prompt's hit keys, and the save of a request's final tail, in its last step where that
 step is known, else after it finishes (vLLM then holds its blocks until the worker's report)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from connector.config import ConnectorConfig
-from connector.link import StoreLink
-from connector.plan import SaveJob
-from connector.request_state import ReqState
-from connector.stats import ConnectorCounters
-from connector.tails import Tail, find_tail, finished_tail
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.link import StoreLink
+from kvstore_connector.plan import SaveJob
+from kvstore_connector.request_state import ReqState
+from kvstore_connector.stats import ConnectorCounters
+from kvstore_connector.tails import Tail, find_tail, finished_tail
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerTails"]
@@ -23,7 +23,7 @@ class SchedulerTails:
     link: StoreLink
     counters: ConnectorCounters
     tokens_per_key: int
-    tails: bool                  # partial last blocks are on (connector/tails.py: where they can load)
+    tails: bool                  # partial last blocks are on (kvstore_connector/tails.py: where they can load)
     _tail_saves: list[SaveJob]   # the saves of finished requests' tails, for the next step's plan
 
     if TYPE_CHECKING:  # SchedulerSide's own method this mixin calls: declared for the type checker only
