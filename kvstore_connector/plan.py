@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["LoadJob", "SaveJob", "StepPlan", "StoredRecord"]
+from kvstore.origins import BlockOrigin
+
+__all__ = ["LoadJob", "SaveJob", "StepPlan"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class SaveJob:
     keys: list[bytes]
     block_ids: list[list[int]]  # per KV cache group
     release: bool = False
+    # vLLM's identity of the first len(origins) keys, sent to the daemon before their put (origins.py); ()
+    # while the daemon publishes no vLLM-format events
+    origins: tuple[BlockOrigin, ...] = ()
 
 
 @dataclass
@@ -50,18 +55,3 @@ class StepPlan:
 
     def is_empty(self) -> bool:
         return not (self.loads or self.saves)
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    """Blocks the scheduler side asked the worker to store, for vLLM's KV events (routers index them).
-
-    Emitted when the save is issued, not when it commits: routers treat KV events as hints, and a save that
-    fails only turns a predicted hit into a miss.
-    """
-
-    keys: list[bytes]
-    parent: bytes | None
-    token_ids: list[int]
-    tokens_per_key: int
-    lora_name: str | None

@@ -175,8 +175,9 @@ class Saves:
             have = self._blocks(blocks)
             idx = np.flatnonzero((have >= 0).all(axis=1))
             keys, flat = [job.keys[i] for i in idx], have[idx].reshape(-1).tolist()
-            out += [(gi, replace(job, keys=keys[i:i + n], block_ids=[flat[i * g:(i + n) * g]]))
-                    for i in range(0, len(keys), n)]
+            origins = [job.origins[i] for i in idx if i < len(job.origins)]
+            out += [(gi, replace(job, keys=keys[i:i + n], block_ids=[flat[i * g:(i + n) * g]],
+                                 origins=tuple(origins[i:i + n]))) for i in range(0, len(keys), n)]
         return out
 
     def _save_one(self, group: int, job: SaveJob, res: Reservation | None, t0: float) -> None:
@@ -223,6 +224,19 @@ class Saves:
         self._futures.append(self._committer.submit(self._finish, job, ns, m, copier, handle, finish, undo, per_key,
                                                     t0))
 
+    def _annotated(self, cl: Client, ns: str, job: SaveJob, finish: Finish) -> tuple[list[int], int]:
+        """finish(cl, ns), after vLLM's identity of the part's keys went to the daemon on this same client
+        (kvstore_connector/origins.py), so its vLLM-format events name them by vLLM's hashes. A failed annotate
+        costs only the names (the blocks are published under our keys, flagged), never the save."""
+        if job.origins:
+            n = len(job.origins)
+            try:
+                self.counters.add(annotated_keys=cl.annotate(ns, job.keys[:n], job.origins))
+            except KVStoreError as exc:
+                log.warning("kvstore annotate of %d keys failed (saved all the same): %s", n, exc)
+                self.counters.add(annotate_failures=1)
+        return finish(cl, ns)
+
     def _finish(self, job: SaveJob, ns: str, m: ArenaMap, copier: Copier, handle: Any,
                 finish: Finish, undo: Callable[[], None], per_key: int,
                 t0: float) -> None:
@@ -231,7 +245,7 @@ class Saves:
             copier.wait(handle)
             m.release()
             m = None  # type: ignore[assignment]  # released above: None tells `finally` not to release it again
-            done = self.link.call(ns, lambda cl: finish(cl, ns))
+            done = self.link.call(ns, lambda cl: self._annotated(cl, ns, job, finish))
             if done is None:
                 undo()
                 self.counters.add(save_failures=1)

@@ -71,7 +71,8 @@ from kvstore_connector.link import StoreLink
 from kvstore_connector.load_policy import LoadPolicy
 from kvstore_connector.misses import LOAD_FAILED, STREAM_MODE, UNEXPLAINED, MissExplainer, MissTarget
 from kvstore_connector.namespace import KVLayoutSpec, StageLayouts
-from kvstore_connector.plan import LoadJob, SaveJob, StepPlan, StoredRecord
+from kvstore_connector.origins import save_origins
+from kvstore_connector.plan import LoadJob, SaveJob, StepPlan
 from kvstore_connector.probe import ShardProbe
 from kvstore_connector.request_attrs import lora_name, mm_hashes, num_tokens
 from kvstore_connector.stats import ConnectorCounters
@@ -113,7 +114,6 @@ class SchedulerSide(SchedulerTails):
         # partial last blocks (kvstore_connector/tails.py): where a stored block is one vLLM block, one KV cache group
         self.tails = config.tails and self.num_groups == 1 and self.blocks_per_key == 1
         self._tail_saves: list[SaveJob] = []
-        self._stored: list[StoredRecord] = []
         self._stream_logged = False
         self.misses = MissExplainer(link, self.counters)
         self.hints = HintSessions(link, self.counters, tokens_per_key=self.tokens_per_key, key_seed=config.key_seed)
@@ -367,10 +367,15 @@ class SchedulerSide(SchedulerTails):
                   for gi, table in enumerate(st.block_ids)]
         st.stored_keys = full
         self.counters.add(save_keys=full - first)
-        t = self.tokens_per_key
-        self._stored.append(StoredRecord(list(keys), st.chain.keys[first - 1] if first else None,
-                                         list(tokens[first * t: full * t]), t, lora_name(req)))
-        return SaveJob(req.request_id, st.salt, list(keys), blocks)
+        origins = (save_origins(req, tokens, first, full, g, self.spec.block_size)
+                   if self.num_groups == 1 and self._daemon_publishes() else ())
+        return SaveJob(req.request_id, st.salt, list(keys), blocks, origins=origins)
+
+    def _daemon_publishes(self) -> bool:
+        """Whether the daemon publishes vLLM-format KV events (said when the link connected): only then are the
+        saved keys' vLLM identities worth building and sending (kvstore_connector/origins.py)."""
+        c = self.link.client
+        return c is not None and c.kv_events
 
     def _save_blocks(self, group: int, table: list[int], first: int, full: int, prompt_len: int,
                      live: int) -> list[int]:
@@ -402,9 +407,3 @@ class SchedulerSide(SchedulerTails):
         self._reqs.pop(request.request_id, None)
         self.hints.finished(request, self._names(st), st.chain.keys[:st.stored_keys], st.root)
         return self._tail_after_finish(st, block_ids)
-
-    def take_stored(self) -> list[StoredRecord]:
-        """Save records since the last call (vLLM's take_events)."""
-        out, self._stored = self._stored, []
-        return out
-

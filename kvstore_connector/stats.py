@@ -40,6 +40,8 @@ COUNTER_NAMES = (
     # wall time vLLM's threads spent inside the connector's hooks (`timed`): its direct cost on the step's path
     "scheduler_hook_seconds", "worker_hook_seconds",
     "connect_failures",       # connects to the daemon that failed (none answers at the address: kvstore_connector/link.py)
+    # vLLM identities of saved keys sent to the daemon for its vLLM-format KV events (kvstore_connector/origins.py)
+    "annotated_keys", "annotate_failures",
 ) + MISS_COUNTERS + HINT_COUNTERS  # hints (kvstore_connector/hints.py): outcomes per key and shard, malformed, ...
 _KNOWN = frozenset(COUNTER_NAMES)  # `add` checks every name it is given, now on every timed hook call too
 

@@ -47,7 +47,7 @@ from kvstore_connector.stats import ConnectorCounters, miss_summary, timed
 from kvstore_connector.vllm_logs import log_where_vllm_logs
 from kvstore_connector.worker import WorkerSide
 from kvstore.errors import ConfigError
-from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -366,12 +366,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     @timed("scheduler_hook_seconds")
     def take_events(self) -> Iterable[KVCacheEvent]:
-        """BlockStored for every stored block issued since the last call (hashes are our stable keys)."""
-        if self._sched is None:
-            return ()
-        return [BlockStored(block_hashes=list(r.keys), parent_block_hash=r.parent, token_ids=r.token_ids,
-                            block_size=r.tokens_per_key, lora_id=None, medium=MEDIUM_CPU, lora_name=r.lora_name)
-                for r in self._sched.take_stored()]
+        """None: the store's blocks are published by the daemon itself (kv_events: vLLM's format, vLLM's block
+        hashes, a BlockRemoved when a block leaves a tier). The connector used to emit BlockStored here under our
+        keys and never a removal: a router could not match those blocks, or routed to blocks that were gone."""
+        return ()
 
     # -- worker side -------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

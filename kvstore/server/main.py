@@ -19,7 +19,8 @@ import signal
 import sys
 import threading
 from concurrent import futures
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -43,6 +44,7 @@ from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
 from kvstore.fastpath.sockets import clear_stale_socket
 from kvstore.server.fast_server import FastServer, fast_socket_path
+from kvstore.server.routing_ops import RoutingOps
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
@@ -52,6 +54,9 @@ from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
 from kvstore.transfers import TransferMeter
+
+if TYPE_CHECKING:
+    from kvstore.server.kv_events.publisher import KvEventsPublisher
 
 __all__ = ["main", "Daemon"]
 
@@ -98,10 +103,13 @@ class Daemon:
             self.peers = self._build_peers() if cfg.peer_endpoints else None
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
+            self.kv_events = self._build_kv_events() if cfg.kv_events else None
+            self.info.kv_events = self.kv_events is not None
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
                                           self.transfers, self.info.peer_status, self.tenants,
                                           labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file),
-                                          control=self._control_status)
+                                          control=self._control_status,
+                                          kv_events=self.kv_events.status if self.kv_events is not None else None)
                             if cfg.metrics_listen else None)
             self.server = self._build_server()
             self.fast = self._build_fast()
@@ -109,6 +117,9 @@ class Daemon:
             metrics: MetricsServer | None = getattr(self, "metrics", None)
             if metrics is not None:
                 metrics.stop()
+            publisher: KvEventsPublisher | None = getattr(self, "kv_events", None)
+            if publisher is not None:
+                publisher.stop()
             self.arena.destroy(unmap=True)
             disk: DiskStore | None = getattr(self, "disk", None)
             if disk is not None:
@@ -129,6 +140,21 @@ class Daemon:
         capacity = self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0)
         return PeerCluster(cfg.peer_config(capacity), self.engine, self.arena.view, self.transfers)
 
+    def _build_kv_events(self) -> KvEventsPublisher:
+        """The vLLM-format event publisher (kv_events): subscribed to the engine's events now, so nothing stored
+        before start() is missed; binds its sockets now, so a taken address stops the daemon here."""
+        try:
+            from kvstore.server.kv_events.publisher import KvEventsPublisher
+        except ImportError as exc:
+            raise ConfigError(f"kv_events = true needs pyzmq and msgpack ({exc}): pip install 'kvstore[events]'") from exc
+        engine = self.engine
+
+        def snapshot() -> Iterator[tuple[str, list[bytes], list[bytes]]]:
+            for ns in engine.stats().namespaces:
+                yield (ns.name, *engine.tier_keys(ns.name))
+        return KvEventsPublisher(self.cfg.kv_events_config(), engine.events, engine.namespace_labels, snapshot,
+                                 origin_capacity=max(1 << 16, 16 * self.cfg.max_batch_keys))
+
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -144,9 +170,11 @@ class Daemon:
                                                         thread_name_prefix="kvstore-rpc"), options=opts,
                              interceptors=interceptors)
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        routing = RoutingOps(self.engine, self.guard, cfg.node_id, cfg.peer_control_advertise or cfg.listen,
+                             publisher=self.kv_events, peers=self.peers)
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
                                  transfers=self.transfers, guard=self.guard, tenants=self.tenants,
-                                 sessions=SessionBook(cfg.session_book_max, cfg.session_book_keys))
+                                 sessions=SessionBook(cfg.session_book_max, cfg.session_book_keys), routing=routing)
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket:
@@ -210,6 +238,11 @@ class Daemon:
         if unused:
             log.info("peer tier off (etcd_endpoints is empty): %s not used; set etcd_endpoints to join a cluster",
                      ", ".join(unused))
+        if cfg.kv_events and any(a.startswith("tcp://") and not is_loopback_address(a[len("tcp://"):])
+                                 for a in (cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint)):
+            log.warning("SECURITY: allow_insecure_remote is set and the KV event stream (%s) is reachable from other "
+                        "hosts without authentication: anyone on the network can read which blocks and tokens this "
+                        "node holds", cfg.kv_events_endpoint)
         if cfg.metrics_listen and not is_loopback_address(cfg.metrics_listen):
             shown = "up to 50 namespace names" if cfg.metrics_labels == "name" else f"{cfg.metrics_labels} labels, no names"
             log.warning("metrics_listen=%s is reachable from other hosts over plain HTTP (counters and %s; no keys or "
@@ -218,6 +251,8 @@ class Daemon:
     def start(self) -> None:
         self._warn_exposure()
         self.engine.start()
+        if self.kv_events is not None:  # before any RPC: the first put's events go out
+            self.kv_events.start()
         if self.metrics is not None:
             self.metrics.start()
         if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
@@ -269,6 +304,8 @@ class Daemon:
         if self._sweeper.is_alive():
             self._sweeper.join(timeout=2)
         self.engine.stop()
+        if self.kv_events is not None:
+            self.kv_events.stop()
         if self.key_index is not None:
             self.key_index.close()
         if self.metrics is not None:

@@ -7,6 +7,7 @@ both print. ServerConfig builds the components' own configs, which check their o
     engine_config()  -> EngineConfig  (kvstore/engine/config.py)
     disk_config()    -> DiskConfig    (kvstore/tiers/disk/config.py), None with disk_bytes = 0
     peer_config()    -> PeerConfig    (kvstore/peer/cluster.py), built even without etcd to check the settings
+    kv_events_config() -> KvEventsConfig (kvstore/server/kv_events/config.py), built with kv_events off too
 
 checks.validate(cfg) runs every rule once: the components' (by building them), the factories' (policy,
 admission) and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those
@@ -28,6 +29,7 @@ from kvstore.policies import POLICY_NAMES
 from kvstore.policies.admission import ADMISSION_HELP
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
+from kvstore.server.kv_events.config import KvEventsConfig
 from kvstore.server.config.units import parse_quotas
 from kvstore.tiers.disk.config import CODECS, DiskConfig
 
@@ -44,6 +46,7 @@ SECTIONS = {
     "security": "TLS, tokens and exposure",
     "tenancy": "Tenant quotas",
     "metrics": "Metrics",
+    "events": "KV events for routers (vLLM's format over ZMQ)",
 }
 
 
@@ -170,6 +173,23 @@ class ServerConfig:
     metrics_label_key_file: str = _s("metrics", "owner-only file with the hash labels' secret key (>= 16 bytes): "
                                      "labels stay the same across restarts and on every node sharing it; '' = a "
                                      "random key each start (labels unlinkable across restarts)", "")
+    kv_events: bool = _s("events", "publish what this node holds, per tier, as vLLM's KV events (BlockStored, "
+                         "BlockRemoved, AllBlocksCleared; msgpack as vLLM 0.33) on a ZMQ socket, with vLLM's block "
+                         "hashes where the connector sent them (needs pip install kvstore[events])", False)
+    kv_events_endpoint: str = _s("events", "ZMQ endpoint the daemon binds for subscribers: tcp://HOST:PORT or "
+                                 "ipc:///PATH; a host other than loopback needs allow_insecure_remote (the stream "
+                                 "has no authentication)", "tcp://127.0.0.1:5557")
+    kv_events_replay_endpoint: str = _s("events", "ZMQ ROUTER endpoint for replays of missed batches, as vLLM's (a "
+                                        "REQ sends the first sequence wanted, 8 bytes big-endian; [topic, start] "
+                                        "with several topics); '' = none", "")
+    kv_events_topic: str = _s("events", "topic of a namespace's events: a template of {node}, {model} (its "
+                              "registered model, else its name), {namespace}, {tenant}; '' = one topic, as vLLM's "
+                              "default", "kv@{node}@{model}")
+    kv_events_buffer_batches: int = _s("events", "batches kept per topic for replay", 10_000)
+    kv_events_hwm: int = _s("events", "batches queued for one subscriber; a batch that finds its queue full is "
+                            "dropped for it (counted; the others get it)", 100_000)
+    kv_events_queue: int = _s("events", "store events waiting for the publisher; past it they are lost (counted), "
+                              "and subscribers get AllBlocksCleared and what the store holds now", 100_000)
     log_level: str = _s("node", "debug, info, warning, error", "info")
     log_format: str = _s("node", "text or json (one object a line)", "text")
 
@@ -231,6 +251,13 @@ class ServerConfig:
         return DiskConfig(directory=self.disk_dir, capacity_bytes=self.disk_bytes,
                           segment_bytes=self.disk_segment_bytes, sync=self.disk_sync, compression=self.disk_codec,
                           probe_interval_s=self.disk_probe_interval_s, reinsert_hits=self.disk_reinsert_hits)
+
+    def kv_events_config(self) -> KvEventsConfig:
+        """The vLLM-format event publisher's settings (built, and so checked, with kv_events off too)."""
+        return KvEventsConfig(node_id=self.node_id, endpoint=self.kv_events_endpoint,
+                              replay_endpoint=self.kv_events_replay_endpoint, topic=self.kv_events_topic,
+                              buffer_batches=self.kv_events_buffer_batches, hwm=self.kv_events_hwm,
+                              queue_events=self.kv_events_queue)
 
     def peer_config(self, capacity_bytes: int = 0) -> PeerConfig:
         """The peer tier's settings; `capacity_bytes` (what this node offers the cluster) is known to the daemon
