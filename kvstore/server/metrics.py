@@ -49,7 +49,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_key_index_tables / kvstore_key_index_keys / kvstore_key_index_unindexed_total   the shared key index
   kvstore_spare_slots / kvstore_spare_bytes     arena slots connections hold ahead of their puts (engine/spares.py)
   vLLM-format KV events (only with kv_events; kvstore/server/kv_events/publisher.py COUNTERS):
-  kvstore_kv_events_{batches,events,subscriber_full_batches,queue_dropped_events,replay_requests,replay_refused,
+  kvstore_kv_events_{batches,events,subscriber_stalls,queue_dropped_events,replay_requests,replay_refused,
                      unknown_topic_subscriptions,origins_kept,origins_dropped}_total / kvstore_kv_events_blocks
   Peer tier (only when etcd_endpoints is set; counters listed in kvstore/peer/counters.py):
   kvstore_peer_members / kvstore_peer_etcd_connected / kvstore_peer_push_queue_blocks

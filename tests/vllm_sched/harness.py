@@ -81,10 +81,11 @@ class Tracked:
 
 class Harness:
     """``pp``: pipeline stages, ``tp``: tensor-parallel ranks (one worker per stage and rank); ``policy``:
-    kv_load_failure_policy as the user writes it (None: not written, vLLM's default)."""
+    kv_load_failure_policy as the user writes it (None: not written, vLLM's default); ``hash_fn``: vLLM's block
+    hash function for the requests (vllm.utils.hashing)."""
 
     def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1,
-                 tp: int = 1, policy: str | None = "recompute") -> None:
+                 tp: int = 1, policy: str | None = "recompute", hash_fn: Any = sha256) -> None:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
@@ -125,8 +126,8 @@ class Harness:
                 self.workers.append(w)
         self.worker = self.workers[0]
         self._aggregator = KVOutputAggregator(len(self.workers))
-        init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(BLOCK, sha256)
+        init_none_hash(hash_fn)  # vLLM's prefix-cache hash (sha256_cbor: what a router computes too)
+        self._hasher = get_request_block_hasher(BLOCK, hash_fn)
         self.tracked: dict[str, Tracked] = {}
         self.steps: list[SchedulerOutput] = []
         self.prefill: dict[str, Any] = {}  # request id -> vLLM's PrefillStats (local / external cached tokens)

@@ -83,5 +83,20 @@ class KvEventsConfig:
         _require(16 <= self.queue_events <= 10_000_000,
                  f"kv_events_queue={self.queue_events}: use 16..10000000 (store events waiting for the publisher)")
 
+    def could_match(self, prefix: bytes) -> bool:
+        """Whether a subscription prefix can match a topic of this template: one that starts with what every
+        topic starts with ({node} filled in, up to the first other field), or a beginning of that."""
+        fixed, whole = "", True
+        for literal, name, _, _ in string.Formatter().parse(self.topic):
+            fixed += literal
+            if name is None:
+                continue
+            if name != "node":
+                whole = False
+                break
+            fixed += self.node_id
+        start = fixed.encode()
+        return start.startswith(prefix) or (not whole and prefix.startswith(start))
+
     def topic_for(self, namespace: str, model: str, tenant: str) -> str:
         return self.topic.format(node=self.node_id, model=model or namespace, namespace=namespace, tenant=tenant)

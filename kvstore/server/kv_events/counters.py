@@ -7,7 +7,8 @@ __all__ = ["COUNTERS"]
 COUNTERS = {
     "batches": "vLLM-format event batches published",
     "events": "vLLM-format events published (BlockStored, BlockRemoved, AllBlocksCleared)",
-    "subscriber_full_batches": "Batches some subscriber lost: its queue (kv_events_hwm) was full",
+    "subscriber_stalls": "Times a subscriber's queue (kv_events_hwm batches) was found full: from then until it "
+                         "reads again it loses batches (it sees the gap in the sequence numbers and may replay)",
     "queue_dropped_events": "Store events lost before publishing (kv_events_queue full); each loss is followed by "
                             "AllBlocksCleared and a snapshot",
     "replay_requests": "Replay requests answered",

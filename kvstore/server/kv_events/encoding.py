@@ -1,7 +1,7 @@
 """vLLM's KV event batches as msgpack bytes: the encoding vLLM 0.33 emits, and a decoder of both it has used.
 
-vLLM encodes with msgspec: ``EventBatch`` is array-like (``[ts, events]``, then ``data_parallel_rank`` when set)
-and each event, since vLLM's tag=True structs became maps (0.33), is a map whose first key ``"type"`` names its
+vLLM encodes with msgspec: ``EventBatch`` is array-like, ``[ts, events, data_parallel_rank]`` (the rank written
+as nil when unset: omit_defaults leaves array fields in place), and each event, since vLLM's tag=True structs became maps (0.33), is a map whose first key ``"type"`` names its
 class, then its fields in declaration order; fields left at their default are omitted (omit_defaults), required
 ones always written (None as nil). Before that, events were array-like too: ``["BlockStored", hashes, parent,
 token_ids, block_size, lora_id, medium, lora_name, ...]``. `encode_batch` writes the first form, byte for byte as
@@ -40,9 +40,23 @@ def event_map(e: VllmEvent) -> dict[str, Any]:
     return {"type": "AllBlocksCleared"}
 
 
+_PACKER = msgpack.Packer(use_bin_type=True)
+# msgspec sizes a struct's map header for the most fields it could write: BlockStored has 15 fields and the tag,
+# so its header is always a map16, whatever the count; BlockRemoved's and AllBlocksCleared's are fixmaps
+_MAP16 = frozenset({"BlockStored"})
+
+
+def _event_bytes(m: dict[str, Any]) -> bytes:
+    body = b"".join(_PACKER.pack(k) + _PACKER.pack(v) for k, v in m.items())
+    header = b"\xde" + len(m).to_bytes(2, "big") if m["type"] in _MAP16 else _PACKER.pack_map_header(len(m))
+    return header + body
+
+
 def encode_batch(ts: float, events: list[VllmEvent]) -> bytes:
-    """A KVEventBatch payload (no data_parallel_rank: the daemon is not a DP rank, and vLLM omits the default)."""
-    return msgpack.packb([float(ts), [event_map(e) for e in events]], use_bin_type=True)
+    """A KVEventBatch payload, byte for byte as msgspec writes it; data_parallel_rank nil: the daemon is no
+    data-parallel rank of a vLLM."""
+    return (_PACKER.pack_array_header(3) + _PACKER.pack(float(ts)) + _PACKER.pack_array_header(len(events))
+            + b"".join(_event_bytes(event_map(e)) for e in events) + _PACKER.pack(None))
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[VllmEvent]]:

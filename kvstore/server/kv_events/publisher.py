@@ -12,14 +12,18 @@ What can go wrong, and why the daemon never waits:
   publisher counts them (`queue_dropped_events`), sends AllBlocksCleared on every topic that held blocks, forgets
   where blocks are, and stores a snapshot of what the engine holds (Engine.tier_keys) with the identities it
   knew, so subscribers start over from the truth instead of routing to blocks that are gone.
-- a subscriber that never reads: the PUB side is an XPUB socket with XPUB_NODROP, sent without blocking; a batch
-  that finds some subscriber's queue (kv_events_hwm batches) full is counted (`subscriber_full_batches`) and sent
-  again lossy: the others get it, the full one loses it (it sees the gap in the sequence and may replay).
+- a subscriber that never reads: batches queue for it (kv_events_hwm of them, then the kernel's socket buffers;
+  a SUB whose process reads its socket but not its queue drops at its own RCVHWM, as libzmq does); once its
+  queue is full it loses batches, the others keep getting them, and the publisher never waits: it sends from an
+  XPUB with XPUB_NODROP without blocking, so a full queue answers EAGAIN; that stall is counted
+  (`subscriber_stalls`) and the batch sent again lossy. libzmq then skips the full subscriber silently until it
+  reads again (it tells nobody how many it skipped): the subscriber sees the gap in its topic's sequence
+  numbers, and may replay.
 - replay (kv_events_replay_endpoint, a ROUTER as vLLM's): a REQ sends the first sequence wanted as 8 bytes
   big-endian (vLLM's form; with several topics, send [topic, start] as two frames); it gets (topic, seq,
   payload) for every buffered batch from there, then vLLM's end marker (b"", -1 as 8 bytes, b""). A malformed
   request or an unknown topic gets the end marker alone, is counted and logged (once a minute).
-- a subscription to a topic no namespace publishes: logged once per prefix, counted; nothing else changes.
+- a subscription to a topic the template cannot produce: logged once per prefix, counted; nothing else changes.
 """
 
 from __future__ import annotations
@@ -73,24 +77,27 @@ class KvEventsPublisher:
         self._refusal_logged = 0.0
         self._zmq = zmq
         self._ctx = zmq.Context()
-        self._pub = self._bind(zmq.XPUB, cfg.endpoint, "kv_events_endpoint")
-        self._pub.setsockopt(zmq.SNDHWM, cfg.hwm)
-        self._pub.setsockopt(zmq.XPUB_NODROP, 1)
-        self._replay = (self._bind(zmq.ROUTER, cfg.replay_endpoint, "kv_events_replay_endpoint")
+        # options before bind: a listener copies them when it binds, and every connection gets that copy
+        self._pub = self._bind(zmq.XPUB, cfg.endpoint, "kv_events_endpoint",
+                               {zmq.SNDHWM: cfg.hwm, zmq.XPUB_NODROP: 1})
+        self._replay = (self._bind(zmq.ROUTER, cfg.replay_endpoint, "kv_events_replay_endpoint",
+                                   {zmq.SNDHWM: 2 * (cfg.buffer_batches + 1)})  # a whole replay and its end marker
                         if cfg.replay_endpoint else None)
-        if self._replay is not None:
-            self._replay.setsockopt(zmq.SNDHWM, 2 * (cfg.buffer_batches + 1))  # a whole replay and its end marker
         self._sub = bus.subscribe(capacity=cfg.queue_events, internal=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvstore-kv-events", daemon=True)
 
-    def _bind(self, kind: int, endpoint: str, setting: str) -> Any:
+    def _bind(self, kind: int, endpoint: str, setting: str, options: dict[int, int]) -> Any:
         sock = self._ctx.socket(kind)
         sock.setsockopt(self._zmq.LINGER, 0)
+        for option, value in options.items():
+            sock.setsockopt(option, value)
         try:
             sock.bind(endpoint)
         except self._zmq.ZMQError as exc:
             sock.close()
+            if getattr(self, "_pub", None) is not None:
+                self._pub.close()
             self._ctx.term()
             raise ConfigError(f"cannot bind {setting}={endpoint!r}: {exc}; choose a free address") from exc
         return sock
@@ -183,8 +190,8 @@ class KvEventsPublisher:
             frames = (topic.encode(), seq.to_bytes(8, "big"), encode_batch(time.time(), events))
             try:
                 self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
-            except zmq.Again:  # a subscriber's queue is full: it loses this batch, the others get it
-                self._counts["subscriber_full_batches"] += 1
+            except zmq.Again:  # a subscriber's queue is full: it loses this batch (and, silently, the next ones
+                self._counts["subscriber_stalls"] += 1  # until it reads again); the others get it
                 self._pub.setsockopt(zmq.XPUB_NODROP, 0)
                 try:
                     self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
@@ -206,16 +213,17 @@ class KvEventsPublisher:
             self._replay_request(self._replay.recv_multipart(zmq.NOBLOCK))
 
     def _subscription(self, msg: bytes) -> None:
-        """XPUB hands over each new subscription (b"\\x01" + prefix) and the last unsubscription of one."""
+        """XPUB hands over each new subscription (b"\x01" + prefix) and the last unsubscription of one. A prefix
+        no topic of the template can start with (kv_events_topic) is counted and logged once."""
         if not msg or msg[0] != 1 or msg[1:] in self._seen_prefixes:
             return
         prefix = msg[1:]
         self._seen_prefixes.add(prefix)
-        known = [t for t in self.residency.known_topics()]
-        if known and not any(t.encode().startswith(prefix) for t in known):
+        known = self.residency.known_topics()
+        if not self.cfg.could_match(prefix) and not any(t.encode().startswith(prefix) for t in known):
             self._counts["unknown_topic_subscriptions"] += 1
-            log.info("a KV event subscriber subscribed to topic %r, which no namespace has published on (topics so "
-                     "far: %s; kv_events_topic=%r)", prefix, ", ".join(map(repr, known[:8])), self.cfg.topic)
+            log.info("a KV event subscriber subscribed to topic %r, which no topic here can match (kv_events_topic="
+                     "%r; topics so far: %s)", prefix, self.cfg.topic, ", ".join(map(repr, known[:8])) or "none")
 
     def _replay_request(self, frames: list[bytes]) -> None:
         assert self._replay is not None

@@ -7,8 +7,9 @@ tier (kvstore/engine/events.py); vLLM's consumers index block hashes per medium.
 vLLM events:
 
     stored(tier)          the key lands in the medium: BlockStored of the keys not there yet
-    moved(a -> b)         leaves medium a (BlockRemoved), is in medium b (BlockStored if not there yet): a RAM
-                          eviction of a block the disk keeps; a promotion from disk into RAM (the disk copy stays)
+    moved(ram -> disk)    a RAM eviction of a block the disk keeps: is on disk (BlockStored if not announced
+                          there yet), then leaves RAM (BlockRemoved)
+    moved(disk -> ram)    a promotion: lands in RAM (BlockStored); the disk keeps its copy
     removed(tier)         leaves the medium (BlockRemoved): a RAM eviction, a delete, a disk reclamation
     removed(whole ns)     the namespace's blocks leave the medium (a clear): AllBlocksCleared when its topic then
                           holds nothing in any medium, else BlockRemoved of them
@@ -93,9 +94,11 @@ class Residency:
     def apply(self, ev: Event) -> list[Published]:
         if ev.kind == STORED:
             return self._stored(ev.namespace, ev.keys, _BIT[ev.tier])
-        if ev.kind == MOVED:
-            return (self._removed(ev.namespace, ev.keys, _BIT[ev.tier])
-                    + self._stored(ev.namespace, ev.keys, _BIT[ev.to_tier]))
+        if ev.kind == MOVED and ev.tier == Tier.DISK:  # a promotion: the disk keeps its copy
+            return self._stored(ev.namespace, ev.keys, _BIT[ev.to_tier])
+        if ev.kind == MOVED:  # a RAM eviction of a block the disk keeps: on disk first (its identity stays with
+            return (self._stored(ev.namespace, ev.keys, _BIT[ev.to_tier])  # a block held somewhere), then out of RAM
+                    + self._removed(ev.namespace, ev.keys, _BIT[ev.tier]))
         if ev.kind == REMOVED and ev.whole_namespace:
             return self._cleared(ev.namespace, _BIT[ev.tier])
         if ev.kind == REMOVED:
