@@ -9,6 +9,8 @@ from contextlib import ExitStack
 
 import pytest
 
+from bench.serve.driver import round_robin
+from bench.serve.router import PrefixRouter
 from kvstore.cli.keys_input import chain_keys
 from kvstore.cli.main import main
 from kvstore.errors import BatchTooLargeError, UnknownNamespaceError
@@ -96,3 +98,13 @@ def test_every_member_of_a_cluster_in_one_call(tmp_path, capsys: pytest.CaptureF
         assert f"best: {cl.nodes['a'].node_id} (6 ram + 0 disk + 0 peer of 8 blocks)" in out
         assert main(["--address", cl.nodes["b"].address, "score", NS]) == 2  # no keys given: a clear error
         assert "give exactly one of KEY_HEX" in capsys.readouterr().err
+        # bench.serve's (r) router: to b over a? a holds the whole prefix in its RAM; a prompt nobody holds goes
+        # round-robin, as (d) routes it
+        router = PrefixRouter([cl.nodes["b"].address, cl.nodes["a"].address], [cl.nodes[n].node_id for n in "ba"],
+                              namespace_prefix=NS)
+        try:
+            assert router(0, 0, 0, tokens) == 1 and router(5, 0, 0, tokens + [7]) == 1
+            assert router(0, 0, 1, [9] * 40) == round_robin(0, 0, 1) == 1
+            assert router.summary() == {"decided": 2, "round_robin": 1}
+        finally:
+            router.close()

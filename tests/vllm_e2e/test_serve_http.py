@@ -1,5 +1,7 @@
 """vLLM's real OpenAI server with KVStoreConnector, driven over HTTP as bench.serve drives it: one agent
 session of three turns, each turn = the previous prompt + the tokens the model generated + a tool's output.
+The server gets the README's short config, no module path: vLLM finds the connector through the plugin entry
+point that installing kvstore registers (kvstore_connector/plugin.py).
 
 vLLM's own prefix cache is reset before every turn, so every cached token came from the store. With
 save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: everything vLLM
@@ -57,8 +59,9 @@ def _kvstore_metrics(url: str) -> dict[tuple[str, str], float]:
 def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
-        specs = [VllmSpec("with-kvstore", model, 64, 2048,
-                          kvstore_connector(d.address, save="all", blocks_per_key=1), extra_args=["--enforce-eager"]),
+        short = kvstore_connector(d.address, save="all", blocks_per_key=1)
+        assert "kv_connector_module_path" not in short and short["kv_connector"] == "KVStoreConnector"
+        specs = [VllmSpec("with-kvstore", model, 64, 2048, short, extra_args=["--enforce-eager"]),
                  VllmSpec("alone", model, 64, 2048, extra_args=["--enforce-eager"])]
         procs = [ps.add(start_vllm(s, str(tmp_path))) for s in specs]  # both boot at once
         for p, s in zip(procs, specs):
