@@ -7,7 +7,8 @@ be `connector`; that name is a deprecated alias now (deprecation.py).
     deprecation.py     the old import name `connector` (module path connector.vllm_connector): names, warning
     legacy.py          the import hook that serves the old name where no package of that name exists
     config.py          the typed config, parsed once from `kv_connector_extra_config` (unknown keys are errors)
-    scheduler.py       the scheduler side: metadata only (lookups, save jobs, KV events, stats)
+    scheduler.py       the scheduler side: metadata only (lookups, save jobs, stats)
+    origins.py         the vLLM identity of a save's keys (vLLM's block hashes, tokens), for the daemon's KV events
     plan.py            what the scheduler side tells the worker side each step: small picklable values
     worker.py          the worker side: moves bytes between vLLM's paged KV cache and the arena
     saves.py           the worker side's saves: gather into spare slots (then Store) or reserved ones (then Commit)

@@ -180,14 +180,14 @@ class ServerConfig:
                                  "ipc:///PATH; a host other than loopback needs allow_insecure_remote (the stream "
                                  "has no authentication)", "tcp://127.0.0.1:5557")
     kv_events_replay_endpoint: str = _s("events", "ZMQ ROUTER endpoint for replays of missed batches, as vLLM's (a "
-                                        "REQ sends the first sequence wanted, 8 bytes big-endian; [topic, start] "
+                                        "request is the first sequence wanted, 8 bytes big-endian; [topic, start] "
                                         "with several topics); '' = none", "")
     kv_events_topic: str = _s("events", "topic of a namespace's events: a template of {node}, {model} (its "
                               "registered model, else its name), {namespace}, {tenant}; '' = one topic, as vLLM's "
                               "default", "kv@{node}@{model}")
     kv_events_buffer_batches: int = _s("events", "batches kept per topic for replay", 10_000)
-    kv_events_hwm: int = _s("events", "batches queued for one subscriber; a batch that finds its queue full is "
-                            "dropped for it (counted; the others get it)", 100_000)
+    kv_events_hwm: int = _s("events", "batches queued for one subscriber; once its queue is full it loses "
+                            "batches until it reads again (the stall is counted; the others get them)", 100_000)
     kv_events_queue: int = _s("events", "store events waiting for the publisher; past it they are lost (counted), "
                               "and subscribers get AllBlocksCleared and what the store holds now", 100_000)
     log_level: str = _s("node", "debug, info, warning, error", "info")
