@@ -105,6 +105,11 @@ def test_every_member_of_a_cluster_in_one_call(tmp_path, capsys: pytest.CaptureF
         try:
             assert router(0, 0, 0, tokens) == 1 and router(5, 0, 0, tokens + [7]) == 1
             assert router(0, 0, 1, [9] * 40) == round_robin(0, 0, 1) == 1
-            assert router.summary() == {"decided": 2, "round_robin": 1}
+            # three calls in flight on a, none on b: the score still says a, the load says b
+            assert router(1, 0, 0, tokens) == 0
+            for server in (1, 1, 1, 0):
+                router.done(server)
+            assert router(1, 0, 0, tokens) == 1
+            assert router.summary() == {"decided": 3, "balanced": 1, "round_robin": 1}
         finally:
             router.close()

@@ -58,7 +58,12 @@ async def _agent(http: httpx.AsyncClient, urls: list[str], route: Route, t0: flo
         context.extend(turn.new_tokens)
         server = route(sid, agent.agent, k, context)
         sent = time.perf_counter() - t0
-        c = await complete(http, urls[server], list(context), turn.output_tokens)
+        try:
+            c = await complete(http, urls[server], list(context), turn.output_tokens)
+        finally:
+            done = getattr(route, "done", None)  # a router that balances load hears when a call ends
+            if done is not None:
+                done(server)
         out.append(CallResult(sid, agent.agent, k, server, sent, c.ttft_s, c.total_s, c.prompt_tokens,
                               c.cached_tokens, c.token_ids))
         tick()
