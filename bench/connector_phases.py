@@ -1,7 +1,7 @@
 """Where the connector benchmark's time goes: one instrumented save and load, outside the medians.
 
 `instrument` shadows the worker's calls (RPCs, the native copy, the copy plan) with timers on the instances it
-uses, so nothing in connector/ knows it is being measured; `profile` runs one save and one load of a
+uses, so nothing in kvstore_connector/ knows it is being measured; `profile` runs one save and one load of a
 bench.connector Bench (bench/connector_rig.py) that way and reports ms per phase next to the wall time of the pass.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bench._common import gbs, timed
-from connector.worker import WorkerSide
+from kvstore_connector.worker import WorkerSide
 from kvstore.client import arena_path
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def instrument(w: WorkerSide, acc: dict[str, float]) -> Callable[[], None]:
     names = [(c, "reserve_many", "Reserve RPC"), (c, "commit", "Commit RPC"), (c, "lookup", "Lookup RPC"),
              (c, "release", "Release (queued)"), (arena_path, "validated", "generation check"),
              (copier, "copy", "copy (native)"), (layout, "plan", "copy plan")]
-    # a save of up to BANKED_KEYS keys a part goes through spare slots (connector/saves.py): taken on vLLM's
+    # a save of up to BANKED_KEYS keys a part goes through spare slots (kvstore_connector/saves.py): taken on vLLM's
     # thread with no request, stored by one Store RPC on the commit thread
     banks = {id(b): b for g in range(len(w.layouts)) if (b := c.slot_bank(w.group_key_bytes(g))) is not None}
     for bank in banks.values():

@@ -18,12 +18,12 @@ import torch
 
 from bench._common import Case
 from bench.copy_limit import addrs, native_cases
-from connector.config import ConnectorConfig
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, namespace_for, registration
-from connector.plan import LoadJob, SaveJob
-from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.worker import WorkerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, namespace_for, registration
+from kvstore_connector.plan import LoadJob, SaveJob
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.worker import WorkerSide
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess, wait_until
 

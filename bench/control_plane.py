@@ -56,7 +56,7 @@ __all__ = ["LOOKUP_KEYS", "LOOKUP_NS", "TP_NAMESPACES", "RC_BYTES", "COLD_GAP_S"
            "lookup_sizes", "store_chain", "Cases", "counted", "fields", "rows"]
 
 LOOKUP_KEYS = 280                                            # a 142K-token prompt in 512-token blocks
-LOOKUP_NS = "vllm/meta-llama/Llama-3.1-8B-Instruct/5f0c3e9a1b7d2468"  # shaped like connector/namespace.py's names
+LOOKUP_NS = "vllm/meta-llama/Llama-3.1-8B-Instruct/5f0c3e9a1b7d2468"  # shaped like kvstore_connector/namespace.py's names
 RC_BYTES = 4 << 10
 TP_NAMESPACES = [LOOKUP_NS[:-1] + str(r) for r in range(8)]  # a TP 8 model's rank namespaces, same name length
 COLD_GAP_S = 0.02        # idle time before each cold call: one vLLM step under load

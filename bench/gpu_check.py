@@ -1,4 +1,4 @@
-"""GPU check of the connector's CUDA path (connector/cuda_copy.py) on a machine with an NVIDIA GPU, in one short run.
+"""GPU check of the connector's CUDA path (kvstore_connector/cuda_copy.py) on a machine with an NVIDIA GPU, in one short run.
 
 1. DMA bandwidth: a real daemon's arena registered as pinned, device-mapped memory (CudaCopier does
    cudaHostRegister), host->device and device->host for 256 blocks of 2 MiB in reserved arena slots through

@@ -51,8 +51,8 @@ def _arena_bytes(base: int, size: int) -> np.ndarray:
 
 def dma_check(client: Any, torch: Any, device: str) -> dict[str, Any]:
     """Kernel H2D/D2H through the registered arena vs torch's pinned copy; exact bytes both ways."""
-    from connector.cuda_copy import CudaCopier
-    from connector.layout import CopyPlan
+    from kvstore_connector.cuda_copy import CudaCopier
+    from kvstore_connector.layout import CopyPlan
 
     nbytes = BLOCK * N_BLOCKS
     keys = [f"dma-{i}".encode() for i in range(N_BLOCKS)]
@@ -114,12 +114,12 @@ def dma_check(client: Any, torch: Any, device: str) -> dict[str, Any]:
 
 def tenant_pins_check(torch: Any, device: str, workdir: str) -> dict[str, Any]:
     """With tokens every tenant's arena is a sparse file of its own and the GPU pins it slab by slab
-    (connector/pinning.py). Alice writes blocks from the GPU, deletes them; bob takes every slab (they leave
+    (kvstore_connector/pinning.py). Alice writes blocks from the GPU, deletes them; bob takes every slab (they leave
     alice's file and are punched out of it); bob deletes his; alice writes again into slabs that came back with
     new pages. Her copier must re-pin them (a stale pin would DMA into orphaned pages and the daemon would see
     zeros): every block read back through the daemon must equal the GPU bytes."""
-    from connector.cuda_copy import CudaCopier
-    from connector.layout import CopyPlan
+    from kvstore_connector.cuda_copy import CudaCopier
+    from kvstore_connector.layout import CopyPlan
     from kvstore.client import Client
     from kvstore.testing import DaemonProcess
 
@@ -175,12 +175,12 @@ def tenant_pins_check(torch: Any, device: str, workdir: str) -> dict[str, Any]:
 
 def save_load_check(address: str, torch: Any, device: str) -> dict[str, Any]:
     """WorkerSide with CUDA KV tensors: save KV_KEYS blocks, load them into other blocks, compare on the GPU."""
-    from connector.config import ConnectorConfig
-    from connector.keys import KeyChain, chain_root
-    from connector.link import StoreLink
-    from connector.namespace import KVLayoutSpec, registration
-    from connector.plan import LoadJob, SaveJob
-    from connector.worker import WorkerSide
+    from kvstore_connector.config import ConnectorConfig
+    from kvstore_connector.keys import KeyChain, chain_root
+    from kvstore_connector.link import StoreLink
+    from kvstore_connector.namespace import KVLayoutSpec, registration
+    from kvstore_connector.plan import LoadJob, SaveJob
+    from kvstore_connector.worker import WorkerSide
 
     num_blocks = 2 * KV_KEYS
     shape = (2, num_blocks, BLOCK_TOKENS, KV_HEADS, HEAD_DIM)

@@ -59,26 +59,26 @@ class HybridPlan:
 
 
 def _kinds(window: int) -> list[Any]:
-    from connector.groups import FULL, GroupKind
+    from kvstore_connector.groups import FULL, GroupKind
 
     return [FULL, GroupKind("sliding", window)]
 
 
 def _blocks_per_key(extra: dict[str, Any]) -> int:
     """As vllm_connector.stage_specs resolves it for a hybrid model: the stage's layers x one layer's page."""
-    from connector.config import ConnectorConfig
+    from kvstore_connector.config import ConnectorConfig
 
     return ConnectorConfig.from_extra(extra).resolve_blocks_per_key(2 * HYBRID_LAYERS_PER_GROUP * LAYER_PAGE)
 
 
 def hybrid_plan(keys: int, window: int, blocks_per_key: int, seed: int = 0) -> HybridPlan:
     """A prompt of ``keys`` stored blocks plus one token: the full group saves every key, the sliding group the
-    keys its window before the prompt's end touches (connector/groups.py's trimming, no checkpoints); the hit of
+    keys its window before the prompt's end touches (kvstore_connector/groups.py's trimming, no checkpoints); the hit of
     ``keys`` keys loads every full key and, in the sliding group, only the blocks vLLM keeps there. Block ids:
     a seeded permutation of 1..num_blocks-1 (0 is vLLM's null block), disjoint between groups and jobs."""
     import numpy as np
 
-    from connector.groups import save_points, saved_in_window
+    from kvstore_connector.groups import save_points, saved_in_window
 
     g, bs = blocks_per_key, BLOCK_TOKENS
     tpk = g * bs
@@ -132,10 +132,10 @@ class _Cache:
 
 def _worker(address: str, cache: _Cache, num_blocks: int, g: int, window: int) -> tuple[Any, Any, list[Any]]:
     """(worker, link, group specs) of the two groups, as the connector builds them for a hybrid model."""
-    from connector.config import ConnectorConfig
-    from connector.link import StoreLink
-    from connector.namespace import KVLayoutSpec, StageLayouts
-    from connector.worker import WorkerSide
+    from kvstore_connector.config import ConnectorConfig
+    from kvstore_connector.link import StoreLink
+    from kvstore_connector.namespace import KVLayoutSpec, StageLayouts
+    from kvstore_connector.worker import WorkerSide
 
     config = ConnectorConfig.from_extra({"address": address})
     p = HYBRID_LAYERS_PER_GROUP
@@ -185,9 +185,9 @@ def hybrid_save_load_check(address: str, torch: Any, device: str, keys: int = HY
     """Save a hybrid model's two groups from the one aliased LBNHC allocation, load them into other blocks, and
     check every page on the device (module docstring). Counts that are off (keys saved or loaded, bytes, failed
     loads, what the daemon holds) make ``hybrid_ok`` false, like differing pages; nothing here raises for them."""
-    from connector.keys import KeyChain, chain_root
-    from connector.namespace import namespace_for
-    from connector.plan import LoadJob, SaveJob
+    from kvstore_connector.keys import KeyChain, chain_root
+    from kvstore_connector.namespace import namespace_for
+    from kvstore_connector.plan import LoadJob, SaveJob
     from kvstore.client import Client
 
     cuda = device.startswith("cuda")

@@ -31,7 +31,7 @@ class _CopySpy:
         self.handles: list[Any] = []
         self._cls: Any = None
         if cuda:
-            from connector.cuda_copy import CudaCopier
+            from kvstore_connector.cuda_copy import CudaCopier
 
             self._cls, self._copy, self._fence = CudaCopier, CudaCopier.copy, CudaCopier.fence
             spy = self
@@ -66,10 +66,10 @@ def _busy(torch: Any, ms: float) -> Callable[[], None]:
 
 def _overwrite_rig(address: str, torch: Any, device: str, keys: int) -> tuple[Any, Any, dict[str, Any], Any]:
     """(worker, link, KV caches, layout spec) of the overwrite check: zeroed bf16 caches for 2 x `keys` keys."""
-    from connector.config import ConnectorConfig
-    from connector.link import StoreLink
-    from connector.namespace import KVLayoutSpec, registration
-    from connector.worker import WorkerSide
+    from kvstore_connector.config import ConnectorConfig
+    from kvstore_connector.link import StoreLink
+    from kvstore_connector.namespace import KVLayoutSpec, registration
+    from kvstore_connector.worker import WorkerSide
 
     config = ConnectorConfig.from_extra({"address": address})
     g = config.resolve_blocks_per_key(2 * LAYERS * BLOCK_TOKENS * KV_HEADS * HEAD_DIM * 2)
@@ -89,8 +89,8 @@ def overwrite_during_save_check(address: str, torch: Any, device: str, keys: int
     loaded bytes must be the saved ones. On CUDA the save is issued behind a busy forward, so its gather is
     still pending when the overwrite is enqueued (checked through the gather's event). Also runs on CPU (the
     gather is done when save returns there), which is how the test suite covers this code path."""
-    from connector.keys import KeyChain, chain_root
-    from connector.plan import LoadJob, SaveJob
+    from kvstore_connector.keys import KeyChain, chain_root
+    from kvstore_connector.plan import LoadJob, SaveJob
 
     cuda = device.startswith("cuda")
     sync: Callable[[], object] = torch.cuda.synchronize if cuda else (lambda: None)

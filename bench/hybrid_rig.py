@@ -25,13 +25,13 @@ import torch
 from bench._common import Case
 from bench.connector_rig import MIB, BenchError, Request, check
 from bench.copy_limit import addrs, native_cases
-from connector.config import ConnectorConfig
-from connector.groups import FULL, NULL_BLOCK, GroupKind
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, StageLayouts
-from connector.plan import LoadJob, SaveJob
-from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.worker import WorkerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.groups import FULL, NULL_BLOCK, GroupKind
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts
+from kvstore_connector.plan import LoadJob, SaveJob
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.worker import WorkerSide
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess, wait_until
 

@@ -3,10 +3,10 @@
 An agent session resends its whole context every turn (the workload: median 43 turns, ~142K prompt tokens by the
 end, >96 % of each prompt seen before). vLLM's scheduler step asks the connector for every new request's hit
 (get_num_new_matched_tokens), and the connector first needs the request's keys: a chain over its token ids
-(connector/keys.py). Measured for the session's last turn, the same requests each way, round-robin
+(kvstore_connector/keys.py). Measured for the session's last turn, the same requests each way, round-robin
 (bench/_common.py, medians):
   scratch   SchedulerSide._extend with no memo: every chunk hashed (the connector before the memo);
-  memo      the same with the key memo warm from the previous turn (connector/key_memo.py): the seen chunks
+  memo      the same with the key memo warm from the previous turn (kvstore_connector/key_memo.py): the seen chunks
             found by vLLM's block hashes, only the new ones hashed;
   limit     the least work that finds the seen keys: one dict lookup a chunk by vLLM's hash (a list
             comprehension), plus the new chunks hashed as the chain does.
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench._common import Case, emit_json, interleave, print_table
-from connector.config import ConnectorConfig
-from connector.key_memo import KeyMemo
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec
-from connector.scheduler import SchedulerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.key_memo import KeyMemo
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec
+from kvstore_connector.scheduler import SchedulerSide
 
 __all__ = ["main", "run", "block_hash_chain"]
 

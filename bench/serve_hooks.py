@@ -81,7 +81,7 @@ def _child(a: argparse.Namespace) -> None:
     acc: dict[str, list[float]] = {}
     kv = None
     if a.child == "kv":
-        import connector.vllm_connector as vc
+        import kvstore_connector.vllm_connector as vc
         from bench.serve.servers import kvstore_connector
         kv = kvstore_connector(a.address)
         for name in HOOKS:

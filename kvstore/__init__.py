@@ -12,6 +12,7 @@ subpackage's __init__ has its own):
     hint_vocab.py  the agent hints' vocabulary (HintAction, HintOutcome), the same on every way in
     errors.py      the one exception tree, shared by daemon and client, with its gRPC codes
     validation.py  input checks shared by the daemon (authoritative) and the client (early errors)
+    origins.py     a block's vLLM identity (block hashes, parent, tokens) for the vLLM-format KV events
     pbmap.py       dataclass <-> protobuf message by field name (Stats on both sides of the wire)
     counters.py    CounterSet: the one implementation of named monotonic counters every layer shares
     transfers.py   data-plane bytes and latency / GB/s histograms, read at scrape time

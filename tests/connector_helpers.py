@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from connector.config import ConnectorConfig
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, registration
-from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.worker import WorkerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, registration
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.worker import WorkerSide
 
 __all__ = ["BS", "LAYERS", "HEADS", "HD", "NBLOCKS", "SPEC", "T", "make_caches", "block_bytes_of", "Req", "Side",
            "prompt_tokens"]

@@ -1,4 +1,4 @@
-"""Counting the connector's key hashes (connector/keys.py chains xxh3-128): shared by the key memo's tests in the
+"""Counting the connector's key hashes (kvstore_connector/keys.py chains xxh3-128): shared by the key memo's tests in the
 main suite and under vLLM's scheduler (tests/vllm_sched), which say how many chunks a turn hashed."""
 
 from __future__ import annotations

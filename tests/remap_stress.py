@@ -75,11 +75,11 @@ def client_mode(address: str, seconds: float) -> dict[str, int]:
 def connector_mode(address: str, seconds: float, stop_file: str = "") -> dict[str, int]:
     import torch  # noqa: PLC0415
 
-    from connector.config import ConnectorConfig
-    from connector.link import StoreLink
-    from connector.namespace import KVLayoutSpec, registration
-    from connector.plan import LoadJob, SaveJob
-    from connector.worker import WorkerSide
+    from kvstore_connector.config import ConnectorConfig
+    from kvstore_connector.link import StoreLink
+    from kvstore_connector.namespace import KVLayoutSpec, registration
+    from kvstore_connector.plan import LoadJob, SaveJob
+    from kvstore_connector.worker import WorkerSide
 
     spec = KVLayoutSpec(model="org/stress", dtype="float16", block_size=16, num_layers=4, num_kv_heads=4,
                         head_dim=64, tp_rank=0, tp_size=1, blocks_per_key=1)

@@ -1,5 +1,5 @@
 """The daemon's stitched arena (kvstore/arena/backing.py) and the GPU pin bookkeeping that follows it
-(connector/pinning.py), in process with real memfds, real MAP_FIXED remaps and real client mappings.
+(kvstore_connector/pinning.py), in process with real memfds, real MAP_FIXED remaps and real client mappings.
 
 Script (4 slabs of 1 MiB, domains "" = pool, "a", "b"):
     bind slab 1 pool -> a        a's file has it (epoch 1), the pool's pages are punched
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from connector.pinning import PinnedRanges
+from kvstore_connector.pinning import PinnedRanges
 from kvstore.arena import vm
 from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.backing import ArenaBacking

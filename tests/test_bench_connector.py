@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from bench import connector as bench
-from connector.copier import CpuCopier
-from connector.worker import WorkerSide
+from bench import kvstore_connector as bench
+from kvstore_connector.copier import CpuCopier
+from kvstore_connector.worker import WorkerSide
 
 TOKENS = 64  # 4 vLLM blocks of 2 MiB = 4 keys
 

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from bench import connector as bench
+from bench import kvstore_connector as bench
 from bench import connector_hybrid as hybrid
 from bench.hybrid_rig import HybridShape
-from connector.copier import CpuCopier
-from connector.worker import WorkerSide
+from kvstore_connector.copier import CpuCopier
+from kvstore_connector.worker import WorkerSide
 
 # 6 groups of 1 layer, 4 KV heads x 256, bf16, blocks of 16 tokens: one group's vLLM block is
 # 2 (K, V) x 16 x 4 x 256 x 2 B = 64 KiB; the 6 groups' 384 KiB are under min_transfer_bytes (512 KiB), so the

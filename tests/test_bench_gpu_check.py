@@ -39,8 +39,8 @@ def test_a_gather_that_runs_after_the_overwrite_is_caught(daemon, monkeypatch: p
     import numpy as np
 
     from bench.gpu_check import LAYERS, OVERWRITE_ROUNDS, OVERWRITE_VALUE, overwrite_during_save_check
-    from connector.copier import CpuCopier
-    from connector.worker import WorkerSide
+    from kvstore_connector.copier import CpuCopier
+    from kvstore_connector.worker import WorkerSide
     from kvstore._native import copy_addrs
     from kvstore.testing import wait_until
 
@@ -79,7 +79,7 @@ def test_a_gather_that_runs_after_the_overwrite_is_caught(daemon, monkeypatch: p
 def test_the_cuda_spy_patches_and_restores_the_copier_class() -> None:
     # The CUDA rounds observe the worker's own CudaCopier through class attributes; they must be put back.
     from bench.gpu_check import _CopySpy
-    from connector.cuda_copy import CudaCopier
+    from kvstore_connector.cuda_copy import CudaCopier
 
     copy, fence = CudaCopier.copy, CudaCopier.fence
     spy = _CopySpy(cuda=True)
@@ -130,7 +130,7 @@ def test_hybrid_check_catches_a_group_whose_load_is_dropped(daemon, monkeypatch:
     """The sliding group's parts report success but copy nothing: its 3 destination blocks keep the sentinel
     (2 layers x 3 pages a round) and the loaded bytes fall short, while the keys count as loaded."""
     from bench.gpu_hybrid import hybrid_save_load_check
-    from connector.worker import WorkerSide
+    from kvstore_connector.worker import WorkerSide
 
     load_part = WorkerSide._load_part
 
@@ -153,13 +153,13 @@ def test_hybrid_check_catches_groups_that_share_a_namespace(daemon, monkeypatch:
     (skipped), its namespace stays empty, and every sliding page loaded differs."""
     from dataclasses import replace
 
-    import connector.saves
-    import connector.worker
+    import kvstore_connector.saves
+    import kvstore_connector.worker
     from bench.gpu_hybrid import hybrid_save_load_check
-    from connector.groups import FULL
+    from kvstore_connector.groups import FULL
 
-    real = connector.worker.namespace_for
-    for module in (connector.worker, connector.saves):  # loads, saves
+    real = kvstore_connector.worker.namespace_for
+    for module in (kvstore_connector.worker, kvstore_connector.saves):  # loads, saves
         monkeypatch.setattr(module, "namespace_for",
                             lambda spec, salt=None, tenant="":
                             real(replace(spec, kind=FULL, group_index=0), salt, tenant))

@@ -1,5 +1,5 @@
 """`kvstore explain` against one real daemon: keys from argv, --keys-file and --tokens-file (keyed like the vLLM
-connector, here computed independently with connector.keys), or a session of the daemon's session book
+connector, here computed independently with kvstore_connector.keys), or a session of the daemon's session book
 (--session, and `kvstore sessions`), exact rows and summary, --json, and every bad input answered with a message
 and exit code 2.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.keys import KeyChain, chain_root
+from kvstore_connector.keys import KeyChain, chain_root
 from kvstore.cli.main import main
 from kvstore.engine.misses import CAUSES
 from kvstore.testing import DaemonProcess, wait_until
@@ -51,7 +51,7 @@ def _json(daemon: DaemonProcess, capsys: pytest.CaptureFixture[str], *args: str)
 
 
 def _keys(seed: int = 0, tokens: list[int] = TOKENS) -> list[bytes]:
-    """The connector's keys, built here the way connector/scheduler.py builds them."""
+    """The connector's keys, built here the way kvstore_connector/scheduler.py builds them."""
     return list(KeyChain(TPB, seed, chain_root(seed)).extend(tokens))
 
 

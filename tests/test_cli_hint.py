@@ -1,5 +1,5 @@
 """`kvstore hint` against real daemons: every action with its outcomes from --tokens-file (keyed like the vLLM
-connector, computed here independently with connector.keys), --keys-file and hex arguments, exact rows, summary
+connector, computed here independently with kvstore_connector.keys), --keys-file and hex arguments, exact rows, summary
 line, --json and kvstore_hints_total; --help explains every action and outcome; every bad input answered with a
 message and exit code 2 while the daemon keeps serving; another tenant's namespace is unknown.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.keys import KeyChain, chain_root
+from kvstore_connector.keys import KeyChain, chain_root
 from kvstore.cli.main import main
 from kvstore.hint_vocab import HintAction, HintOutcome
 from kvstore.testing import DaemonProcess
@@ -49,7 +49,7 @@ def _json(d: DaemonProcess, capsys: pytest.CaptureFixture[str], *args: str) -> d
 
 
 def _keys(seed: int = 0) -> list[bytes]:
-    """The connector's keys, built here the way connector/scheduler.py builds them."""
+    """The connector's keys, built here the way kvstore_connector/scheduler.py builds them."""
     return list(KeyChain(TPB, seed, chain_root(seed)).extend(TOKENS))
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from connector.config import ConnectorConfig
-from connector.keys import KeyChain, chain_root
-from connector.layout import KVLayout, LayoutError
-from connector.namespace import KVLayoutSpec, StageLayouts, namespace_for, registration
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.layout import KVLayout, LayoutError
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts, namespace_for, registration
 from kvstore._native import copy_addrs
 from kvstore.errors import ConfigError
 from tests.connector_helpers import BS, HD, HEADS, LAYERS, NBLOCKS, SPEC, block_bytes_of, make_caches

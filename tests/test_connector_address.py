@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.link import StoreLink
+from kvstore_connector.link import StoreLink
 from kvstore.client import Client
 from kvstore.paths import default_address, default_socket_path
 from kvstore.server.config import load_config
@@ -45,7 +45,7 @@ def test_an_unreachable_daemon_is_reported_once_counted_and_retried(tmp_path: Pa
     address = f"unix:{workdir}/kvstore.sock"
     failures: list[int] = []
     link = StoreLink(address, timeout_s=2.0, retry_s=0.05, on_unreachable=lambda: failures.append(1))
-    with caplog.at_level(logging.INFO, logger="connector.link"):
+    with caplog.at_level(logging.INFO, logger="kvstore_connector.link"):
         assert not link.connect()
         # later attempts (each after the pause; `client` tries again when it is over): counted, not logged
         wait_until(lambda: link.client is None and len(failures) >= 4, timeout_s=10, what="three retries")

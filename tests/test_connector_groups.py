@@ -1,4 +1,4 @@
-"""connector/groups.py: which stored blocks a prefix hit needs from each KV cache group (vLLM's hybrid manager),
+"""kvstore_connector/groups.py: which stored blocks a prefix hit needs from each KV cache group (vLLM's hybrid manager),
 with exact values: vLLM's own documented examples of skipped tokens, the keys a windowed group saves, the hit a
 set of windowed shards allows, reading vLLM's KVCacheConfig by class name (no vLLM here: small stand-ins), and
 the namespace digests of group specs (a model with one full group keeps the name it had before groups)."""
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from connector.groups import (FULL, NULL_BLOCK, GroupKind, KVGroup, first_needed_key, groups_from_config,
+from kvstore_connector.groups import (FULL, NULL_BLOCK, GroupKind, KVGroup, first_needed_key, groups_from_config,
                               save_points, saved_in_window, window_hit)
-from connector.namespace import KVLayoutSpec, StageLayouts, namespace_for, registration
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts, namespace_for, registration
 from kvstore.errors import ConfigError
 
 SLIDING_32, CHUNKED_64 = GroupKind("sliding", 32), GroupKind("chunked", 64)
@@ -209,7 +209,7 @@ def test_configs_the_connector_cannot_store_fail_with_a_clear_error() -> None:
 # -- namespace digests ---------------------------------------------------------------------------------------------
 BASE = KVLayoutSpec(model="org/tiny", dtype="float16", block_size=4, num_layers=3, num_kv_heads=2, head_dim=8,
                     tp_rank=0, tp_size=1, blocks_per_key=2)
-# BASE.digest() computed by the code before groups (`git show 36d123e:connector/namespace.py`): stored blocks of a
+# BASE.digest() computed by the code before groups (`git show 36d123e:kvstore_connector/namespace.py`): stored blocks of a
 # model with one full-attention group must stay reachable under the same name
 BEFORE_GROUPS = "f53608b7e3b2012c"
 BEFORE_GROUPS_STAGE = "38b14a6a1b7e3c02"  # replace(BASE, first_layer=2, tp_rank=1, tp_size=2), same code

@@ -1,5 +1,5 @@
 """Agent hints through the connector (issue 15 item 1): kv_transfer_params' "kvstore_hints" and vLLM's
-Request.kv_hints envelope, parsed into one form (connector/hints.py), aimed at a session's chain, explicit keys, a
+Request.kv_hints envelope, parsed into one form (kvstore_connector/hints.py), aimed at a session's chain, explicit keys, a
 token prefix or the request's own blocks, and sent to a real daemon off the scheduler's thread. The CPU rig of
 tests/connector_helpers.py; `hints.flush()` waits for the background thread."""
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from connector.hints import HINT_COUNTERS, Hint, HintError, HintSessions, parse_hint, request_hints
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.namespace import namespace_for
-from connector.scheduler import SchedulerSide
-from connector.stats import COUNTER_NAMES, ConnectorCounters
+from kvstore_connector.hints import HINT_COUNTERS, Hint, HintError, HintSessions, parse_hint, request_hints
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import namespace_for
+from kvstore_connector.scheduler import SchedulerSide
+from kvstore_connector.stats import COUNTER_NAMES, ConnectorCounters
 from kvstore.client import Client, KeyExplanation
 from kvstore.hint_vocab import HintAction
 from kvstore.testing import wait_until
@@ -169,7 +169,7 @@ def test_a_full_queue_drops_and_malformed_hints_are_logged_once(caplog: pytest.L
     hints = HintSessions(StoreLink("/nonexistent/kvstore.sock", timeout_s=1.0), counters, tokens_per_key=T,
                          key_seed=0, capacity=0)
     own = keys_of(prompt_tokens(16, start=710))
-    with caplog.at_level("WARNING", logger="connector.hints"):
+    with caplog.at_level("WARNING", logger="kvstore_connector.hints"):
         for i in range(3):
             hints.finished(HReq(f"q{i}", [1], kv_transfer_params={"kvstore_hints": [{"action": "prefetch"},
                                                                                      {"action": "pin"}]}),

@@ -2,7 +2,7 @@
 group and a sliding-window group, window 12 tokens) against a real daemon, driven like vLLM drives them: each
 group's namespace holds exactly the keys a later hit can use and exactly its own layers' bytes (also when the
 two groups' layers share one tensor, as vLLM allocates them), a load fills exactly the blocks vLLM keeps, and a
-lookup answers the exact hit every group can serve. connector/groups.py's rules alone: test_connector_groups.py.
+lookup answers the exact hit every group can serve. kvstore_connector/groups.py's rules alone: test_connector_groups.py.
 
 Blocks of 4 tokens, 2 per stored block (8 tokens per key). A 50-token prompt has 6 full keys (48 tokens): the
 full group stores all 6; after 48 tokens the next token attends to tokens 37..48, i.e. vLLM keeps blocks 9..12 of
@@ -17,13 +17,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from connector.config import ConnectorConfig
-from connector.groups import FULL, GroupKind
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, StageLayouts, namespace_for
-from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.worker import WorkerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.groups import FULL, GroupKind
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts, namespace_for
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.worker import WorkerSide
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess
 from tests.connector_helpers import Req, prompt_tokens

@@ -1,4 +1,4 @@
-"""The key memo (connector/key_memo.py): keys found by vLLM's block hashes equal the keys hashed from scratch,
+"""The key memo (kvstore_connector/key_memo.py): keys found by vLLM's block hashes equal the keys hashed from scratch,
 byte for byte, and only the new chunks of a new turn are hashed; every case where a hash may not stand for a
 prefix keeps the memo out. The requests carry block hashes made the way vLLM makes them (a chain over blocks of
 the KV block size); tests/vllm_sched/test_vllm_scheduler_key_memo.py runs the same through vLLM's own scheduler."""
@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from bench.scheduler_keys import block_hash_chain
-from connector.config import ConnectorConfig
-from connector.key_memo import KeyMemo
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.scheduler import SchedulerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.key_memo import KeyMemo
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.scheduler import SchedulerSide
 from tests.connector_helpers import BS, SPEC, T, prompt_tokens
 from tests.key_hashes import count_key_hashes
 
@@ -51,7 +51,7 @@ def scratch(tokens: list[int], lora: str | None = None) -> list[bytes]:
 
 @pytest.fixture
 def digests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many chunk keys the chain hashes (xxh3-128 calls of connector/keys.py)."""
+    """How many chunk keys the chain hashes (xxh3-128 calls of kvstore_connector/keys.py)."""
     return count_key_hashes(monkeypatch)
 
 

@@ -1,5 +1,5 @@
 """Why a request missed (issue 15 item 2): the connector's scheduler side counts one cause per request the store
-did not fully serve (connector/misses.py), against a real daemon and the CPU rig of tests/connector_helpers.py,
+did not fully serve (kvstore_connector/misses.py), against a real daemon and the CPU rig of tests/connector_helpers.py,
 over the fast path and over gRPC. Causes only the daemon knows are asked with Client.explain off the scheduler's
 thread; `misses.flush()` waits for them."""
 
@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from connector.config import ConnectorConfig
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.misses import MissExplainer, MissRecord, MissTarget
-from connector.namespace import StageLayouts, namespace_for, registration
-from connector.scheduler import ScheduledRequest, SchedulerSide
-from connector.stats import COUNTER_NAMES, MISS_COUNTERS, ConnectorCounters, miss_summary
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.misses import MissExplainer, MissRecord, MissTarget
+from kvstore_connector.namespace import StageLayouts, namespace_for, registration
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.stats import COUNTER_NAMES, MISS_COUNTERS, ConnectorCounters, miss_summary
 from kvstore.client import Client
 from kvstore.testing import free_port, wait_until
 from tests.connector_helpers import SPEC, T, Req, Side, make_caches, prompt_tokens

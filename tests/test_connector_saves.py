@@ -1,4 +1,4 @@
-"""The connector's saves through spare slots (connector/saves.py, kvstore/client/slot_bank.py), real daemon.
+"""The connector's saves through spare slots (kvstore_connector/saves.py, kvstore/client/slot_bank.py), real daemon.
 
 A part of at most BANKED_KEYS keys is gathered into slots the daemon granted ahead (no request on vLLM's
 thread) and stored with one Store on the commit thread, whatever the copy's thread count; a larger part, or spare
@@ -13,11 +13,11 @@ import signal
 
 import pytest
 
-from connector.namespace import namespace_for
-from connector import saves
-from connector.keys import KeyChain, chain_root
-from connector.plan import SaveJob
-from connector.saves import BANKED_KEYS
+from kvstore_connector.namespace import namespace_for
+from kvstore_connector import saves
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.plan import SaveJob
+from kvstore_connector.saves import BANKED_KEYS
 from kvstore.client import Client
 from kvstore.fastpath import protocol as fp
 from kvstore.testing import DaemonProcess

@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from connector.config import ConnectorConfig
-from connector.keys import KeyChain, chain_root
-from connector.link import StoreLink
-from connector.namespace import StageLayouts, namespace_for, registration
-from connector.scheduler import ScheduledRequest, SchedulerSide
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import StageLayouts, namespace_for, registration
+from kvstore_connector.scheduler import ScheduledRequest, SchedulerSide
 from kvstore.client import Client
 from kvstore.testing import free_port
 from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
@@ -300,7 +300,7 @@ def test_a_load_with_fewer_blocks_than_keys_still_gets_a_job(daemon, caplog) -> 
     b = Side(daemon.address, make_caches(101))
     req = Req("r2", prompt_tokens(100, start=7))
     assert b.sched.num_new_matched_tokens(req, 0) == (96, True)
-    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="kvstore_connector.scheduler"):
         b.sched.after_alloc(req, [list(range(30, 50))], 96)    # 20 blocks for 24
     (job,) = b.sched.build([]).loads
     assert len(job.keys) == 12 and job.block_ids == [list(range(30, 50)) + [-1] * 4]
@@ -362,12 +362,12 @@ def test_no_hits_when_the_scheduler_reaches_the_store_only_by_streaming(daemon, 
     stream = SchedulerSide(config, SPEC, StoreLink(daemon.address, timeout_s=5.0,
                                                    namespace_spec=lambda _n: registration(SPEC),
                                                    client_factory=lambda: Client(daemon.address, mode="stream")))
-    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="kvstore_connector.scheduler"):
         assert stream.num_new_matched_tokens(Req("r2", prompt_tokens(100, start=5)), 0) == (0, False)
         assert stream.num_new_matched_tokens(Req("r3", prompt_tokens(100, start=5)), 0) == (0, False)
     assert stream.link.client.mode == "stream"
     assert stream.counters.totals == {"lookup_skipped_stream": 2, "miss_stream_mode": 2}  # one miss a request
-    (msg,) = [r.getMessage() for r in caplog.records if r.name == "connector.scheduler"]
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "kvstore_connector.scheduler"]
     assert "arena cannot be mapped by this process" in msg and "offering no hits" in msg
     assert Side(daemon.address, make_caches(81)).sched.num_new_matched_tokens(Req("r4", prompt_tokens(100, start=5)),
                                                                             0) == (96, True)   # arena mode

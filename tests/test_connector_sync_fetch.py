@@ -12,11 +12,11 @@ from contextlib import ExitStack
 
 import pytest
 
-from connector.config import ConnectorConfig
-from connector.keys import KeyChain, chain_root, tail_keys
-from connector.load_policy import LoadPolicy
-from connector.namespace import StageLayouts, namespace_for
-from connector.scheduler import ScheduledRequest
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.keys import KeyChain, chain_root, tail_keys
+from kvstore_connector.load_policy import LoadPolicy
+from kvstore_connector.namespace import StageLayouts, namespace_for
+from kvstore_connector.scheduler import ScheduledRequest
 from kvstore.client import Client
 from kvstore.errors import UnknownNamespaceError
 from kvstore.testing import DaemonProcess, wait_until

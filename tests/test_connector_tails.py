@@ -1,4 +1,4 @@
-"""Partial last blocks (connector/tails.py) through the connector's two sides and a real daemon: a finished
+"""Partial last blocks (kvstore_connector/tails.py) through the connector's two sides and a real daemon: a finished
 request stores its tail and vLLM holds its blocks until the worker has gathered it (reported once, whatever the
 save's fate); the next turn's lookup hits into the block and the load copies its exact bytes; the longest stored
 tail wins, a diverging one does not hit; tails stay off where they cannot be loaded (several vLLM blocks per
@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from connector.keys import KeyChain, chain_root, tail_keys
-from connector.namespace import namespace_for
-from connector.scheduler import ScheduledRequest
+from kvstore_connector.keys import KeyChain, chain_root, tail_keys
+from kvstore_connector.namespace import namespace_for
+from kvstore_connector.scheduler import ScheduledRequest
 from kvstore.client import Client
 from kvstore.testing import free_port
 from tests.connector_helpers import SPEC, Req, Side, block_bytes_of, make_caches, prompt_tokens

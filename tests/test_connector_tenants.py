@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from connector.link import StoreLink
-from connector.namespace import KVLayoutSpec, StageLayouts, namespace_for
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import KVLayoutSpec, StageLayouts, namespace_for
 from kvstore.client import Client
 from kvstore.errors import PermissionDeniedError
 from kvstore.testing import DaemonProcess

@@ -1,4 +1,4 @@
-"""connector.stats.timed: a hook's wall time lands in its counter, also when the hook raises."""
+"""kvstore_connector.stats.timed: a hook's wall time lands in its counter, also when the hook raises."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-import connector.stats as stats
-from connector.stats import ConnectorCounters, timed
+import kvstore_connector.stats as stats
+from kvstore_connector.stats import ConnectorCounters, timed
 
 
 class _Hooks:

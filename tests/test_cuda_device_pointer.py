@@ -1,4 +1,4 @@
-"""connector.cuda_copy.device_pointer: the device address of registered host memory, on every cupy.
+"""kvstore_connector.cuda_copy.device_pointer: the device address of registered host memory, on every cupy.
 
 cupy 14 (cupy-cuda13x) has no runtime.hostGetDevicePointer, which the first GPU run on an H200 hit
 (AttributeError at the first cudaHostRegister). These stand-ins are the two shapes of cupy's runtime module."""
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from connector.cuda_copy import device_pointer
+from kvstore_connector.cuda_copy import device_pointer
 
 
 class _Cupy14Runtime:

@@ -98,7 +98,7 @@ def test_dashboard_promql_names_only_exported_metrics_and_labels(exposed: Expose
     assert len(queries) > 20
     used: set[str] = set()
     for expr in queries:
-        if "vllm:kvstore_" in expr:  # the connector's, on vLLM's /metrics: its names and labels (connector/prom.py)
+        if "vllm:kvstore_" in expr:  # the connector's, on vLLM's /metrics: its names and labels (kvstore_connector/prom.py)
             assert set(re.findall(r"vllm:kvstore_[a-z0-9_]+", expr)) <= connector_metric_names(), expr
             for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)|(\w+)=~?\"", expr):
                 for label in filter(None, (g.strip() for part in group for g in part.split(","))):

@@ -47,7 +47,7 @@ def test_the_validator_refuses_what_the_manifests_must_not_hold() -> None:
     """The check can fail: a port as a string and an unknown field are refused."""
     ds = next(d for d in _docs(DEPLOY / "daemonset.yaml") if d["kind"] == "DaemonSet")
     c = ds["spec"]["template"]["spec"]["containers"][0]
-    c["ports"][0]["containerPort"] = "9464"
+    c["ports"] = [{"name": "metrics", "containerPort": "9464"}]  # (the DaemonSet itself declares no ports)
     with pytest.raises(kubernetes_validate.ValidationError, match="is not of type 'integer'"):
         kubernetes_validate.validate(ds, KUBERNETES, strict=True)
     c["ports"][0]["containerPort"] = 9464

@@ -43,7 +43,12 @@ def test_pod_monitors_select_the_pods_and_their_ports() -> None:
         pod = workload["spec"]["template"]
         assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
-        assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == [next(iter(ports & {"metrics", "http"}))]
+        if name == "vllm":  # by the container port's name
+            assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == [next(iter(ports & {"http"}))]
+        else:  # no ports declared (host network, surge updates): by the number the daemon's metrics listen on
+            env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+            assert ports == set() and env["KVSTORE_METRICS_LISTEN"].endswith(":9464")
+            assert [e["portNumber"] for e in pm["spec"]["podMetricsEndpoints"]] == [9464]
         assert all(e["path"] == "/metrics" for e in pm["spec"]["podMetricsEndpoints"])
 
 

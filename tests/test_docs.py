@@ -128,7 +128,7 @@ def _classify(where: str, words: list[str]) -> Command | None:
     if prog in ("kvstore", "kvstore-server"):
         return Command(where, tuple(words), "script")
     if re.fullmatch(r"python3?(\.\d+)?", prog) and len(words) >= 3 and words[1] == "-m":
-        if words[2].split(".")[0] in ("kvstore", "bench", "connector"):
+        if words[2].split(".")[0] in ("kvstore", "bench", "kvstore_connector", "connector"):
             return Command(where, tuple(words), "module")
     return None
 
@@ -318,7 +318,7 @@ def test_connector_page_lists_every_extra_config_key() -> None:
     """docs/connector.md's Config entry names every key of `kv_connector_extra_config` and no other."""
     import dataclasses
 
-    from connector.config import ConnectorConfig
+    from kvstore_connector.config import ConnectorConfig
 
     text = (ROOT / "docs" / "connector.md").read_text()
     entry = text.split("- **Config**", 1)[1].split("\n\n", 1)[0].split("\n- ", 1)[0]
@@ -343,7 +343,7 @@ def test_make_demo_tour_runs_and_says_cold_and_warm() -> None:
 
 # Module maps -----------------------------------------------------------------------------------------------
 
-PACKAGE_ROOTS = ("kvstore", "connector", "bench")
+PACKAGE_ROOTS = ("kvstore", "kvstore_connector", "connector", "bench")
 GENERATED = {"kvstore/_proto"}  # protobuf stubs written by the build
 
 
@@ -377,18 +377,22 @@ def test_module_map_is_true(pkg: Path) -> None:
 
 def test_the_vllm_examples_kv_transfer_config_is_valid() -> None:
     """The `vllm serve ... --kv-transfer-config '{...}'` examples of the README and docs/connector.md parse as
-    JSON, name the connector's class and module, and their extra config passes the connector's own check (a
-    user copies these lines as they are)."""
+    JSON, name the connector's class and no module path (installing kvstore registers it with vLLM:
+    kvstore_connector/plugin.py, pyproject's entry point), and their extra config passes the connector's own check
+    (a user copies these lines as they are)."""
     import json
 
-    from connector.config import ConnectorConfig
+    from kvstore_connector.config import ConnectorConfig
 
     for page in (ROOT / "README.md", ROOT / "docs" / "connector.md"):
         found = re.findall(r"--kv-transfer-config '(\{.*?\})'", page.read_text(), re.S)
         assert len(found) == 1, f"{page.name}: {len(found)} --kv-transfer-config examples"
         cfg = json.loads(found[0])
-        source = (ROOT / (cfg["kv_connector_module_path"].replace(".", "/") + ".py")).read_text()  # imports vllm
+        assert "kv_connector_module_path" not in cfg, cfg
+        source = (ROOT / "kvstore_connector" / "vllm_connector.py").read_text()  # importing it imports vllm
         assert cfg["kv_connector"] == "KVStoreConnector" and "\nclass KVStoreConnector(" in source, cfg
+        entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+        assert entry["vllm.general_plugins"] == {"kvstore": "kvstore_connector.plugin:register"}
         assert cfg["kv_role"] == "kv_both" and cfg["kv_load_failure_policy"] == "recompute", cfg
         parsed = ConnectorConfig.from_extra(cfg["kv_connector_extra_config"])
         # no address: the connector dials $KVSTORE_ADDRESS, else the daemon's default socket (kvstore/paths.py),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from connector.link import StoreLink
+from kvstore_connector.link import StoreLink
 from kvstore import Client
 from kvstore.client.slot_bank import SlotsLostError
 from kvstore.errors import StoreUnavailableError

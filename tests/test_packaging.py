@@ -1,8 +1,9 @@
-"""What `pip install kvstore` puts in site-packages: kvstore and connector, typed; never bench/ or tests/.
+"""What `pip install kvstore` puts in site-packages: kvstore and kvstore_connector, typed; never bench/, tests/ or
+the checkout's connector/ (the deprecated alias of the old import name: the wheel claims no generic name).
 
 bench/ is a development tool run from a checkout (`python -m bench.x`, cwd on sys.path; the editable install
-of `make setup` also puts the checkout on sys.path); `connector` ships because vLLM users configure the module
-path `connector.vllm_connector`. Shipped code must therefore never import bench or tests: a wheel install
+of `make setup` also puts the checkout on sys.path); `kvstore_connector` ships because vLLM loads the connector
+from it (the plugin entry point registers it with vLLM's connector factory). Shipped code must therefore never import bench or tests: a wheel install
 would fail at that import. The last test builds the real wheel (about 10 s) and reads its file list.
 """
 
@@ -16,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ["kvstore", "connector"]
+SHIPPED = ["kvstore", "kvstore_connector"]
 NOT_SHIPPED = {"bench", "tests"}
 
 
@@ -25,7 +26,7 @@ def _pyproject() -> dict:
         return tomllib.load(fh)
 
 
-def test_the_wheel_packages_are_kvstore_and_connector_only() -> None:
+def test_the_wheel_packages_are_kvstore_and_kvstore_connector_only() -> None:
     assert _pyproject()["tool"]["scikit-build"]["wheel"]["packages"] == SHIPPED
 
 
@@ -50,7 +51,7 @@ def test_shipped_code_never_imports_bench_or_tests() -> None:
     assert {f: tops for f, tops in offenders.items() if tops} == {}
 
 
-def test_the_built_wheel_holds_kvstore_and_connector_typed_and_no_bench(tmp_path: Path) -> None:
+def test_the_built_wheel_holds_kvstore_and_kvstore_connector_typed_and_no_bench(tmp_path: Path) -> None:
     # a build directory of its own: the checkout's build/ belongs to the editable install
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path / "w"),
                         "-C", f"build-dir={tmp_path / 'build'}"], capture_output=True, text=True, timeout=600)
@@ -59,9 +60,13 @@ def test_the_built_wheel_holds_kvstore_and_connector_typed_and_no_bench(tmp_path
     names = zipfile.ZipFile(wheel).namelist()
     version = _pyproject()["project"]["version"]
     assert {n.split("/")[0] for n in names} == {*SHIPPED, f"kvstore-{version}.dist-info"}
-    assert {"kvstore/py.typed", "connector/py.typed", "connector/vllm_connector.py",
+    assert {"kvstore/py.typed", "kvstore_connector/py.typed", "kvstore_connector/vllm_connector.py",
             "kvstore/testing/__init__.py", "kvstore/_proto/kvstore_pb2.py"} <= set(names)
     assert [n for n in names if n.startswith("kvstore/_native/_copy.") and n.endswith(".so")] != []
+    # vLLM's plugin entry point: installing the wheel registers the connector (kvstore_connector/plugin.py)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[vllm.general_plugins]\nkvstore = kvstore_connector.plugin:register" in text, text
 
 
 def test_the_dockerfile_and_the_extras_match_what_the_readme_says_is_tested() -> None:

@@ -142,6 +142,9 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
                          ""),
         "Subscribe": (lambda: next(iter(stub.Subscribe(pb.SubscribeRequest(namespaces=[A_NS]), metadata=b_md))),
                       C.NOT_FOUND, "unknown_namespace", unknown),
+        "Annotate": (lambda: stub.Annotate(pb.AnnotateRequest(namespace=A_NS, keys=[b"k0"], block_size=4, origins=[
+            pb.BlockOrigin(block_hashes=[b"h" * 32])]), metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
+        "PrefixScore": (lambda: stub.PrefixScore(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
     }
     methods = {m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods}
     assert set(cases) == methods, f"walk every RPC: missing {methods - set(cases)}"

@@ -13,7 +13,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import KeyExplanation
 from kvstore.errors import (BatchTooLargeError, ConfigError, InvalidRequestError, UnknownNamespaceError,
                             UnknownSessionError)
-from kvstore.server.config import ServerConfig
+from kvstore.server.config import ServerConfig, validate
 from kvstore.testing import raw_stub
 from kvstore.vocab import Tier
 from tests.tenant_helpers import A_NS, B_NS, two_tenant_daemon
@@ -127,9 +127,9 @@ def test_an_unknown_session_is_not_found_with_how_to_fix_it(make_daemon) -> None
 
 def test_bad_book_settings_stop_the_daemon_before_it_starts() -> None:
     with pytest.raises(ConfigError, match="session_book_max=-1: use 0..1048576"):
-        ServerConfig(session_book_max=-1).validate()
+        validate(ServerConfig(session_book_max=-1))
     with pytest.raises(ConfigError, match="session_book_keys=0: use 1..16777216"):
-        ServerConfig(session_book_keys=0).validate()
+        validate(ServerConfig(session_book_keys=0))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ Modules, one concern each:
     servers.py       the command lines of vLLM's OpenAI server, kvstore-server and LMCache's server
     lmcache.py       LMCache 0.5.6's multiprocess server in its own venv: the peer to beat
     peer.py          configuration (d): two vLLM servers, each with a kvstore-server, joined over real etcd
+    router.py        configuration (r): the same two, each call sent to the node with the best prefix score
     workload.py      agent sessions from bench.replay.agentx, as token ids
     http_client.py   one streamed completion: TTFT, generated tokens, cached prompt tokens
     driver.py        sessions in flight: think times, turns one after another, forks

@@ -5,12 +5,15 @@ a run boots as few vLLM servers as it can (a boot costs one to two minutes on th
 
     A   vLLM alone, small KV memory          (a) and server 0 of (d0); the no-reuse baseline
     A2  vLLM alone, small KV memory          server 1 of (d0)
-    B   vLLM + KVStoreConnector -> daemon 0  (b), (c) and server 0 of (d); the no-reuse run with the connector
-    B2  vLLM + KVStoreConnector -> daemon 1  server 1 of (d)
+    B   vLLM + KVStoreConnector -> daemon 0  (b), (c) and server 0 of (d) and (r); the no-reuse run with the connector
+    B2  vLLM + KVStoreConnector -> daemon 1  server 1 of (d) and (r)
     E   vLLM + LMCacheMPConnector            (e)
     F   vLLM alone, KV memory for everything (f), the limit
 
-Between (b), (c) and (d) only daemon 0 changes: it is stopped and started again with the next configuration's
+(d) and (r) run the same two servers and daemons (the peer tier); they differ only in how calls are routed:
+round-robin per turn (d), or to the node with the best prefix score (r, router.py).
+
+Between (b), (c), (d) and (r) only the daemons change: it is stopped and started again with the next configuration's
 tiers at the same socket; the connector in B reconnects to the new daemon (a daemon restart is a case the
 connector must survive anyway). vLLM's own prefix cache is reset before every configuration.
 """
@@ -37,6 +40,7 @@ class Config:
     label: str
     servers: tuple[str, ...]
     store: str = ""  # "ram", "disk", "peer": how daemon 0 (and 1) run; "" = no kvstore
+    route: str = "round_robin"  # with two servers: "round_robin" per turn, or "score" (the store's prefix score)
 
     @property
     def routed(self) -> bool:
@@ -49,6 +53,7 @@ CONFIGS: dict[str, Config] = {c.key: c for c in (
     Config("c", "vLLM + kvstore (small RAM + disk)", ("B",), "disk"),
     Config("d0", "2 x vLLM alone, round-robin", ("A", "A2")),
     Config("d", "2 x vLLM + kvstore, peer tier", ("B", "B2"), "peer"),
+    Config("r", "2 x vLLM + kvstore, peer tier, routed by prefix score", ("B", "B2"), "peer", "score"),
     Config("e", "vLLM + LMCache (RAM)", ("E",)),
     Config("f", "vLLM alone, KV for everything (limit)", ("F",)),
 )}
@@ -71,10 +76,13 @@ class Servers:
     """Starts servers by name (several at once, then waits for all), keeps them, stops them all at the end."""
 
     def __init__(self, model_dir: str, sizes: Sizes, work_dir: str, log_dir: str, vllm_python: str,
-                 connector_extra: dict[str, Any] | None = None, disk_write: str = "evict") -> None:
+                 connector_extra: dict[str, Any] | None = None, disk_write: str = "evict",
+                 peer_local_copies: str = "drop") -> None:
         """``connector_extra``: kv_connector_extra_config keys for KVStoreConnector beside the address (checked
-        by run.py against the connector's own config); ``disk_write``: the daemon's setting in (c)."""
+        by run.py against the connector's own config); ``disk_write``: the daemon's setting in (c);
+        ``peer_local_copies``: the daemons' setting in (d) and (r)."""
         self.disk_write = disk_write
+        self.peer_local_copies = peer_local_copies
         self.model_dir, self.sizes, self.work, self.logs, self.python = model_dir, sizes, work_dir, log_dir, vllm_python
         self.connector_extra = dict(connector_extra or {})
         self.specs: dict[str, VllmSpec] = {}
@@ -157,6 +165,11 @@ class Servers:
         self._start_daemon(0, mode)
         if mode == "peer":
             self._start_daemon(1, mode)
+
+    def router(self) -> Any:
+        """(r)'s router over servers B and B2, asking their daemons (router.py)."""
+        from bench.serve.router import PrefixRouter
+        return PrefixRouter([self.daemons[i].address for i in (0, 1)], [self.daemons[i].node_id for i in (0, 1)])
 
     def metrics_urls(self) -> list[str]:
         return [d.metrics_url + "/metrics" for _, d in sorted(self.daemons.items())]

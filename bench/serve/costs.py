@@ -4,7 +4,7 @@ The no-reuse rounds compare throughput with and without the connector, and on a 
 round moves by +-20 % from one run to the next (the engine's CPU time for the same work doubles for minutes
 at a time, on either server), so a cost of ~1 % cannot show in that ratio. Here the same rounds are costed
 directly on the connector's server: the wall time vLLM's scheduler and worker threads spent inside the
-connector's hooks (connector/stats.py `timed`, read from vLLM's /metrics), and the daemon's CPU time (/proc),
+connector's hooks (kvstore_connector/stats.py `timed`, read from vLLM's /metrics), and the daemon's CPU time (/proc),
 both over the time that server spent on the rounds (warm-ups included: their hooks count too).
 """
 

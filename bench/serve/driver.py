@@ -2,15 +2,15 @@
 sends its turns one after another (each after the previous reply and the tool's think time), appends the
 tokens the model generated to its context, forks its sub-agents after the fork turn and waits for them.
 
-`route(sid, agent, turn)` picks the server of each call: one server, or round-robin per turn across two
-(the peer-tier configuration). Results are per call, in a flat list, with the wall time of the whole run.
+`route(sid, agent, turn, context)` picks the server of each call (context: the call's prompt tokens): one server,
+round-robin per turn across two (the peer-tier configuration (d)), or by the store's prefix score (r: router.py). Results are per call, in a flat list, with the wall time of the whole run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -46,7 +46,7 @@ class RunResult:
         return sum(len(c.output_ids) for c in self.calls)
 
 
-Route = Callable[[int, int, int], int]
+Route = Callable[[int, int, int, Sequence[int]], int]
 
 
 async def _agent(http: httpx.AsyncClient, urls: list[str], route: Route, t0: float, sid: int, agent: Agent,
@@ -56,9 +56,14 @@ async def _agent(http: httpx.AsyncClient, urls: list[str], route: Route, t0: flo
         if turn.think_s:
             await asyncio.sleep(turn.think_s)
         context.extend(turn.new_tokens)
-        server = route(sid, agent.agent, k)
+        server = route(sid, agent.agent, k, context)
         sent = time.perf_counter() - t0
-        c = await complete(http, urls[server], list(context), turn.output_tokens)
+        try:
+            c = await complete(http, urls[server], list(context), turn.output_tokens)
+        finally:
+            done = getattr(route, "done", None)  # a router that balances load hears when a call ends
+            if done is not None:
+                done(server)
         out.append(CallResult(sid, agent.agent, k, server, sent, c.ttft_s, c.total_s, c.prompt_tokens,
                               c.cached_tokens, c.token_ids))
         tick()
@@ -117,10 +122,10 @@ async def _run(w: Workload, urls: list[str], route: Route, max_in_flight: int | 
 def run_workload(w: Workload, urls: list[str], route: Route | None = None, max_in_flight: int | None = None,
                  tick: Callable[[], None] = lambda: None) -> RunResult:
     """Run `w` against `urls` (route defaults to the first server for every call); `tick` after each call."""
-    return asyncio.run(_run(w, urls, route or (lambda sid, agent, turn: 0), max_in_flight, tick))
+    return asyncio.run(_run(w, urls, route or (lambda sid, agent, turn, context: 0), max_in_flight, tick))
 
 
-def round_robin(sid: int, agent: int, turn: int) -> int:
+def round_robin(sid: int, agent: int, turn: int, context: Sequence[int] = ()) -> int:
     """Two servers, alternating per turn (offset per session and agent): a session's next turn usually lands
     on the other server, as with a load balancer that does not know where a session's KV is."""
     return (sid + agent + turn) % 2

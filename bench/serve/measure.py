@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.serve.driver import RunResult, round_robin, run_workload
+from bench.serve.driver import Route, RunResult, round_robin, run_workload
 from bench.serve.http_client import reset_prefix_cache
 from bench.serve.scrape import VLLM_COUNTERS, delta, scrape
 from bench.serve.workload import Workload, unique_prompts
@@ -31,6 +31,7 @@ class ConfigRun:
     vllm: dict[str, float] = field(default_factory=dict)  # counter deltas over the agentic pass, all servers
     saturated_vllm: dict[str, float] = field(default_factory=dict)  # the same over the saturated pass
     store_served_bytes: dict[str, float] = field(default_factory=dict)  # by tier, agentic pass
+    router: dict[str, int] = field(default_factory=dict)  # (r): calls the prefix score decided, calls round-robin
 
 
 def reset_all(urls: list[str]) -> None:
@@ -76,8 +77,9 @@ def _store_counters(metrics_urls: list[str]) -> dict[str, float]:
 
 
 def measure_config(key: str, label: str, urls: list[str], store_metrics: list[str], agentic: Workload,
-                   saturated: Workload | None, tick: Callable[[], None]) -> ConfigRun:
-    route = round_robin if len(urls) > 1 else None
+                   saturated: Workload | None, tick: Callable[[], None], route: Route | None = None) -> ConfigRun:
+    """`route`: how calls are spread over several servers (default: round-robin per turn)."""
+    route = route or (round_robin if len(urls) > 1 else None)
     warm_up(urls)
     v0, s0 = _vllm_counters(urls), _store_counters(store_metrics)
     a = run_workload(agentic, urls, route, tick=tick)
@@ -87,5 +89,6 @@ def measure_config(key: str, label: str, urls: list[str], store_metrics: list[st
         reset_all(urls)  # counters do not move with a reset: the saturated pass counts from v1
         sat = run_workload(saturated, urls, route, tick=tick)
         sat_counters = delta(v1, _vllm_counters(urls))
+    summary = getattr(route, "summary", None)
     return ConfigRun(key, label, a, sat, vllm=delta(v0, v1), saturated_vllm=sat_counters,
-                     store_served_bytes=delta(s0, s1))
+                     store_served_bytes=delta(s0, s1), router=summary() if summary is not None else {})

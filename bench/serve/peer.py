@@ -15,5 +15,7 @@ def peer_daemon_options(servers: Any) -> dict[str, object]:
     """DaemonProcess options that join the run's etcd (started on first use, stopped with the servers)."""
     if servers.etcd is None:
         servers.etcd = EtcdProcess().start()
-    # replication "owner": a put is pushed to the key's owner, so the other node finds it with one lookup
-    return peer_options(servers.etcd, ttl_s=5.0, timeout_s=2.0, replication="owner")
+    # replication "owner": a put is pushed to the key's owner, so the other node finds it with one lookup;
+    # peer_local_copies: what a node keeps of the blocks it saved but does not own (drop, the daemon's default)
+    return peer_options(servers.etcd, ttl_s=5.0, timeout_s=2.0, replication="owner",
+                        peer_local_copies=servers.peer_local_copies)

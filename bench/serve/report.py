@@ -45,7 +45,8 @@ def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
             "queue_s_mean": _mean(c.vllm, "vllm:request_queue_time_seconds"),
             "prefill_s_mean": _mean(c.vllm, "vllm:request_prefill_time_seconds"),
             "store_served_tokens": {(k if k != "peer_tokens" else "from peers"): round(v if k == "peer_tokens" else v / bpt)
-                                    for k, v in c.store_served_bytes.items() if v}}
+                                    for k, v in c.store_served_bytes.items() if v},
+            **({"router": c.router} if c.router else {})}
 
 
 def _mean(counters: dict[str, float], histogram: str) -> float | None:
@@ -142,6 +143,8 @@ def json_line(sums: dict[str, dict[str, Any]], bad: dict[str, int], no_reuse: di
                            "ttft_p50_speedup": _ratio(get("a", p50), get("b", p50)),
                            "ttft_p50_speedup_disk": _ratio(get("a", p50), get("c", p50)),
                            "ttft_p50_speedup_peer": _ratio(get("d0", p50), get("d", p50)),
+                           "ttft_p50_speedup_routed": _ratio(get("d", p50), get("r", p50)),
+                           "prefill_tokens": {k: s["prefill_tokens"] for k, s in sums.items()},
                            "throughput_ratio": _ratio(get("b", tps), get("a", tps)),
                            "ttft_p50_vs_lmcache": _ratio(get("b", p50), get("e", p50)),
                            "throughput_vs_lmcache": _ratio(get("b", tps), get("e", tps)),

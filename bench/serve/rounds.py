@@ -23,7 +23,8 @@ __all__ = ["SEED_STEP", "RATIOS", "crossover_ratio", "schedule", "round_seed", "
            "paired_ratios"]
 
 SEED_STEP = 1000  # round r's token seeds start at seed + r * SEED_STEP (a round uses seed .. seed + 2 + rounds)
-RATIOS = ("ttft_p50_speedup", "ttft_p50_speedup_disk", "ttft_p50_speedup_peer", "throughput_ratio",
+RATIOS = ("ttft_p50_speedup", "ttft_p50_speedup_disk", "ttft_p50_speedup_peer", "ttft_p50_speedup_routed",
+          "throughput_ratio",
           "ttft_p50_vs_lmcache", "throughput_vs_lmcache", "ttft_p50_vs_limit", "throughput_vs_limit")
 
 

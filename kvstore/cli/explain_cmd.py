@@ -1,7 +1,7 @@
 """`kvstore explain`: block by block, where each key of a request lives now, or why it is not there.
 
 The keys come from argv or --keys-file (hex, one per line), or from a prompt's token ids (--tokens-file), turned
-(keys_input.py, shared with `kvstore hint`) into the keys the vLLM connector computes for them (connector/keys.py: a chain over the full blocks of the
+(keys_input.py, shared with `kvstore hint`) into the keys the vLLM connector computes for them (kvstore_connector/keys.py: a chain over the full blocks of the
 namespace's registered tokens_per_block, rooted at chain_root(--key-seed, --lora-name)). A trailing part block
 has no key (the connector stores full blocks only) and is left out.
 

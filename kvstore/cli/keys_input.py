@@ -1,7 +1,7 @@
 """Which blocks a command is about: KEY_HEX... arguments, --keys-file, or a prompt's token ids (--tokens-file).
 
 Shared by `kvstore explain` and `kvstore hint`, so both read keys and tokens alike and the same bad input gets
-the same message. Token ids become the keys the vLLM connector computes for them (connector/keys.py: a chain
+the same message. Token ids become the keys the vLLM connector computes for them (kvstore_connector/keys.py: a chain
 over the full blocks of the namespace's registered tokens_per_block, rooted at chain_root(--key-seed,
 --lora-name)); a trailing part block has no key (the connector stores full blocks only) and is left out.
 """
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from connector.keys import KeyChain, chain_root
+from kvstore_connector.keys import KeyChain, chain_root
 from kvstore.cli.commands import CommandError
 from kvstore.client import Client
 from kvstore.validation import MAX_KEY_BYTES
@@ -104,7 +104,7 @@ def read_tokens_file(path: str) -> list[int]:
 
 
 def chain_keys(tokens: list[int], tokens_per_block: int, seed: int, lora_name: str | None = None) -> list[bytes]:
-    """The connector's keys of the full blocks of `tokens` (connector/keys.py)."""
+    """The connector's keys of the full blocks of `tokens` (kvstore_connector/keys.py)."""
     return list(KeyChain(tokens_per_block, seed, chain_root(seed, lora_name=lora_name)).extend(tokens))
 
 

@@ -2,7 +2,7 @@
 
 This module is only the argparse wiring and the one place where errors become exit codes; each subcommand
 lives in `commands.py` (the live `top` view in `top.py`, `inspect` in `inspect_cmd.py`, `events` in
-`events_cmd.py`, `explain` in `explain_cmd.py`, `hint` in `hint_cmd.py` and `sessions` in `sessions_cmd.py`, which also build their own parsers) and shared output
+`events_cmd.py`, `explain` in `explain_cmd.py`, `hint` in `hint_cmd.py`, `sessions` in `sessions_cmd.py` and `score` in `score_cmd.py`, which also build their own parsers) and shared output
 formats in `render.py`. Global options are accepted before or after the
 subcommand (`kvstore --json stats` and `kvstore stats --json`), because people type both.
 """
@@ -15,7 +15,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from kvstore.cli import events_cmd, explain_cmd, hint_cmd, inspect_cmd, sessions_cmd, top
+from kvstore.cli import events_cmd, explain_cmd, hint_cmd, inspect_cmd, score_cmd, sessions_cmd, top
 from kvstore.cli.commands import COMMANDS, CommandError
 from kvstore.client import Client
 from kvstore.client.rpc import tls_from_env
@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_parser(sub, _add_globals)  # its help lists the miss causes: a parser of its own
     hint_cmd.add_parser(sub, _add_globals)  # its help lists the actions and outcomes: a parser of its own
     sessions_cmd.add_parser(sub, _add_globals)
+    score_cmd.add_parser(sub, _add_globals)
     return p
 
 
@@ -207,7 +208,7 @@ def _handler(name: str) -> Callable[[Client, argparse.Namespace], int]:
     """commands.COMMANDS is looked up at call time (tests patch it); top and inspect live in their own modules."""
     extra: dict[str, Callable[[Client, argparse.Namespace], int]] = {
         "top": top.run, "events": events_cmd.run, "inspect": _inspect, "explain": explain_cmd.run,
-        "hint": hint_cmd.run, "sessions": sessions_cmd.run}
+        "hint": hint_cmd.run, "sessions": sessions_cmd.run, "score": score_cmd.run}
     return COMMANDS.get(name) or extra[name]
 
 

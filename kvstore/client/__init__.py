@@ -20,6 +20,7 @@
     listing.py       Describe and Explain in batches, ListKeys page by page
     hinting.py       Hint in batches: an agent's hint on keys, one HintOutcome per key
     sessions.py      SessionCalls (mixed into Client): note a session's chain, explain it, list the session book
+    routing.py       RoutingCalls (mixed into Client): annotate (vLLM identities for KV events), prefix_score
     events.py        EventStream: a Subscribe call as an iterator that any thread can close
     types.py         results of data operations: KeyInfo, KeyExplanation, PutResult, Reservation, Lease, KVEvent
     reports.py       Health, Stats and their parts, with the proto's names (mapped by kvstore.pbmap)
@@ -28,9 +29,11 @@
 from kvstore.client.client import Client, EventStream
 from kvstore.client.types import (Health, KeyExplanation, KeyInfo, KVEvent, Lease, NamespaceInfo, NamespaceStats,
                                   PutResult, Reservation, SizeClassInfo, SizeClassStats, Stats)
+from kvstore.client.routing import NodeScore
 from kvstore.client.sessions import SessionExplanation, SessionInfo
+from kvstore.origins import BlockOrigin  # Client.annotate's argument, re-exported
 from kvstore.hint_vocab import HintAction, HintOutcome  # Client.hint's vocabulary, re-exported
 
-__all__ = ["Client", "EventStream", "KVEvent", "Health", "HintAction", "HintOutcome", "KeyExplanation", "KeyInfo",
+__all__ = ["Client", "BlockOrigin", "EventStream", "KVEvent", "Health", "NodeScore", "HintAction", "HintOutcome", "KeyExplanation", "KeyInfo",
            "Lease", "NamespaceStats", "NamespaceInfo", "PutResult", "Reservation", "SessionExplanation", "SessionInfo",
            "SizeClassStats", "SizeClassInfo", "Stats"]

@@ -6,7 +6,7 @@ with mode="stream", bytes go through the streaming Put/Get RPCs.
 Both paths give the same results, so callers never choose.
 
 High-level calls (put, put_many, get, get_many, get_into, get_many_into, lookup_prefix, exists, delete, pin,
-unpin, clear, stats, keys, describe, explain, hint) split batches larger than the daemon's max_batch_keys. Low-level
+unpin, clear, stats, keys, describe, explain, hint, annotate) split batches larger than the daemon's max_batch_keys. Low-level
 calls (reserve, commit, abort, lookup, release) are the two-phase primitives the vLLM connector drives directly.
 """
 
@@ -31,6 +31,7 @@ from kvstore.client.releaser import Releaser
 from kvstore.client.rpc import Rpc
 from kvstore.client.slot_bank import SlotBank
 from kvstore.client.data_calls import DataCalls  # put, put_many, get, get_many, get_into, get_many_into
+from kvstore.client.routing import RoutingCalls  # annotate, prefix_score, kv_events
 from kvstore.client.sessions import SessionCalls  # note_session, explain_session, sessions
 from kvstore.client.types import Health, KeyExplanation, KeyInfo, Lease, Reservation, Stats
 from kvstore.errors import ConfigError, InvalidRequestError, KVStoreError, StoreUnavailableError
@@ -46,7 +47,7 @@ _MODES = ("auto", "arena", "stream")
 _CONTROLS = ("auto", "fast", "grpc")
 
 
-class Client(DataCalls, SessionCalls):
+class Client(DataCalls, SessionCalls, RoutingCalls):
     """A connection to one kvstore-server. Thread-safe for concurrent calls; close() or use `with`.
 
     `copy_threads` splits each batched arena copy over that many threads (in 1 MiB chunks; copies under 24 MiB stay

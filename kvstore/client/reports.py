@@ -64,6 +64,7 @@ class Health:
     peers: PeerTierStats | None = None
     arena_isolated: bool = field(default=False, metadata=wire("arena.isolated"))  # one arena file per tenant
     tenant: str = ""  # the tenant this client's token belongs to ("" without tokens)
+    kv_events: bool = False  # the daemon publishes vLLM-format KV events (kv_events)
     # filled in by the client: "fast" or "grpc" (the path its hot operations take), "arena" or "stream",
     # "index" or "daemon" (whether its prefix probes read the shared key index first)
     client_control: str = field(default="", metadata=LOCAL)

@@ -39,7 +39,7 @@ __all__ = ["SlotBank", "Taken", "SlotsLostError"]
 class SlotsLostError(StoreUnavailableError):
     """A Store found its spare slots gone with their connection (the daemon restarted, or handed over to a
     successor): that save is lost, a future miss. Not a sign that the store is down: the next request dials
-    a new connection (the vLLM connector does not pause for it, connector/link.py)."""
+    a new connection (the vLLM connector does not pause for it, kvstore_connector/link.py)."""
 
 
 @dataclass(frozen=True)

@@ -364,6 +364,15 @@ class Engine(EngineQueries, EngineRestarts):
             present = [p or elsewhere.get(k, False) for k, p in zip(keys, present)]
         return present
 
+    def tiers(self, ns_name: str, keys: Sequence[bytes]) -> list[int]:
+        """Per key: the nearest tier holding it here (Tier.RAM; Tier.DISK also while it is being promoted;
+        Tier.NONE). Metadata only: no lease, no promotion, no counter, no eviction order touched (a router's
+        prefix score asks it of every node: kvstore/peer/scores.py)."""
+        self._check_keys(keys)
+        with self._lock:
+            _, tiers = self._lookups.locate(self._names.get(ns_name), keys)
+            return [int(t) for t in tiers.tolist()]
+
     # -- removal and pins (a leased block is DOOMED, not freed: its slot goes at the last release) -------
     def delete(self, ns_name: str, keys: Sequence[bytes]) -> int:
         """Remove keys from every tier; returns how many were present anywhere."""
@@ -396,6 +405,8 @@ class Engine(EngineQueries, EngineRestarts):
             ns = self._names.get(ns_name)
             ram_keys = {k for k, e in list(ns.index.items()) if self._delete_one(e)}
             self.misses.cleared(ns.id)
+            # the clear as one event (after each RAM block's own): the vLLM-format publisher's AllBlocksCleared
+            self.events.publish(REMOVED, ns.name, [], Tier.RAM, whole_namespace=True)
         store = self._disk.store
         if store is None:
             return len(ram_keys)

@@ -38,8 +38,9 @@ class Subscription:
     """One subscriber's bounded buffer. Drops are recorded as a pending gap that takes the place of the lost
     events: it is queued before the next event that fits, or handed out when the buffer runs empty."""
 
-    def __init__(self, bus: EventBus, namespaces: frozenset[str], capacity: int) -> None:
+    def __init__(self, bus: EventBus, namespaces: frozenset[str], capacity: int, internal: bool = False) -> None:
         self._bus = bus
+        self.internal = internal  # the daemon's own consumer (the vLLM-format publisher), not a Subscribe stream
         self.namespaces = namespaces
         self.capacity = capacity
         self._queue: deque[Event] = deque()
@@ -86,8 +87,9 @@ class EventBus:
         self._seq = 0
         self.dropped_total = 0  # events lost by any subscriber, ever (a metric)
 
-    def subscribe(self, namespaces: Sequence[str] = (), capacity: int = 0) -> Subscription:
-        sub = Subscription(self, frozenset(namespaces), capacity or self.default_capacity)
+    def subscribe(self, namespaces: Sequence[str] = (), capacity: int = 0, internal: bool = False) -> Subscription:
+        """`internal`: the daemon's own consumer; not counted by `streams` (the Subscribe RPC's limit)."""
+        sub = Subscription(self, frozenset(namespaces), capacity or self.default_capacity, internal)
         with self._cond:
             self._subs.append(sub)
         return sub
@@ -99,7 +101,13 @@ class EventBus:
 
     @property
     def subscribers(self) -> int:
+        """Every subscription: while there is none, publishers skip building their events."""
         return len(self._subs)
+
+    @property
+    def streams(self) -> int:
+        """Subscriptions of Subscribe streams (the daemon's own consumers left out)."""
+        return sum(1 for s in self._subs if not s.internal)
 
     def publish(self, kind: str, namespace: str, keys: Sequence[bytes], tier: int, to_tier: int = 0,
                 whole_namespace: bool = False) -> None:

@@ -66,6 +66,30 @@ class EngineQueries:
             if not cursor:
                 return keys
 
+    def tier_keys(self, ns_name: str) -> tuple[list[bytes], list[bytes]]:
+        """(keys committed in RAM, keys on disk) of a namespace, unordered; a key in both is in both lists. The
+        vLLM-format event publisher's snapshot after it lost events (kvstore/server/kv_events): O(keys), the RAM
+        half under the lock, the disk half after it (a block that moves in between is set right by the events
+        that follow, which the publisher applies after the snapshot)."""
+        with self._lock:
+            ram = self._views.ram_keys(self._names.get(ns_name))
+        store = self._disk.store
+        disk: list[bytes] = []
+        cursor = b""
+        while store is not None:
+            page, cursor = store.list_keys(ns_name, cursor, 10000)
+            disk.extend(r.key for r in page)
+            if not cursor:
+                break
+        return ram, disk
+
+    def namespace_labels(self, ns_name: str) -> tuple[str, str]:
+        """(model, tenant) a namespace was registered with ('' each when recovered from disk and not registered
+        since); UnknownNamespaceError if it is not known."""
+        with self._lock:
+            ns = self._names.get(ns_name)
+            return ns.model, ns.tenant
+
     def describe(self, ns_name: str, keys: Sequence[bytes]) -> list[KeyRecord]:
         """Records of the present keys among `keys` (any tier), in request order."""
         self._check_keys(keys)

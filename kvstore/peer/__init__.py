@@ -11,6 +11,7 @@
     guests.py        copies of blocks this node does not own: dropped once their owner has them
     remote_tier.py   reads: a local miss asks the owner, one batched call per peer
     replicator.py    writes: after a put, push to the owner in the background (bounded, never blocks)
+    scores.py        a prefix score per member: the leading blocks each would serve from RAM, disk and peers
     local.py         the local arena for the peer tier: open leased blocks to send, reserve slots to receive
     plane.py         the DataPlane interface and its errors
     frames.py        the framed wire format (header, metadata, their encoders and decoders)

@@ -42,9 +42,11 @@ from kvstore.peer.handoff import HandOff, PassReport
 from kvstore.peer.intake import HandOffIntake
 from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member, Membership
+from kvstore.peer.placement import read_orders
 from kvstore.peer.plane import DataPlane
 from kvstore.peer.remote_tier import RemoteTier
 from kvstore.peer.replicator import Replicator
+from kvstore.peer.scores import NodeShare, shares
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
 from kvstore.transfers import TransferMeter
@@ -310,6 +312,27 @@ class PeerCluster:
         held = {k for _, ks in found for k in ks}
         self.counters.add("exists_remote_hits", len(held))
         return [k in held for k in keys]
+
+    def prefix_shares(self, namespace: str, keys: list[bytes]) -> list[NodeShare]:
+        """Every live member's share of the chain `keys` (scores.py): one tiers probe per peer, pipelined where
+        the plane can, and this node's own tiers; metadata only."""
+        members = self._members()
+        me = self.cfg.node_id
+        own = self._engine.tiers(namespace, keys)  # refuses bad keys / an unknown namespace before any peer call
+        peers = [m for node, m in sorted(members.items()) if node != me]
+        tiers: dict[str, list[int] | None] = {me: own}
+        answers = self.plane.probe_tiers_many([(m, namespace, keys) for m in peers]) if peers and keys else []
+        for m, a in zip(peers, answers):
+            tiers[m.node_id] = a if isinstance(a, list) else None
+            if not isinstance(a, list):
+                log.warning("prefix score: %s did not answer (%s); its tiers count as empty", m.node_id, a)
+        for m in peers[len(answers):]:
+            tiers[m.node_id] = [0] * len(keys)
+        self.counters.add("score_calls")
+        owning, previous, reachable = self.view.current(), self.view.previous(), frozenset(members) | {me}
+        copies = COPIES[self.cfg.replication]
+        return shares(len(keys), tiers, {n: m.control for n, m in members.items()}, me,
+                      lambda node: read_orders(namespace, keys, owning, previous, copies, node, reachable))
 
     # -- inspection -----------------------------------------------------------------------------------------
     def status(self) -> PeerStatus:

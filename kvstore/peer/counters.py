@@ -57,6 +57,7 @@ COUNTER_HELP: dict[str, str] = {
                     "owner had them (pushed, fetched and read, or handed over; peer_local_copies)",
     "exists_remote_calls": "Metadata-only calls asking owners about keys a cluster-wide Exists missed here",
     "exists_remote_hits": "Keys a cluster-wide Exists found at a peer",
+    "score_calls": "Prefix scores computed here (PrefixScore: one tiers probe per peer each)",
 }
 
 

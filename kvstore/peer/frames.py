@@ -5,6 +5,7 @@
       version   u8   1
       op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY | PROBE | PROBE_REPLY
       flags     u16  HANDOFF (1) on a PUSH that hands blocks to their new owner after a membership change;
+                     TIERS (2) on a PROBE that asks for each key's tier, and on its reply;
                      every other bit is reserved (a frame with one set is refused)
       request   u64  request id; a reply carries its request's id
       count     u32  keys in the batch (<= max_batch_keys)
@@ -17,6 +18,7 @@
     PUSH_REPLY   meta: none; count = blocks the receiver stored
     PROBE        meta: namespace, keys                       payload: none
     PROBE_REPLY  meta: one byte per key, 1 = held here (RAM or disk), 0 = not       payload: none
+                 with TIERS: one byte per key, its tier here: 0 none, 1 RAM, 2 disk (kvstore.vocab.Tier)
 
 This file is the codec (bytes <-> fields, each field checked); what a request or reply must contain relative
 to the request it answers, and what a server does with it, is protocol.py's. Strings are u16-length-prefixed
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH", "HANDOFF",
-           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "MAX_META_BYTES", "encode_presence", "decode_presence",
+           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "TIERS", "MAX_META_BYTES", "encode_presence", "decode_presence",
+           "encode_tiers", "decode_tiers",
            "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes", "encode_push", "decode_push",
            "check_header"]
 
@@ -44,7 +47,9 @@ VERSION = 1
 FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY = 1, 2, 3, 4, 5, 6
 _OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY)
 HANDOFF = 1          # flags: this PUSH hands blocks over after a membership change (the receiver checks ownership)
-_KNOWN_FLAGS = HANDOFF
+TIERS = 2            # flags: this PROBE asks for each key's tier (a router's prefix score), and its reply gives them
+_KNOWN_FLAGS = HANDOFF | TIERS
+_MAX_TIER = 2        # a probe answers a node's own tiers: none, RAM, disk
 HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META_BYTES = 1 << 20
 
@@ -92,6 +97,8 @@ def check_header(raw: bytes, *, max_keys: int, max_block_bytes: int, expect: tup
         raise FrameError(f"unknown flags {flags:#x}")
     if flags & HANDOFF and op != PUSH:
         raise FrameError(f"the hand-off flag on op {op} (only a push hands blocks over)")
+    if flags & TIERS and op not in (PROBE, PROBE_REPLY):
+        raise FrameError(f"the tiers flag on op {op} (only a probe and its reply carry tiers)")
     if count > max_keys:
         raise FrameError(f"{count} keys in one frame (max {max_keys})")
     if meta_len > MAX_META_BYTES:
@@ -166,6 +173,18 @@ def decode_presence(meta: bytes, count: int) -> list[bool]:
     if any(b > 1 for b in meta):
         raise FrameError("a presence byte other than 0 or 1")
     return [b == 1 for b in meta]
+
+
+def encode_tiers(tiers: list[int]) -> bytes:
+    return bytes(tiers)
+
+
+def decode_tiers(meta: bytes, count: int) -> list[int]:
+    if len(meta) != count:
+        raise FrameError(f"tier table of {len(meta)} bytes for {count} keys")
+    if any(b > _MAX_TIER for b in meta):
+        raise FrameError(f"a tier byte above {_MAX_TIER} (none, RAM, disk)")
+    return list(meta)
 
 
 def encode_sizes(sizes: np.ndarray, checksums: np.ndarray) -> bytes:

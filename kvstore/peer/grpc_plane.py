@@ -23,10 +23,12 @@ from kvstore.peer.local import LocalStore
 from kvstore.peer.membership import Member
 from kvstore.peer.plane import DataPlane, PeerError, PeerTimeout
 from kvstore.transfers import TransferMeter
+from kvstore.vocab import Tier
 
 __all__ = ["GrpcPlane", "PEER_METADATA"]
 
 PEER_METADATA = (("kvstore-peer", "1"),)
+_TIER_OF_NAME = {"ram": int(Tier.RAM), "ram+disk": int(Tier.RAM), "disk": int(Tier.DISK)}
 _CHUNK = 1 << 20
 
 
@@ -116,6 +118,20 @@ class GrpcPlane(DataPlane):
         if len(r.present) != len(keys):
             raise PeerError(f"{member.node_id} (grpc): {len(r.present)} answers for {len(keys)} keys")
         return list(r.present)
+
+    def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]:
+        """Describe on the peer's control port: each present key's tier there (an unknown namespace: none)."""
+        try:
+            r = self._stub(member).Describe(pb.KeysRequest(namespace=namespace, keys=keys), timeout=self._timeout,
+                                            metadata=PEER_METADATA)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return [0] * len(keys)
+            raise self._translate(member, exc) from exc
+        found = {k.key: _TIER_OF_NAME.get(k.tier, -1) for k in r.keys}  # KeyInfo names its tier ("ram", "disk")
+        if not set(found) <= set(keys) or any(t < 0 for t in found.values()):
+            raise PeerError(f"{member.node_id} (grpc): Describe answered keys or tiers it was not asked for")
+        return [found.get(k, 0) for k in keys]
 
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
         """A Put stream to the member's gRPC port (a hand-off too: the stream carries no flag, so the receiver

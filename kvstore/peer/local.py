@@ -163,6 +163,13 @@ class LocalStore:
         except KVStoreError:   # unknown namespace, keys the engine refuses: nothing here
             return [False] * len(keys)
 
+    def tiers(self, namespace: str, keys: list[bytes]) -> list[int]:
+        """Each key's tier here (Tier: NONE, RAM, DISK): a tiers probe's answer (a router's prefix score)."""
+        try:
+            return self._engine.tiers(namespace, keys)
+        except KVStoreError:   # unknown namespace, keys the engine refuses: nothing here
+            return [0] * len(keys)
+
     def namespaces(self) -> list[str]:
         """The namespaces registered here (a hand-off walks each)."""
         return [ns.name for ns in self._engine.stats().namespaces]

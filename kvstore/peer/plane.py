@@ -14,6 +14,9 @@
       probe_many(calls)          several probes (to several peers) at once; a plane that can send them all
                                  from the calling thread and then read the answers says so
                                  (`pipelines_probes`), otherwise the caller spreads them over its threads
+      probe_tiers(member, ns, keys), probe_tiers_many(calls)
+                                 the same, answering each key's tier at the member (NONE, RAM, DISK): a
+                                 router's prefix score asks every member (scores.py)
 
 Every call is bounded by `timeout_s` as a whole (one deadline from its start, re-armed before every receive,
 never a timeout that restarts with each byte: deadline.py) and raises PeerTimeout or PeerError (both
@@ -62,6 +65,16 @@ class DataPlane(ABC):
                 out.append(exc)
         return out
 
+    def probe_tiers_many(self, calls: list[tuple[Member, str, list[bytes]]]) -> list[list[int] | PeerCallError]:
+        """Per call, its tiers probe's answer or the PeerCallError it raised (as probe_many)."""
+        out: list[list[int] | PeerCallError] = []
+        for member, namespace, keys in calls:
+            try:
+                out.append(self.probe_tiers(member, namespace, keys))
+            except PeerCallError as exc:
+                out.append(exc)
+        return out
+
     @property
     @abstractmethod
     def address(self) -> str: ...
@@ -80,3 +93,6 @@ class DataPlane(ABC):
 
     @abstractmethod
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]: ...
+
+    @abstractmethod
+    def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]: ...

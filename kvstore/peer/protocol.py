@@ -32,7 +32,7 @@ closes that connection or endpoint (a byte stream cannot be resynchronised). The
 
     reply to   op            request id   count             meta_len       payload
     FETCH      FETCH_REPLY   the same     = keys asked      16 x count     = sum of the sizes in the metadata
-    PROBE      PROBE_REPLY   the same     = keys asked      count          0
+    PROBE      PROBE_REPLY   the same     = keys asked      count          0        (the request's TIERS flag echoed)
     PUSH       PUSH_REPLY    the same     <= blocks pushed  0              0
 """
 
@@ -49,7 +49,7 @@ from kvstore.peer.frames import FrameError, Header, NamespaceDesc
 from kvstore.peer.local import Incoming, Outgoing
 
 __all__ = ["Limits", "Frame", "LocalBlocks", "ReceivePlan", "Answer", "Intake", "REQUESTS", "REPLY_OF", "OP_NAMES",
-           "fetch_request", "probe_request", "push_request", "parse_reply", "fetch_plan", "probe_result",
+           "fetch_request", "probe_request", "push_request", "parse_reply", "fetch_plan", "probe_result", "tiers_result",
            "push_result", "parse_request", "serve"]
 
 REQUESTS = (fr.FETCH, fr.PUSH, fr.PROBE)
@@ -85,6 +85,8 @@ class LocalBlocks(Protocol):
     def open_for_send(self, namespace: str, keys: list[bytes]) -> Outgoing: ...
 
     def present(self, namespace: str, keys: list[bytes]) -> list[bool]: ...
+
+    def tiers(self, namespace: str, keys: list[bytes]) -> list[int]: ...
 
     def admit_handoff(self, namespace: str, keys: list[bytes], payload_bytes: int) -> list[bool]: ...
 
@@ -155,9 +157,10 @@ def fetch_request(request_id: int, namespace: str, keys: list[bytes]) -> Frame:
     return Frame(Header(fr.FETCH, request_id, len(keys), len(meta), 0), meta)
 
 
-def probe_request(request_id: int, namespace: str, keys: list[bytes]) -> Frame:
+def probe_request(request_id: int, namespace: str, keys: list[bytes], tiers: bool = False) -> Frame:
+    """`tiers`: ask for each key's tier (tiers_result) instead of whether it is held (probe_result)."""
     meta = fr.encode_fetch(namespace, keys)
-    return Frame(Header(fr.PROBE, request_id, len(keys), len(meta), 0), meta)
+    return Frame(Header(fr.PROBE, request_id, len(keys), len(meta), 0, fr.TIERS if tiers else 0), meta)
 
 
 def push_request(request_id: int, desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray,
@@ -196,6 +199,9 @@ def parse_reply(raw: bytes, request: Header, limits: Limits) -> Header:
         raise FrameError(f"{what} with {h.meta_len} bytes of metadata for {h.count} keys (expected {entry * h.count})")
     if op == fr.PROBE_REPLY and h.payload_len:
         raise FrameError(f"a {what} carries no payload (got {h.payload_len} bytes)")
+    if op == fr.PROBE_REPLY and (h.flags & fr.TIERS) != (request.flags & fr.TIERS):
+        raise FrameError(f"a {what} {'with' if h.flags & fr.TIERS else 'without'} tiers to a probe "
+                         f"{'with' if request.flags & fr.TIERS else 'without'}")
     return h
 
 
@@ -211,6 +217,11 @@ def fetch_plan(reply: Header, meta: bytes, namespace: str, keys: list[bytes], li
 def probe_result(reply: Header, meta: bytes) -> list[bool]:
     """Per key asked: whether the peer holds it (RAM or disk)."""
     return fr.decode_presence(meta, reply.count)
+
+
+def tiers_result(reply: Header, meta: bytes) -> list[int]:
+    """Per key asked: its tier at the peer (kvstore.vocab.Tier: NONE, RAM or DISK)."""
+    return fr.decode_tiers(meta, reply.count)
 
 
 def push_result(reply: Header) -> int:
@@ -289,6 +300,9 @@ def serve(header: Header, meta: bytes, local: LocalBlocks, limits: Limits) -> An
         refused = frozenset(i for i, ok in enumerate(admitted) if not ok)
         return Intake(header.request_id, dataclasses.replace(plan, refused=refused), handoff=True)
     namespace, keys = fr.decode_fetch(meta, header.count)
+    if header.op == fr.PROBE and header.flags & fr.TIERS:
+        table = fr.encode_tiers(local.tiers(namespace, keys))
+        return Answer(Frame(Header(fr.PROBE_REPLY, header.request_id, header.count, len(table), 0, fr.TIERS), table))
     if header.op == fr.PROBE:
         table = fr.encode_presence(local.present(namespace, keys))
         return Answer(Frame(Header(fr.PROBE_REPLY, header.request_id, header.count, len(table), 0), table))

@@ -195,10 +195,18 @@ class TcpPlane(DataPlane):
         """Every probe request sent first, each on its own pooled connection, then every answer read, all from
         this thread under one deadline: the peers look their keys up in parallel, and a Lookup that asks seven
         peers costs no thread hand-off per peer (on a busy host each one is a wake-up to wait for)."""
+        return self._pipelined(calls, tiers=False)  # type: ignore[return-value]  # presence answers: bools
+
+    def probe_tiers_many(self, calls: list[tuple[Member, str, list[bytes]]]) -> list[list[int] | PeerCallError]:
+        """probe_many answering each key's tier (a router's prefix score: one round trip to every member)."""
+        return self._pipelined(calls, tiers=True)  # type: ignore[return-value]  # tier answers: ints
+
+    def _pipelined(self, calls: list[tuple[Member, str, list[bytes]]],
+                   tiers: bool) -> list[list[bool] | list[int] | PeerCallError]:
         deadline = Deadline(self._timeout, "probes")
         sent: list[tuple[Member, socket.socket, proto.Frame] | PeerCallError] = []
         for member, namespace, keys in calls:
-            req = proto.probe_request(next(self._ids), namespace, keys)
+            req = proto.probe_request(next(self._ids), namespace, keys, tiers)
             try:
                 sock = self._connect(member, deadline)
             except PeerCallError as exc:
@@ -211,7 +219,8 @@ class TcpPlane(DataPlane):
                 sent.append(self._failure(member, exc))
                 continue
             sent.append((member, sock, req))
-        out: list[list[bool] | PeerCallError] = []
+        out: list[list[bool] | list[int] | PeerCallError] = []
+        result = proto.tiers_result if tiers else proto.probe_result
         for item in sent:
             if isinstance(item, PeerCallError):
                 out.append(item)
@@ -219,7 +228,7 @@ class TcpPlane(DataPlane):
             member, sock, req = item
             try:
                 h = proto.parse_reply(recv_exact(sock, fr.HEADER.size, deadline), req.header, self._limits)
-                out.append(proto.probe_result(h, recv_exact(sock, h.meta_len, deadline)))
+                out.append(result(h, recv_exact(sock, h.meta_len, deadline)))
             except _CALL_FAILURES as exc:
                 sock.close()
                 out.append(self._failure(member, exc))
@@ -235,6 +244,14 @@ class TcpPlane(DataPlane):
 
         def call(sock: socket.socket, deadline: Deadline) -> list[bool]:
             return proto.probe_result(*self._request(sock, req, deadline))
+
+        return self._call(member, call)
+
+    def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]:
+        req = proto.probe_request(next(self._ids), namespace, keys, tiers=True)
+
+        def call(sock: socket.socket, deadline: Deadline) -> list[int]:
+            return proto.tiers_result(*self._request(sock, req, deadline))
 
         return self._call(member, call)
 

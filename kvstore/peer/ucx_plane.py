@@ -344,6 +344,14 @@ class UcxPlane(DataPlane):
 
         return self._call(member, call)
 
+    def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]:
+        req = proto.probe_request(next(self._ids), namespace, keys, tiers=True)
+
+        async def call(ep, deadline: Deadline) -> list[int]:
+            return proto.tiers_result(*await self._request(ep, req, deadline))
+
+        return self._call(member, call)
+
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:

@@ -11,6 +11,9 @@
                        arena transfer windows
     arena_windows.py   arena transfers as the daemon sees them (Reserve -> Commit, lease -> Release), timed
     session_ops.py     the session book's RPCs: checks, tenancy, each session's chain explained
+    routing_ops.py     what a router asks: Annotate (vLLM identities for the events), PrefixScore (per node)
+    routing_wire.py    their protobuf messages <-> kvstore's values
+    kv_events/         vLLM-format KV events over ZMQ (kv_events): what this node holds, per tier, as vLLM's
     info.py            facts clients need about this daemon: identity, host, arena layout
     auth.py            bearer-token interceptor in front of every RPC when `tokens_file` is set
     tenancy.py         a namespace belongs to the tenant that registered it; per-RPC ownership checks

@@ -31,7 +31,7 @@ import grpc
 
 from kvstore._version import __version__
 from kvstore.errors import ConfigError
-from kvstore.server.handover.codec import encode_live, encode_sessions
+from kvstore.server.handover.codec import encode_live, encode_origins, encode_sessions
 from kvstore.server.handover.fdstore import JOURNAL_NAME, arena_name
 from kvstore.server.handover.sender import Frozen
 from kvstore.server.listeners import unlink_quietly
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from kvstore.server.handover.inherit import Inherited
     from kvstore.server.handover.sender import HandoverListener
     from kvstore.server.info import NodeInfo
+    from kvstore.server.kv_events.publisher import KvEventsPublisher
     from kvstore.server.metrics import MetricsServer
     from kvstore.tiers.disk import DiskStore
 
@@ -74,6 +75,7 @@ class HandoverHostMixin:
     sessions: SessionBook
     lingering: bool
     metrics: MetricsServer | None
+    kv_events: KvEventsPublisher | None
     taking_over: bool
     background: Background
     inherited: Inherited | None
@@ -121,9 +123,13 @@ class HandoverHostMixin:
         if self.disk is not None:
             self.disk.close()
         body, blobs = encode_live(live)
+        origins: list[list[Any]] = []
+        if self.kv_events is not None:  # the successor names the blocks as this daemon's events did
+            origins, blobs["origin_tokens"] = encode_origins(self.kv_events.export_origins())
         entries = self.sessions.entries()
         out = {"live": body, "sessions": encode_sessions(entries, [self.sessions.age_s(e) for e in entries]),
-               "peer_lease": self.peers.membership.lease if self.peers is not None and self.peers.membership else 0}
+               "peer_lease": self.peers.membership.lease if self.peers is not None and self.peers.membership else 0,
+               "kv_origins": origins}
         log.info("hand-over: frozen in %.3fs (%d fast-path connections and %d gRPC calls still open, %d queued "
                  "disk writes left to the successor)", time.monotonic() - t0, open_conns, calls, left)
         fds = [self.fast.listener.fileno()] if self.fast is not None and self.fast.listener is not None else []
@@ -164,6 +170,9 @@ class HandoverHostMixin:
         self.server.stop(COMMIT_GRACE_S).wait(COMMIT_GRACE_S + 1)
         if self.metrics is not None:  # its port is the successor's next
             self.metrics.stop()
+        if self.kv_events is not None:  # so are its event endpoints (the successor sends what it holds)
+            self.kv_events.stop()
+            self.kv_events = None
         if self.cfg.handover_linger:  # a supervisor would restart an exited process: stay, holding nothing
             self.lingering = True
             self.arena.destroy(unmap=True)
@@ -179,13 +188,18 @@ class HandoverHostMixin:
 
     # -- the successor's side, and the ways a restart starts -----------------------------------------------
     def start_late(self, predecessor_gone: bool = True) -> None:
-        """What needs the old process gone first: the metrics port, the peer tier (its data-plane port; the etcd
+        """What needs the old process gone first: the metrics port, the KV event endpoints, the peer tier (its data-plane port; the etcd
         lease it handed over), this daemon's own hand-over socket."""
         if self.metrics is not None:
             if self.taking_over and not self.metrics.bind_when_free(5.0 if predecessor_gone else 0.5):
                 self.metrics = None
             if self.metrics is not None:
                 self.metrics.start()
+        if self.kv_events is not None and self.taking_over:
+            if self.kv_events.bind_when_free(5.0 if predecessor_gone else 0.5):
+                self.kv_events.start()
+            else:
+                self.kv_events = None
         if self.peers is not None:
             lease = self.inherited.peer_lease if self.taking_over and self.inherited else 0
             self.peers.start(lease=lease)

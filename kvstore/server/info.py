@@ -37,6 +37,7 @@ class NodeInfo:
         self.peer_status: Callable[[], PeerStatus] | None = None  # set by the daemon when the peer tier runs
         self.arena_socket = ""  # set by the daemon when it hands out arena files (server/fast_server.py)
         self.fast_status: Callable[[], dict[str, int]] | None = None  # the fast server's counters, when it runs
+        self.kv_events = False  # set by the daemon when it publishes vLLM-format KV events
 
     def uptime_s(self) -> float:
         return time.monotonic() - self._started
@@ -56,7 +57,8 @@ class NodeInfo:
             boot_id=boot_id(), pid=os.getpid(), arena=self.arena_info(),
             max_block_bytes=self._cfg.max_block_bytes, max_batch_keys=self._cfg.max_batch_keys,
             max_key_bytes=self._cfg.max_key_bytes, uptime_s=self.uptime_s(), peers=self.peer_stats(),
-            tenant=current_tenant.get() or "",  # the caller's: its namespaces may carry it (connector/namespace.py)
+            tenant=current_tenant.get() or "",  # the caller's: its namespaces may carry it (kvstore_connector/namespace.py)
+            kv_events=self.kv_events,
         )
 
     def control_stats(self) -> pb.ControlPlaneStats:

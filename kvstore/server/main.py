@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 from concurrent import futures
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -63,6 +64,7 @@ from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
 from kvstore.server.auth import AuthInterceptor
 from kvstore.server.fast_server import FastServer, fast_socket_path
+from kvstore.server.routing_ops import RoutingOps
 from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
@@ -73,6 +75,9 @@ from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
 from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
 from kvstore.transfers import TransferMeter
+
+if TYPE_CHECKING:
+    from kvstore.server.kv_events.publisher import KvEventsPublisher
 
 __all__ = ["main", "Daemon"]
 
@@ -137,10 +142,15 @@ class Daemon(HandoverHostMixin):
             self.peers = self._build_peers() if cfg.peer_endpoints else None
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
+            self.kv_events = self._build_kv_events() if cfg.kv_events else None
+            if self.kv_events is not None and inh is not None and inh.kv_origins:
+                self.kv_events.restore_origins(inh.kv_origins)
+            self.info.kv_events = self.kv_events is not None
             self.metrics = (MetricsServer(cfg.metrics_listen, self.engine, self.arena.locked, self._healthz,
                                           self.transfers, self.info.peer_status, self.tenants,
                                           labels=MetricLabels.load(cfg.metrics_labels, cfg.metrics_label_key_file),
-                                          control=self._control_status, bind=not self.taking_over)
+                                          control=self._control_status, bind=not self.taking_over,
+                                          kv_events=self.kv_events.status if self.kv_events is not None else None)
                             if cfg.metrics_listen else None)
             self.sessions = SessionBook(cfg.session_book_max, cfg.session_book_keys)
             self.server = self._build_server()
@@ -151,6 +161,9 @@ class Daemon(HandoverHostMixin):
             metrics: MetricsServer | None = getattr(self, "metrics", None)
             if metrics is not None:
                 metrics.stop()
+            publisher: KvEventsPublisher | None = getattr(self, "kv_events", None)
+            if publisher is not None:
+                publisher.stop()
             self.arena.destroy(unmap=True)
             disk: DiskStore | None = getattr(self, "disk", None)
             if disk is not None:
@@ -201,6 +214,23 @@ class Daemon(HandoverHostMixin):
         capacity = self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0)
         return PeerCluster(cfg.peer_config(capacity), self.engine, self.arena.view, self.transfers)
 
+    def _build_kv_events(self) -> KvEventsPublisher:
+        """The vLLM-format event publisher (kv_events): subscribed to the engine's events now, so nothing stored
+        before start() is missed; binds its sockets now, so a taken address stops the daemon here (a successor
+        taking over binds them in start_late, when the daemon it took over from has let go of them)."""
+        try:
+            from kvstore.server.kv_events.publisher import KvEventsPublisher
+        except ImportError as exc:
+            raise ConfigError(f"kv_events = true needs pyzmq and msgpack ({exc}): pip install 'kvstore[events]'") from exc
+        engine = self.engine
+
+        def snapshot() -> Iterator[tuple[str, list[bytes], list[bytes]]]:
+            for ns in engine.stats().namespaces:
+                yield (ns.name, *engine.tier_keys(ns.name))
+        return KvEventsPublisher(self.cfg.kv_events_config(), engine.events, engine.namespace_labels, snapshot,
+                                 origin_capacity=max(1 << 16, 16 * self.cfg.max_batch_keys),
+                                 bind=not self.taking_over)  # a successor: once its predecessor lets go (start_late)
+
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -216,9 +246,11 @@ class Daemon(HandoverHostMixin):
                                                         thread_name_prefix="kvstore-rpc"), options=opts,
                              interceptors=[self.gate, *interceptors])
         observe = self.metrics.observe if self.metrics is not None else (lambda method, seconds: None)
+        routing = RoutingOps(self.engine, self.guard, cfg.node_id, cfg.peer_control_advertise or cfg.listen,
+                             publisher=self.kv_events, peers=self.peers)
         service = KVStoreService(self.engine, self.arena.view, self.info, observe, cfg.max_subscribers,
                                  transfers=self.transfers, guard=self.guard, tenants=self.tenants,
-                                 sessions=self.sessions)
+                                 sessions=self.sessions, routing=routing)
         self.ops = service.ops  # the hot operations, shared with the same-node fast path
         pb_grpc.add_KVStoreServicer_to_server(service, server)
         if cfg.unix_socket and not self.taking_over:
@@ -292,6 +324,8 @@ class Daemon(HandoverHostMixin):
         peer tier, hand-over socket) once it is gone."""
         warn_exposure(self.cfg, bool(self.tokens))
         self.engine.start()
+        if self.kv_events is not None and not self.taking_over:  # before any RPC: the first put's events go out
+            self.kv_events.start()
         if self.fast is not None:  # before gRPC: a client that sees Health can get its arena at once
             self.fast.start(listener=self.inherited.fast_listener if self.taking_over and self.inherited else None)
         self._add_ports()
@@ -342,6 +376,8 @@ class Daemon(HandoverHostMixin):
         if self.notifier.store_enabled:  # systemd keeps the files: a restart serves every block it can check
             self.engine.sync_journal(self.arena.view, hash_missing=True)
         self.engine.stop()
+        if self.kv_events is not None:
+            self.kv_events.stop()
         if self.key_index is not None:
             self.key_index.close()
         if self.metrics is not None:

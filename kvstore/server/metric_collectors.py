@@ -13,9 +13,10 @@ from prometheus_client.utils import floatToGoString
 
 from kvstore.peer.cluster import PeerStatus
 from kvstore.peer.counters import COUNTER_HELP
+from kvstore.server.kv_events.counters import COUNTERS
 from kvstore.transfers import GBPS_BUCKETS, SECONDS_BUCKETS, TransferMeter
 
-__all__ = ["TransferCollector", "PeerCollector", "ControlCollector", "StaticCollector"]
+__all__ = ["TransferCollector", "PeerCollector", "ControlCollector", "KvEventsCollector", "StaticCollector"]
 
 
 class TransferCollector(Collector):
@@ -98,6 +99,20 @@ class ControlCollector(Collector):
             yield CounterMetricFamily("kvstore_key_index_unindexed", "Blocks committed while their tenant's key index "
                                       "was 3/4 full (probed the usual way; raise key_index_entries)",
                                       value=st["key_index_unindexed"])
+
+
+class KvEventsCollector(Collector):
+    """The vLLM-format event publisher (kv_events on): batches, drops, replays, identities; the blocks it names."""
+
+    def __init__(self, status: Callable[[], dict[str, int]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        st = self._status()
+        for key, text in COUNTERS.items():
+            yield CounterMetricFamily(f"kvstore_kv_events_{key}", text, value=st.get(key, 0))
+        yield GaugeMetricFamily("kvstore_kv_events_blocks", "(namespace, key) pairs the vLLM-format events name "
+                                "as held in some tier", value=st.get("blocks", 0))
 
 
 class StaticCollector(Collector):

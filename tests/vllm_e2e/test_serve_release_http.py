@@ -4,7 +4,7 @@ KVStoreConnector, the hint sent in the completions request's ``kv_transfer_param
 Why end to end: the eviction effect of Release was shown only under vLLM 0.33's scheduler (tests/vllm_sched)
 and over HTTP only by hint counters. Here the whole path runs: vLLM copies the request's field into
 ``Request.kv_transfer_params``, the connector keeps each session's chain and counts which live sessions hold a
-key (connector/hints.py), sends Release for the keys no other live session holds, the daemon marks them
+key (kvstore_connector/hints.py), sends Release for the keys no other live session holds, the daemon marks them
 RELEASED (kvstore/policies/hinted.py) and, under pressure, evicts them before the LRU's own choice.
 
 Two agents share a system prompt of 2 blocks: A (2 private blocks, two turns) and a sub-agent B (2 private
@@ -36,7 +36,7 @@ from bench.serve.http_client import reset_prefix_cache
 from bench.serve.model import kv_bytes_per_token, write_model
 from bench.serve.procs import ProcessSet
 from bench.serve.servers import VllmSpec, kvstore_connector, start_vllm, wait_vllm
-from connector.keys import KeyChain, chain_root
+from kvstore_connector.keys import KeyChain, chain_root
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess
 from tests.vllm_e2e.hints_http import complete, tokens, wait_counts

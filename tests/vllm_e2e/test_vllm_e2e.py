@@ -1,7 +1,7 @@
 """A real model through vLLM on CPU with KVStoreConnector and a real daemon, end to end.
 
 Prompt of 300 tokens, block size 32: 9 full blocks (288 tokens) and the block of the last 12 (its tail,
-connector/tails.py) are stored; vLLM computes at least the last token itself, so a repeat takes 299 tokens from
+kvstore_connector/tails.py) are stored; vLLM computes at least the last token itself, so a repeat takes 299 tokens from
 the store.
 """
 

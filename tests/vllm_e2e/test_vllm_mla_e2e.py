@@ -2,7 +2,7 @@
 real daemon, end to end.
 
 vLLM's CPU platform cannot compute MLA on top of cached KV (it turns its own prefix caching off for MLA), so the
-connector offers no hits there and only saves (connector/vllm_connector.py). What must hold: it says so in the
+connector offers no hits there and only saves (kvstore_connector/vllm_connector.py). What must hold: it says so in the
 log, the store receives the prompt's 37 full blocks of 16 tokens and its 8-token tail (vLLM's page: one 576-value
 float32 latent per token per layer, 36,864 B; 73,728 B a stored block for the 2 layers), nothing is looked up or
 loaded, and after reset_prefix_cache the same prompt is computed again from scratch with greedy tokens identical
@@ -40,7 +40,7 @@ def _finish(p: subprocess.Popen, log: Path) -> tuple[list[dict], str]:
     p.wait(timeout=600)
     out, err = Path(f"{log}.out").read_text(), Path(f"{log}.err").read_text()
     assert p.returncode == 0, (out + err)[-6000:]
-    # the log: the connector's lines go where vLLM's go (connector/vllm_logs.py: stdout unless
+    # the log: the connector's lines go where vLLM's go (kvstore_connector/vllm_logs.py: stdout unless
     # VLLM_LOGGING_STREAM says otherwise), Python's own warnings to stderr
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")], out + err
 
@@ -65,7 +65,7 @@ def test_mla_on_cpu_saves_the_prompt_and_offers_no_hits(daemon, tmp_path) -> Non
     assert err.count(NO_HITS_LOG) == 1, err[-4000:]  # the scheduler side says it once
 
     # The first request: computed, and its 37 full blocks saved, then the block of its last 8 prompt tokens
-    # under their tail key (connector/tails.py), with the prompt's last token: 38 stored blocks.
+    # under their tail key (kvstore_connector/tails.py), with the prompt's last token: 38 stored blocks.
     assert first["num_cached_tokens"] == 0 and first["tokens"] == ref["tokens"]
     sched, worker = first["counters"]["scheduler"], first["counters"]["worker"]
     assert (sched["save_keys"], sched["tail_saves"]) == (BLOCKS, 1)

@@ -35,7 +35,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.vllm_connector import KVStoreConnector
 
 BLOCK, HEADS, HEAD_DIM, LAYERS, NUM_BLOCKS = 16, 2, 64, 2, 128
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -81,15 +81,16 @@ class Tracked:
 
 class Harness:
     """``pp``: pipeline stages, ``tp``: tensor-parallel ranks (one worker per stage and rank); ``policy``:
-    kv_load_failure_policy as the user writes it (None: not written, vLLM's default)."""
+    kv_load_failure_policy as the user writes it (None: not written, vLLM's default); ``hash_fn``: vLLM's block
+    hash function for the requests (vllm.utils.hashing)."""
 
     def __init__(self, model_dir: str, address: str, *, extra: dict[str, Any] | None = None, pp: int = 1,
-                 tp: int = 1, policy: str | None = "recompute") -> None:
+                 tp: int = 1, policy: str | None = "recompute", hash_fn: Any = sha256) -> None:
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="kvstore_connector.vllm_connector",
                               kv_role="kv_both",
                               # asynchronous loads unless a test asks (most follow WAITING_FOR_REMOTE_KVS);
                               # no partial last blocks unless a test asks (test_vllm_scheduler_tails.py): the
@@ -125,8 +126,8 @@ class Harness:
                 self.workers.append(w)
         self.worker = self.workers[0]
         self._aggregator = KVOutputAggregator(len(self.workers))
-        init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(BLOCK, sha256)
+        init_none_hash(hash_fn)  # vLLM's prefix-cache hash (sha256_cbor: what a router computes too)
+        self._hasher = get_request_block_hasher(BLOCK, hash_fn)
         self.tracked: dict[str, Tracked] = {}
         self.steps: list[SchedulerOutput] = []
         self.prefill: dict[str, Any] = {}  # request id -> vLLM's PrefillStats (local / external cached tokens)

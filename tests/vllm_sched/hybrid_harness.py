@@ -42,7 +42,7 @@ from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionS
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.vllm_connector import KVStoreConnector
 
 from .harness import BLOCK, HEAD_DIM, HEADS, NUM_BLOCKS, SAMPLED, Harness, kv_value
 
@@ -108,7 +108,7 @@ class HybridHarness(Harness):
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
         cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="kvstore_connector.vllm_connector",
                               kv_role="kv_both",
                               kv_connector_extra_config={"address": address, "load_mode": "async", **(extra or {})},
                               **({"kv_load_failure_policy": policy} if policy is not None else {}))

@@ -30,7 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
 from vllm.v1.structured_output import StructuredOutputManager
 
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.vllm_connector import KVStoreConnector
 
 from .harness import BLOCK, Harness
 
@@ -75,7 +75,7 @@ class MLAHarness(Harness):
         mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=4096)
         sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=4096,
                              async_scheduling=False, is_encoder_decoder=False)
-        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+        kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="kvstore_connector.vllm_connector",
                               kv_role="kv_both", kv_load_failure_policy="recompute",
                               kv_connector_extra_config={"address": address, "load_mode": "async", "tails": False,
                                                          **(extra or {})})

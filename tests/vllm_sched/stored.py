@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from connector.keys import KeyChain, chain_root
-from connector.namespace import namespace_for
+from kvstore_connector.keys import KeyChain, chain_root
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 
 from .harness import BLOCK, HEAD_DIM, HEADS, Harness, kv_value

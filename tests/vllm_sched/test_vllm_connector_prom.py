@@ -1,4 +1,4 @@
-"""The connector's counters on vLLM's Prometheus metrics (connector/prom.py): the mapping of a stats payload to
+"""The connector's counters on vLLM's Prometheus metrics (kvstore_connector/prom.py): the mapping of a stats payload to
 counters, on a registry of the test's own (vLLM builds the metrics with the classes it passes in
 metric_types), and then the whole path as vLLM runs it: its real Scheduler's SchedulerStats recorded by its
 own PrometheusStatLogger, which builds the metrics through KVStoreConnector.build_prom_metrics."""
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from connector.hints import HINT_COUNTERS
-from connector.misses import MISS_CAUSES
-from connector.prom import KVStorePromMetrics
-from connector.stats import COUNTER_NAMES
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.hints import HINT_COUNTERS
+from kvstore_connector.misses import MISS_CAUSES
+from kvstore_connector.prom import KVStorePromMetrics
+from kvstore_connector.stats import COUNTER_NAMES
+from kvstore_connector.vllm_connector import KVStoreConnector
 from vllm.config import DeviceConfig, KVTransferConfig, ModelConfig, VllmConfig
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
@@ -36,7 +36,7 @@ def build(model_dir: str, engines: tuple[int, ...] = (0,)) -> tuple[KVStorePromM
     config = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
                                                  max_model_len=4096),
                         kv_transfer_config=KVTransferConfig(kv_connector="KVStoreConnector",
-                                                            kv_connector_module_path="connector.vllm_connector",
+                                                            kv_connector_module_path="kvstore_connector.vllm_connector",
                                                             kv_role="kv_both"),
                         device_config=DeviceConfig("cpu"))
     metrics = KVStoreConnector.build_prom_metrics(

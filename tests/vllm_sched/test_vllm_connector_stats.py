@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connector.vllm_connector import KVStoreStats
+from kvstore_connector.vllm_connector import KVStoreStats
 
 
 def test_reduce_adds_the_hit_rate_and_the_requests_that_missed() -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from connector.namespace import namespace_for
-from connector.plan import LoadJob, SaveJob
+from kvstore_connector.namespace import namespace_for
+from kvstore_connector.plan import LoadJob, SaveJob
 from kvstore.client import Client
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -19,14 +19,14 @@ from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from connector.vllm_connector import KVStoreConnector
+from kvstore_connector.vllm_connector import KVStoreConnector
 
 from .harness import BLOCK, HEAD_DIM, HEADS, LAYER_NAMES, NUM_BLOCKS
 from .stored import PROMPT, chain_keys
 
 
 def _worker(model_dir: str, address: str, layout: str) -> tuple[KVStoreConnector, dict[str, torch.Tensor]]:
-    kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm_connector",
+    kv = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="kvstore_connector.vllm_connector",
                           kv_role="kv_both", kv_load_failure_policy="recompute",
                           kv_connector_extra_config={"address": address, "blocks_per_key": 1})
     vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32"),

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from connector import vllm_connector
-from connector.link import StoreLink
-from connector.namespace import namespace_for
+from kvstore_connector import vllm_connector
+from kvstore_connector.link import StoreLink
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from kvstore.errors import ConfigError
 from vllm.v1.engine import FinishReason
@@ -96,11 +96,11 @@ def test_fail_policy_is_turned_into_recompute_and_failed_blocks_are_saved_again(
     """vLLM defaults kv_load_failure_policy to "fail": a block evicted between lookup and load would end the
     request with an error. The connector makes it "recompute" before the Scheduler reads it; the blocks whose
     load failed are recomputed and stored again (before: stored_keys kept them as saved, a permanent hole)."""
-    with caplog.at_level(logging.WARNING, logger="connector.vllm_connector"):
+    with caplog.at_level(logging.WARNING, logger="kvstore_connector.vllm_connector"):
         h = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1}, policy=policy)
     assert h.vllm_config.kv_transfer_config.kv_load_failure_policy == "recompute"
     assert h.scheduler.recompute_kv_load_failures is True
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "connector.vllm_connector"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "kvstore_connector.vllm_connector"]
     assert f"kv_load_failure_policy was {policy or 'fail'!r}" in warning
     assert '"kv_load_failure_policy": "recompute"' in warning
     h.add("r1", PROMPT)
@@ -132,7 +132,7 @@ def test_fail_policy_is_turned_into_recompute_and_failed_blocks_are_saved_again(
 
 def test_policy_that_cannot_be_changed_is_refused_with_the_fix() -> None:
     """A config object that refuses the change (none of vLLM 0.32/0.33's do) stops startup with what to add."""
-    from connector.vllm_connector import _recompute_failed_loads
+    from kvstore_connector.vllm_connector import _recompute_failed_loads
 
     class Frozen:
         @property
@@ -163,7 +163,7 @@ def test_no_hits_are_offered_when_the_arena_cannot_be_mapped(daemon, model_dir, 
                              **kw)
 
     monkeypatch.setattr(vllm_connector, "StoreLink", StreamLink)
-    with caplog.at_level(logging.ERROR, logger="connector.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="kvstore_connector.scheduler"):
         s = Harness(model_dir, daemon.address, extra={"blocks_per_key": 1})
         s.add("r2", list(PROMPT))
         s.add("r3", list(PROMPT[:50]))
@@ -176,6 +176,6 @@ def test_no_hits_are_offered_when_the_arena_cannot_be_mapped(daemon, model_dir, 
     assert totals["lookup_skipped_stream"] == 2                       # r2 and r3, one each
     assert (totals.get("load_requests", 0), totals.get("lookup_tokens", 0)) == (0, 0)
     assert s.worker.counters.totals.get("load_failed_blocks", 0) == 0
-    msgs = [r.getMessage() for r in caplog.records if r.name == "connector.scheduler"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "kvstore_connector.scheduler"]
     assert len(msgs) == 1 and "its arena cannot be mapped by this process" in msgs[0]   # logged once
     s.close()

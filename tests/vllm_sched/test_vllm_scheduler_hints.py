@@ -1,6 +1,6 @@
 """Agent hints under vLLM 0.33's real v1 Scheduler (CPU) with a real daemon: `Request.kv_hints` (vLLM's own
 KvHintsEnvelope) and "kvstore_hints" in kv_transfer_params (SamplingParams.extra_args, as the OpenAI server passes
-them) reach the connector's scheduler side, run when the request finishes (connector/hints.py), and the daemon's
+them) reach the connector's scheduler side, run when the request finishes (kvstore_connector/hints.py), and the daemon's
 counters show each action's outcome. Malformed hints are counted and change nothing vLLM computes.
 
 blocks_per_key=1, block size 16: a 100-token prompt stores 6 blocks.
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from connector.namespace import namespace_for
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.sampling_params import SamplingParams
 from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from connector.groups import GroupKind
-from connector.namespace import namespace_for
+from kvstore_connector.groups import GroupKind
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.v1.engine import FinishReason

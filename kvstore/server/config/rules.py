@@ -2,22 +2,19 @@
 
 Rules on one component's settings live with that component's config (EngineConfig, DiskConfig, PeerConfig,
 the policy and admission factories); rules on TLS, tokens, etcd security and metrics labels in security.py.
-What is left is here, each checked once by ServerConfig.validate().
+What is left is here, each checked once by checks.validate().
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from kvstore.addresses import parse_host_port
 from kvstore.errors import ConfigError
 from kvstore.fastpath.sockets import MAX_SPIN_US
 from kvstore.policies.admission import check_write_mode
 from kvstore.policies.write_budget import MAX_WINDOW_S, MIN_WINDOW_S, check_budget
-
-if TYPE_CHECKING:
-    from kvstore.server.config.settings import ServerConfig
+from kvstore.server.config.settings import ServerConfig
 
 __all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry", "check_restarts", "check_disk_writes"]
 

@@ -2,24 +2,22 @@
 
 These rules span parts (a listener and the TLS files, the peer tier and the tokens, etcd and every other
 protection), so no single component's config can hold them; each is checked here once, by
-ServerConfig.validate(). The files themselves (TLS, tokens, etcd secrets, label key) are checked by the
+checks.validate(). The files themselves (TLS, tokens, etcd secrets, label key) are checked by the
 classes that read them (kvstore/security, server/metric_labels.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from kvstore.security.tls import is_loopback_address, is_loopback_host
 from kvstore.security.tokens import TokenTable
 from kvstore.server.config.rules import require
+from kvstore.server.config.settings import ServerConfig
+from kvstore.server.kv_events.config import endpoint_host
 from kvstore.server.metric_labels import read_label_key
 
-if TYPE_CHECKING:
-    from kvstore.server.config.settings import ServerConfig
-
-__all__ = ["check_security", "check_etcd", "check_metrics_labels", "unused_peer_settings"]
+__all__ = ["check_security", "check_etcd", "check_metrics_labels", "check_kv_events", "unused_peer_settings"]
 
 LABEL_MODES = ("auto", "name", "hash", "none")
 
@@ -124,3 +122,22 @@ def check_metrics_labels(cfg: ServerConfig) -> None:
                 f"metrics_label_key_file is set but the labels are {cfg.metrics_labels!r} (metrics_namespace_"
                 f"labels={cfg.metrics_namespace_labels!r}): set metrics_namespace_labels = \"hash\" or drop it")
         read_label_key(cfg.metrics_label_key_file)
+
+
+def check_kv_events(cfg: ServerConfig) -> None:
+    """The vLLM-format event stream has no authentication (ZMQ, as vLLM's): it names every namespace's blocks and
+    their tokens. So it binds beyond loopback only with allow_insecure_remote, and not at all with tokens_file:
+    tenants must not learn which prompts another tenant's blocks hold (use the Subscribe RPC, per tenant)."""
+    if not cfg.kv_events:
+        return
+    require(not cfg.tokens_file,
+            "kv_events with tokens_file: the ZMQ stream carries no token, so every subscriber would see every "
+            "tenant's blocks and token ids; turn kv_events off (tenants can tail their own events with `kvstore "
+            "events`, the Subscribe RPC) or run without tokens_file")
+    for name, endpoint in (("kv_events_endpoint", cfg.kv_events_endpoint),
+                           ("kv_events_replay_endpoint", cfg.kv_events_replay_endpoint)):
+        host = endpoint_host(endpoint) if endpoint else None
+        if host is not None and not is_loopback_host(host):
+            require(cfg.allow_insecure_remote,
+                    f"{name}={endpoint!r} is reachable from other hosts and the stream has no authentication: "
+                    "bind 127.0.0.1 or an ipc:// path, or set allow_insecure_remote = true on a trusted network")

@@ -7,9 +7,11 @@ both print. ServerConfig builds the components' own configs, which check their o
     engine_config()  -> EngineConfig  (kvstore/engine/config.py)
     disk_config()    -> DiskConfig    (kvstore/tiers/disk/config.py), None with disk_bytes = 0
     peer_config()    -> PeerConfig    (kvstore/peer/cluster.py), built even without etcd to check the settings
+    kv_events_config() -> KvEventsConfig (kvstore/server/kv_events/config.py), built with kv_events off too
 
-`validate()` runs every rule once: the components' (by building them), the factories' (policy, admission)
-and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those places.
+checks.validate(cfg) runs every rule once: the components' (by building them), the factories' (policy,
+admission) and the ones that tie parts together (rules.py, security.py). Each rule lives in exactly one of those
+places; this module imports none of them (they read a ServerConfig: the imports point one way).
 """
 
 from __future__ import annotations
@@ -20,18 +22,16 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from kvstore.engine.config import EngineConfig
-from kvstore.engine.sessions import check_book_limits
 from kvstore.fastpath.sockets import DAEMON_SPIN_US
 from kvstore.paths import default_disk_dir, default_socket_path
 from kvstore.peer.cluster import COPIES, PLANES, PeerConfig
 from kvstore.policies import POLICY_NAMES
-from kvstore.policies.admission import ADMISSION_HELP, WRITE_HELP, make_admission
-from kvstore.policies.factory import policy_class
+from kvstore.policies.admission import ADMISSION_HELP, WRITE_HELP
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
-from kvstore.server.config import rules, security
+from kvstore.server.kv_events.config import KvEventsConfig
 from kvstore.server.config.units import parse_quotas, parse_size
-from kvstore.tiers.disk.config import CODECS, DiskConfig, check_disk_options
+from kvstore.tiers.disk.config import CODECS, DiskConfig
 
 __all__ = ["ServerConfig", "SECTIONS"]
 
@@ -47,6 +47,7 @@ SECTIONS = {
     "tenancy": "Tenant quotas",
     "metrics": "Metrics",
     "restart": "Restarts that keep the RAM tier (hand-over, systemd's fd store)",
+    "events": "KV events for routers (vLLM's format over ZMQ)",
 }
 
 
@@ -199,6 +200,23 @@ class ServerConfig:
                       "restart by systemd (or after a crash) serves the RAM blocks that verify: auto (when "
                       "$NOTIFY_SOCKET is set), on (required), off. Under the store, blocks committed without an "
                       "xxh3 are hashed in the background (a crash keeps only blocks it can check)", "auto")
+    kv_events: bool = _s("events", "publish what this node holds, per tier, as vLLM's KV events (BlockStored, "
+                         "BlockRemoved, AllBlocksCleared; msgpack as vLLM 0.33) on a ZMQ socket, with vLLM's block "
+                         "hashes where the connector sent them (needs pip install kvstore[events])", False)
+    kv_events_endpoint: str = _s("events", "ZMQ endpoint the daemon binds for subscribers: tcp://HOST:PORT or "
+                                 "ipc:///PATH; a host other than loopback needs allow_insecure_remote (the stream "
+                                 "has no authentication)", "tcp://127.0.0.1:5557")
+    kv_events_replay_endpoint: str = _s("events", "ZMQ ROUTER endpoint for replays of missed batches, as vLLM's (a "
+                                        "request is the first sequence wanted, 8 bytes big-endian; [topic, start] "
+                                        "with several topics); '' = none", "")
+    kv_events_topic: str = _s("events", "topic of a namespace's events: a template of {node}, {model} (its "
+                              "registered model, else its name), {namespace}, {tenant}; '' = one topic, as vLLM's "
+                              "default", "kv@{node}@{model}")
+    kv_events_buffer_batches: int = _s("events", "batches kept per topic for replay", 10_000)
+    kv_events_hwm: int = _s("events", "batches queued for one subscriber; once its queue is full it loses "
+                            "batches until it reads again (the stall is counted; the others get them)", 100_000)
+    kv_events_queue: int = _s("events", "store events waiting for the publisher; past it they are lost (counted), "
+                              "and subscribers get AllBlocksCleared and what the store holds now", 100_000)
     log_level: str = _s("node", "debug, info, warning, error", "info")
     log_format: str = _s("node", "text or json (one object a line)", "text")
 
@@ -269,6 +287,13 @@ class ServerConfig:
                           segment_bytes=self.disk_segment_bytes, sync=self.disk_sync, compression=self.disk_codec,
                           probe_interval_s=self.disk_probe_interval_s, reinsert_hits=self.disk_reinsert_hits)
 
+    def kv_events_config(self) -> KvEventsConfig:
+        """The vLLM-format event publisher's settings (built, and so checked, with kv_events off too)."""
+        return KvEventsConfig(node_id=self.node_id, endpoint=self.kv_events_endpoint,
+                              replay_endpoint=self.kv_events_replay_endpoint, topic=self.kv_events_topic,
+                              buffer_batches=self.kv_events_buffer_batches, hwm=self.kv_events_hwm,
+                              queue_events=self.kv_events_queue)
+
     def peer_config(self, capacity_bytes: int = 0) -> PeerConfig:
         """The peer tier's settings; `capacity_bytes` (what this node offers the cluster) is known to the daemon
         once the arena is laid out."""
@@ -286,25 +311,3 @@ class ServerConfig:
             max_block_bytes=self.max_block_bytes, capacity_bytes=capacity_bytes,
             tls=self.tls if self.tls.enabled else None, etcd_security=self.etcd_security,
         )
-
-    # -- validation -------------------------------------------------------------------------------------------
-    def validate(self) -> ServerConfig:
-        """Every rule once, before anything is created; ConfigError names the setting and how to fix it."""
-        rules.check_listeners(self)
-        self.engine_config()
-        rules.check_arena(self)
-        policy_class(self.policy)
-        if self.disk_bytes:
-            self.disk_config()
-            rules.check_disk_geometry(self)
-        else:
-            check_disk_options(self.disk_sync, self.disk_codec, self.disk_probe_interval_s, self.disk_reinsert_hits)
-        make_admission(self.disk_admission)
-        rules.check_disk_writes(self)
-        self.peer_config()
-        security.check_security(self)
-        security.check_etcd(self)
-        security.check_metrics_labels(self)
-        check_book_limits(self.session_book_max, self.session_book_keys)
-        rules.check_restarts(self)
-        return self

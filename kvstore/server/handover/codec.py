@@ -14,9 +14,10 @@ import numpy as np
 
 from kvstore.engine.adoption import HeldEntry, LiveState
 from kvstore.engine.sessions import SessionEntry
+from kvstore.origins import BlockOrigin
 from kvstore.server.handover.protocol import HandoverError
 
-__all__ = ["encode_live", "decode_live", "encode_sessions", "decode_sessions"]
+__all__ = ["encode_live", "decode_live", "encode_sessions", "decode_sessions", "encode_origins", "decode_origins"]
 
 _U64 = (1 << 64) - 1
 
@@ -111,3 +112,35 @@ def decode_sessions(raw: Any) -> list[tuple[str, str, list[bytes], float, bool]]
         return out
     except (TypeError, ValueError) as exc:
         raise HandoverError(f"malformed session book in the hand-over: {exc!r}") from exc
+
+
+MAX_ORIGINS = 1 << 20  # vLLM identities carried (the KV events' names of held blocks); past it, blocks go by key
+
+
+def encode_origins(items: list[tuple[str, bytes, BlockOrigin]]) -> tuple[list[list[Any]], np.ndarray]:
+    """The KV event publisher's vLLM identities of held blocks: one row each, their token ids in one blob."""
+    items = items[:MAX_ORIGINS]
+    rows = [[ns, key.hex(), [h.hex() for h in o.block_hashes], (o.parent_block_hash or b"").hex(), o.block_size,
+             o.lora_name or "", len(o.token_ids)] for ns, key, o in items]
+    tokens = np.concatenate([np.frombuffer(o.token_ids, dtype=np.int64) for _, _, o in items]) if items else \
+        np.zeros(0, dtype=np.int64)
+    return rows, tokens.astype("<i8")
+
+
+def decode_origins(raw: Any, tokens: Any) -> list[tuple[str, bytes, BlockOrigin]]:
+    try:
+        toks = np.asarray(tokens if tokens is not None else np.zeros(0), dtype=np.int64)
+        out, at = [], 0
+        for ns, key, hashes, parent, block_size, lora, n in raw:
+            if not isinstance(ns, str) or not isinstance(lora, str) or not hashes:
+                raise ValueError("origin fields")
+            n = _int(n)
+            if at + n > len(toks):
+                raise ValueError("token ids past the blob")
+            out.append((ns, bytes.fromhex(key), BlockOrigin.of([bytes.fromhex(h) for h in hashes],
+                                                              bytes.fromhex(parent) or None,
+                                                              toks[at: at + n].tolist(), _int(block_size), lora)))
+            at += n
+        return out
+    except (TypeError, ValueError) as exc:
+        raise HandoverError(f"malformed KV event identities in the hand-over: {exc!r}") from exc

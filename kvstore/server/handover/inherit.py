@@ -27,6 +27,7 @@ from kvstore.arena.layout import ArenaLayout
 from kvstore.arena.verify import Fingerprint, Verification, verify
 from kvstore.engine.adoption import AdoptedEntries, LiveState
 from kvstore.fastpath.key_index import IndexTable, capacity_for
+from kvstore.origins import BlockOrigin
 
 __all__ = ["Inherited", "open_arena", "verified_entries", "carried_index"]
 
@@ -47,6 +48,7 @@ class Inherited:
     incarnation: int = 0                             # 0: this daemon takes a new one (clients remap)
     live: LiveState | None = None
     sessions: list[tuple[str, str, list[bytes], float, bool]] = field(default_factory=list)
+    kv_origins: list[tuple[str, bytes, BlockOrigin]] = field(default_factory=list)  # the KV events' identities
     peer_lease: int = 0
     fast_listener: socket.socket | None = None
     extra: dict[str, Any] = field(default_factory=dict)

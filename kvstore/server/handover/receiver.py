@@ -26,7 +26,7 @@ from kvstore._version import __version__
 from kvstore.arena.layout import ArenaLayout
 from kvstore.server.handover import protocol as hp
 from kvstore.server.handover.auth import handover_key, proof
-from kvstore.server.handover.codec import decode_live, decode_sessions
+from kvstore.server.handover.codec import decode_live, decode_origins, decode_sessions
 from kvstore.server.handover.holds import stage_hook
 from kvstore.server.handover.inherit import Inherited, open_arena, verified_entries
 from kvstore.server.handover.protocol import HandoverError, Kind, PeerGone
@@ -172,6 +172,7 @@ class TakeOver:
         body = frozen.body
         inh.live = decode_live(body.get("live") or {}, frozen.blobs)
         inh.sessions = decode_sessions(body.get("sessions") or [])
+        inh.kv_origins = decode_origins(body.get("kv_origins") or [], frozen.blobs.get("origin_tokens"))
         lease = body.get("peer_lease")
         inh.peer_lease = lease if isinstance(lease, int) and lease > 0 else 0
         fds = list(frozen.fds)
