@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import kvstore_connector as bench
+from bench import connector as bench
 from kvstore_connector.copier import CpuCopier
 from kvstore_connector.worker import WorkerSide
 

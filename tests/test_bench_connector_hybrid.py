@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import kvstore_connector as bench
+from bench import connector as bench
 from bench import connector_hybrid as hybrid
 from bench.hybrid_rig import HybridShape
 from kvstore_connector.copier import CpuCopier

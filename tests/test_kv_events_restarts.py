@@ -98,7 +98,7 @@ def test_a_plain_restart_clears_then_names_what_the_disk_kept(tmp_path, ctx) -> 
         d.stop(signal.SIGKILL)
         sub.close()
         # a router subscribing again once the daemon is back (a SUB socket kept across the kill -9 reconnected
-        # here but was sent nothing: pyzmq 26 / libzmq 4.3, not understood; a new socket gets every batch)
+        # here but was sent nothing: libzmq may not resend a subscription after a reconnect, zeromq/libzmq#4057)
         sub = Subscriber(ctx, str(opts["kv_events_endpoint"]), decode=events_of)
         d.start()
         t = f"kv@{d.node_id}@{NS}".encode()  # the namespace's model is not on disk: the topic names the namespace
