@@ -1,6 +1,7 @@
 """The daemon, `kvstore-server`: its front ends and the parts around the engine.
 
     main.py            the composition root: builds every part from one ServerConfig, runs, shuts down in order
+    parts.py           the parts it builds that need more than a constructor: disk tier, peer tier, budget, events
     config/            the one typed config: embedded defaults < TOML file < KVSTORE_* env < flags; it builds
                        the engine's, disk tier's and peer tier's configs and checks every rule once
     config_doc.py      writes docs/configuration.md from the config's fields (a test keeps the page current)

@@ -35,6 +35,7 @@ from kvstore.server.handover.codec import encode_live, encode_origins, encode_se
 from kvstore.server.handover.fdstore import JOURNAL_NAME, arena_name
 from kvstore.server.handover.sender import Frozen
 from kvstore.server.listeners import unlink_quietly
+from kvstore.server.restart_log import log_adoption
 
 if TYPE_CHECKING:
     from kvstore.arena.backing import ArenaBacking
@@ -209,6 +210,21 @@ class HandoverHostMixin:
             except (ConfigError, OSError) as exc:
                 log.warning("no hand-over socket (%s): a successor cannot take over from this daemon", exc)
                 self.handover = None
+
+    def _adopt(self, inh: Inherited, adoption: tuple, tables_kept: bool, seconds: float) -> None:
+        """Place what the predecessor held in the fresh engine (verified by handover/inherit.py), count and log it."""
+        entries, verification, _, bad_namespaces = adoption
+        slab_domain = [self.arena.domain_of_slab(s) for s in range(self.arena.layout.n_slabs)]
+        report, _ = self.engine.adopt(entries, inh.live, self.engine.lost_namespaces, slab_domain, tables_kept)
+        self.adopted_blocks = report.blocks
+        dropped = dict(verification.dropped)
+        for reason, n in report.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        self.engine.count_restart(report.blocks, dropped)
+        restored = self.sessions.restore(inh.sessions) if inh.sessions else 0
+        log_adoption(inh.source, report, verification, bad_namespaces, self.engine.lost_namespaces, restored,
+                     seconds, kept_incarnation=bool(tables_kept or (inh.incarnation and
+                                                                     self.info.incarnation == inh.incarnation)))
 
     def _store_files(self) -> None:
         """Under systemd's fd store: every memory file and the journal (and each tenant's file as it comes)."""

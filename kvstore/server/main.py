@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from concurrent import futures
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -53,15 +53,14 @@ from kvstore.server.handover.protocol import handover_socket_path
 from kvstore.server.handover.receiver import TakeOver, TakeOverFailed
 from kvstore.server.handover.sender import HandoverListener
 from kvstore.server.handover_host import HandoverHostMixin
-from kvstore.peer import PeerCluster
 from kvstore.policies import make_policy
 from kvstore.policies.admission import make_admission
-from kvstore.policies.write_budget import WriteBudget
 from kvstore.server.config import ServerConfig, load_config
 from kvstore.server.info import NodeInfo
 from kvstore.server.logs import setup_logging
 from kvstore.server.metric_labels import MetricLabels
 from kvstore.server.metrics import MetricsServer
+from kvstore.server.parts import kv_events_publisher, open_disk, peer_cluster, write_budget
 from kvstore.server.auth import AuthInterceptor
 from kvstore.server.fast_server import FastServer, fast_socket_path
 from kvstore.server.routing_ops import RoutingOps
@@ -69,11 +68,10 @@ from kvstore.server.service import KVStoreService
 from kvstore.server.tenancy import TenantGuard
 from kvstore.engine.quotas import TenantQuotas
 from kvstore.engine.sessions import SessionBook
-from kvstore.server.restart_log import log_adoption
 from kvstore.security import TokenTable
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.server.token_reload import TokenWatcher
-from kvstore.tiers.disk import BlockIO, DiskConfig, DiskStore, TenantFloors
+from kvstore.tiers.disk import DiskStore, TenantFloors
 from kvstore.transfers import TransferMeter
 
 if TYPE_CHECKING:
@@ -120,12 +118,12 @@ class Daemon(HandoverHostMixin):
             allocator = SlabAllocator(layout.data_offset, layout.data_bytes, cfg.max_block_bytes,
                                       bind=self.arena.bind if isolated else None)
             disk_config = cfg.disk_config()  # None with disk_bytes = 0
-            self.disk = self._open_disk(disk_config) if disk_config is not None else None
+            self.disk = open_disk(disk_config, self.transfers, cfg.disk_wipe) if disk_config is not None else None
             self.engine = Engine(self.engine_config, layout, self.arena.generations, allocator,
                                  make_policy(cfg.policy), disk=self.disk,
                                  admission=make_admission(cfg.disk_admission), arena_address=self.arena.address,
                                  quotas=TenantQuotas(cfg.ram_quotas), write_mode=cfg.disk_write,
-                                 budget=self._write_budget(cfg),
+                                 budget=write_budget(cfg),
                                  namespaces=adoption[2] if adoption is not None else None)
             self.engine.attach_journal(self.arena.journal, self.arena.generations)
             owners = cfg.disk_dir.rstrip("/") + ".owners.json" if self.disk is not None else ""
@@ -139,10 +137,12 @@ class Daemon(HandoverHostMixin):
                                                 adoption[1].dropped.get("header", 0) if adoption else 0)
             self.info = NodeInfo(cfg.node_id, self.arena, self.engine_config, self.engine.disk_degraded_reason,
                                  incarnation=incarnation)
-            self.peers = self._build_peers() if cfg.peer_endpoints else None
+            self.peers = (peer_cluster(cfg, self.arena, self.engine, self.disk is not None, self.transfers)
+                          if cfg.peer_endpoints else None)
             if self.peers is not None:
                 self.info.peer_status = self.peers.status
-            self.kv_events = self._build_kv_events() if cfg.kv_events else None
+            self.kv_events = (kv_events_publisher(cfg, self.engine, bind=not self.taking_over)
+                              if cfg.kv_events else None)
             if self.kv_events is not None and inh is not None and inh.kv_origins:
                 self.kv_events.restore_origins(inh.kv_origins)
             self.info.kv_events = self.kv_events is not None
@@ -178,58 +178,6 @@ class Daemon(HandoverHostMixin):
         self.background = Background(self.engine, self.arena, self.cfg.sweep_interval_s, JOURNAL_SYNC_S,
                                      hash_missing=self.notifier.store_enabled, token_watcher=self.token_watcher)
         self.lingering = False  # handed over with handover_linger: waits for SIGTERM, then exits (main)
-
-    def _adopt(self, inh: Inherited, adoption: tuple, tables_kept: bool, seconds: float) -> None:
-        entries, verification, _, bad_namespaces = adoption
-        slab_domain = [self.arena.domain_of_slab(s) for s in range(self.arena.layout.n_slabs)]
-        report, _ = self.engine.adopt(entries, inh.live, self.engine.lost_namespaces, slab_domain, tables_kept)
-        self.adopted_blocks = report.blocks
-        dropped = dict(verification.dropped)
-        for reason, n in report.dropped.items():
-            dropped[reason] = dropped.get(reason, 0) + n
-        self.engine.count_restart(report.blocks, dropped)
-        restored = self.sessions.restore(inh.sessions) if inh.sessions else 0
-        log_adoption(inh.source, report, verification, bad_namespaces, self.engine.lost_namespaces, restored,
-                     seconds, kept_incarnation=bool(tables_kept or (inh.incarnation and
-                                                                     self.info.incarnation == inh.incarnation)))
-
-    @staticmethod
-    def _write_budget(cfg: ServerConfig) -> WriteBudget | None:
-        """The disk write budget (disk_write_budget), None for none. Seed 0: the replay's simulator drives the
-        same class with the same seed (bench/replay)."""
-        rate = cfg.write_budget
-        if rate is None or not cfg.disk_bytes:
-            return None
-        return WriteBudget(rate, cfg.disk_write_budget_window_s, seed=0, max_block_bytes=cfg.max_block_bytes)
-
-    def _open_disk(self, config: DiskConfig) -> DiskStore:
-        """The disk tier, recovered or wiped, before any RPC is served (the store locks its directory)."""
-        store = DiskStore(config, io=BlockIO(transfers=self.transfers))
-        store.open(wipe=self.cfg.disk_wipe)  # logs what it recovered
-        return store
-
-    def _build_peers(self) -> PeerCluster:
-        """The peer tier (etcd membership + data plane); started after the gRPC server, stopped before it."""
-        cfg = self.cfg
-        capacity = self.arena.layout.data_bytes + (cfg.disk_bytes if self.disk is not None else 0)
-        return PeerCluster(cfg.peer_config(capacity), self.engine, self.arena.view, self.transfers)
-
-    def _build_kv_events(self) -> KvEventsPublisher:
-        """The vLLM-format event publisher (kv_events): subscribed to the engine's events now, so nothing stored
-        before start() is missed; binds its sockets now, so a taken address stops the daemon here (a successor
-        taking over binds them in start_late, when the daemon it took over from has let go of them)."""
-        try:
-            from kvstore.server.kv_events.publisher import KvEventsPublisher
-        except ImportError as exc:
-            raise ConfigError(f"kv_events = true needs pyzmq and msgpack ({exc}): pip install 'kvstore[events]'") from exc
-        engine = self.engine
-
-        def snapshot() -> Iterator[tuple[str, list[bytes], list[bytes]]]:
-            for ns in engine.stats().namespaces:
-                yield (ns.name, *engine.tier_keys(ns.name))
-        return KvEventsPublisher(self.cfg.kv_events_config(), engine.events, engine.namespace_labels, snapshot,
-                                 origin_capacity=max(1 << 16, 16 * self.cfg.max_batch_keys),
-                                 bind=not self.taking_over)  # a successor: once its predecessor lets go (start_late)
 
     def _build_server(self) -> grpc.Server:
         cfg = self.cfg

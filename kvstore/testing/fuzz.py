@@ -175,7 +175,12 @@ def make_message(desc: Descriptor, src: Source, pools: Pools, depth: int = 0) ->
             continue
         if fd.type == FieldDescriptor.TYPE_MESSAGE:
             if depth < 2 and not fd.message_type.GetOptions().map_entry:
-                getattr(out, fd.name).CopyFrom(make_message(fd.message_type, src, pools, depth + 1))
+                if fd.is_repeated:  # e.g. AnnotateRequest.origins: a few messages of their own
+                    items = getattr(out, fd.name)
+                    for _ in range(min(_length(src), 4)):
+                        items.add().CopyFrom(make_message(fd.message_type, src, pools, depth + 1))
+                else:
+                    getattr(out, fd.name).CopyFrom(make_message(fd.message_type, src, pools, depth + 1))
             continue
         if fd.is_repeated:
             n = _length(src)
