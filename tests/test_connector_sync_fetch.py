@@ -197,7 +197,7 @@ def test_a_tail_that_only_a_peer_holds_is_found_and_loaded_with_exact_bytes() ->
                     return cb.exists(ns, [tail_key], cluster=True) == [True]
                 except UnknownNamespaceError:
                     return False
-            wait_until(seen_from_b, what="the tail, seen from b")
+            wait_until(seen_from_b, 30, what="the tail, seen from b")  # a loaded 2-core host took over 10 s
             assert cb.exists(ns, [tail_key]) == [False]        # b itself does not hold it
         before = cluster.counters("b")
         req = Req("t2", first.all_token_ids + prompt_tokens(5, start=start + 50))
