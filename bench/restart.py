@@ -268,6 +268,16 @@ def report(outcomes: list[Outcome], lim: dict[str, float], nbytes: int, ttft: di
                  ["O_DIRECT read of the RAM (the fastest disk refill)", f"{lim['odirect_read_s']:.3f}",
                   f"{lim['odirect_read_gbs']:.2f}"],
                  ["memfd passed, mapped and hashed (the raw mechanism)", f"{lim['fd_pass_map_hash_s']:.3f}", "-"]])
+    if ttft is not None:
+        trows = [[k, f"{ttft[k]['ttft_p50_s']:.3f}", f"{ttft[k]['cached_fraction']:.3f}"] for k in ("recompute", "ram")]
+        for o in outcomes:
+            t = ttft.get(o.mode)
+            if t is not None:
+                trows.append([f"{o.mode}: started with it", f"{t['ttft_p50_s']:.3f}", f"{t['cached_fraction']:.3f}"])
+                if "after" in t:
+                    trows.append([f"{o.mode}: after it", f"{t['after']['ttft_p50_s']:.3f}",
+                                  f"{t['after']['cached_fraction']:.3f}"])
+        print_table("the next turn's TTFT through vLLM", ["when", "TTFT p50 s", "cached fraction"], trows)
     if h is not None:
         print(f"hand-over: RAM kept {h.ram_kept:.4f} ({mark(TARGETS, out, 'handover_ram_kept')}), unavailable "
               f"{h.unavailable_s:.3f} s ({mark(TARGETS, out, 'handover_unavailable_s')})")

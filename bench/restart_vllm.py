@@ -3,9 +3,10 @@
 bench.serve's model (its layers and dtype for this CPU) behind vLLM's OpenAI server with the connector. `n`
 sessions each store a prompt of PROMPT tokens (one computed turn); then, per way of restarting, the restart is
 started and at the same moment one pass of the sessions' next request runs (vLLM's own prefix cache reset before
-each, so every cached token is the store's). Per way: the TTFT of each request (p50, max) and the fraction of
-the prompts served from the store, against the same requests with every block in RAM (before any restart) and
-computed from scratch (the first turn).
+each, so every cached token is the store's), and once the restart is over the same pass again (`after`: what
+the new daemon serves; a request started with the restart may be answered by the old daemon while it drains).
+Per way: the TTFT of each request (p50, max) and the fraction of the prompts served from the store, against
+the same requests with every block in RAM (before any restart) and computed from scratch (the first turn).
 """
 
 from __future__ import annotations
@@ -107,8 +108,12 @@ def ttft_across_restarts(work: str, modes: list[str], quick: bool) -> dict[str, 
                 if "new" in box:
                     current = box["new"]
                     current.args = [a for a in current.args if a != "--take-over"]  # later: plain restarts
+                # the same requests once the restart is over: what the new daemon serves (a request started
+                # with the restart may still be answered by the old daemon while it drains)
+                after = asyncio.run(_pass(spec.url, prompts, time.monotonic()))
                 out[mode] = {**_summary(rows), "restart_s": round(box.get("seconds", -1.0), 3),
-                             "per_request": [[round(a, 3), round(b, 4), c] for a, b, c in rows]}
+                             "per_request": [[round(a, 3), round(b, 4), c] for a, b, c in rows],
+                             "after": _summary(after)}
     finally:
         if current is not d:
             current.close()
