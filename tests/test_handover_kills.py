@@ -36,10 +36,14 @@ def _start_with_blocks(tmp_path, env: dict[str, str] | None = None) -> DaemonPro
                       disk_write="commit")  # write-behind: the disk holds every block before the hand-over
     d.start()
     keys, values = _values()
-    with d.client() as c:
-        c.register_namespace(NS)
-        assert c.put_many(NS, keys, values).stored == N
-        wait_until(lambda: c.stats().disk.blocks == N, 30, what="disk writes")
+    try:
+        with d.client() as c:
+            c.register_namespace(NS)
+            assert c.put_many(NS, keys, values).stored == N
+            wait_until(lambda: c.stats().disk.blocks == N, 30, what="disk writes")
+    except BaseException:  # the caller's finally never sees a daemon this failed to return: stop it here
+        d.close()
+        raise
     return d
 
 
