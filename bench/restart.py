@@ -255,7 +255,7 @@ def report(outcomes: list[Outcome], lim: dict[str, float], nbytes: int, ttft: di
         out[f"{key}_hits_kept"] = round(o.hits_kept, 4)
     if ttft is not None:
         out["ttft"] = ttft
-    out["targets"] = evaluate(TARGETS, out)
+    out["targets"] = evaluate(tuple(t for t in TARGETS if t.field in out), out)  # --modes may leave hand-over out
     rows = [[o.mode, f"{o.unavailable_s:.3f}", "-" if o.first_hit_s is None else f"{o.first_hit_s:.3f}",
              f"{o.ram_kept:.3f}", f"{o.hits_kept:.3f}", f"{o.restart_s:.2f}", f"{o.probe_interval_s * 1e3:.1f} ms"]
             for o in outcomes]

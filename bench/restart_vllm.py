@@ -113,7 +113,8 @@ def ttft_across_restarts(work: str, modes: list[str], quick: bool) -> dict[str, 
                 after = asyncio.run(_pass(spec.url, prompts, time.monotonic()))
                 out[mode] = {**_summary(rows), "restart_s": round(box.get("seconds", -1.0), 3),
                              "per_request": [[round(a, 3), round(b, 4), c] for a, b, c in rows],
-                             "after": _summary(after)}
+                             "after": {**_summary(after),
+                                       "per_request": [[round(a, 3), round(b, 4), c] for a, b, c in after]}}
     finally:
         if current is not d:
             current.close()
