@@ -112,3 +112,30 @@ def test_a_grpc_call_during_a_frozen_hand_over_waits_and_is_answered(tmp_path) -
         t.join(30)
         assert got == [[True]]
         assert "serving again" in d.log()
+
+
+def test_a_lease_of_the_restarted_daemon_maps_its_arena_on_first_use(tmp_path) -> None:
+    # vLLM's scheduler (a) meets the restarted daemon first and hands its lease to the worker (b), which still maps
+    # the old arena: b maps the new one at once, so the first load after a restart is a load, not a recompute
+    d = DaemonProcess(workdir=str(tmp_path), arena_bytes="32MiB", max_block_bytes="1MiB")
+    d.start()
+    try:
+        with Client(d.address) as a, Client(d.address) as b:
+            a.register_namespace(NS)
+            assert a.put(NS, b"k", b"\x05" * BLOCK) is True
+            old = b.arena_incarnation
+            assert old is not None and b.mode == "arena"
+            d.stop(signal.SIGKILL)
+            d.start()
+            a.register_namespace(NS)
+            assert a.put(NS, b"k", b"\x06" * BLOCK) is True
+            lease = a.lookup(NS, [b"k"])
+            assert lease.hits == 1 and lease.incarnation != old
+            m = b.acquire_arena(lease.incarnation)
+            assert m is not None and m.incarnation == lease.incarnation == b.arena_incarnation
+            m.release()
+            a.release([lease])
+            assert b.acquire_arena(old) is None  # a lease of the incarnation b left is stale: no mapping, no remap
+            assert b.arena_incarnation == lease.incarnation
+    finally:
+        d.close()

@@ -76,6 +76,7 @@ class Client(DataCalls, SessionCalls, RoutingCalls):
         self._copy_threads = copy_threads
         self._requested_mode = mode
         self._slot = ArenaSlot()  # the arena mapping: replaced (never unmapped under a copy) on a restart
+        self._left_incarnations: set[int] = set()  # daemon incarnations this client mapped and moved on from
         self._connect_lock = threading.Lock()  # one reconnect at a time
         self._requested_control = control
         self._spare_slots = spare_puts.spares_wanted(spare_slots)
@@ -158,6 +159,7 @@ class Client(DataCalls, SessionCalls, RoutingCalls):
                 if self._slot.map is not current:  # another thread already remapped
                     return
             log.warning("kvstore daemon at %s restarted; remapping its arena", self.address)
+            self._left_incarnations.add(current.incarnation)
             self._connect()
 
     def acquire_arena(self, incarnation: int | None = None) -> ArenaMap | None:
@@ -166,8 +168,20 @@ class Client(DataCalls, SessionCalls, RoutingCalls):
 
         For callers that copy with their own engine (the vLLM connector's gather/scatter, GPU DMA): every copy
         through `m.address + offset` must finish before `m.release()` (or use `with m:`), so a concurrent
-        reconnect or close() can never unmap memory under it (arena_map.py)."""
-        return self._slot.acquire(incarnation)
+        reconnect or close() can never unmap memory under it (arena_map.py).
+
+        A lease or reservation of a daemon incarnation this client has not mapped yet (another process, vLLM's
+        scheduler, met the restarted daemon first and passed its lease on) makes the client map the new arena
+        first, once: without it the first load after a restart found no mapping and fell back to recompute.
+        An incarnation the client has already left is stale and gets None without a reconnect."""
+        m = self._slot.acquire(incarnation)
+        current = self._slot.map
+        if (m is None and incarnation is not None and current is not None and incarnation != current.incarnation
+                and incarnation not in self._left_incarnations):
+            self._left_incarnations.add(current.incarnation)
+            self._check_incarnation(incarnation)
+            m = self._slot.acquire(incarnation)
+        return m
 
     @property
     def mode(self) -> str:
