@@ -27,7 +27,8 @@ def test_core_reports_every_field_and_exact_counters() -> None:
     assert out["limit_gbs"] == out["memcpy_gbs"] == native[out["limit_threads"]]
     assert out[f"memcpy_native{out['limit_threads']}_ratio"] == 1.0
     for op in ("save", "load", "save_t1", "load_t1"):
-        assert out[f"{op}_ratio"] == pytest.approx(out[f"{op}_gbs"] / out["limit_gbs"], rel=0.01), op
+        # ratios are printed with 3 decimals: within half of the last one, or 1 %
+        assert out[f"{op}_ratio"] == pytest.approx(out[f"{op}_gbs"] / out["limit_gbs"], rel=0.01, abs=5e-4), op
     assert (out["bytes"], out["keys"], out["steps_per_prompt"], out["copy_threads"]) == (4 << 21, 4, 4, 2)
     assert out["copy_threads_measured"] == [1, 2] and set(out["targets_met"]) == {"save_ratio", "load_ratio"}
     # (warm-up + timed rounds) x (2 thread counts + 2 extra step sizes), + the instrumented pass
