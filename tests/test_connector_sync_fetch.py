@@ -15,10 +15,9 @@ import pytest
 from kvstore_connector.config import ConnectorConfig
 from kvstore_connector.keys import KeyChain, chain_root, tail_keys
 from kvstore_connector.load_policy import LoadPolicy
-from kvstore_connector.namespace import StageLayouts, namespace_for
+from kvstore_connector.namespace import StageLayouts, namespace_for, registration
 from kvstore_connector.scheduler import ScheduledRequest
 from kvstore.client import Client
-from kvstore.errors import UnknownNamespaceError
 from kvstore.testing import DaemonProcess, wait_until
 from kvstore.vocab import Tier
 from tests.connector_helpers import SPEC, T, Req, Side, block_bytes_of, make_caches, prompt_tokens
@@ -192,12 +191,11 @@ def test_a_tail_that_only_a_peer_holds_is_found_and_loaded_with_exact_bytes() ->
         cluster.wait_pushes("a")
         b = Side(cluster.nodes["b"].address, make_caches(start + 1), S1, save="all", load_mode="auto")
         with Client(cluster.nodes["b"].address) as cb:
-            def seen_from_b() -> bool:  # b's side registers its namespace when its link first connects
-                try:
-                    return cb.exists(ns, [tail_key], cluster=True) == [True]
-                except UnknownNamespaceError:
-                    return False
-            wait_until(seen_from_b, 30, what="the tail, seen from b")  # a loaded 2-core host took over 10 s
+            # b knows the namespace only once something registers it there: a's pushes do when b owns one of its
+            # keys (which one owns what follows the daemons' random ports), b's scheduler at its first lookup
+            # (below). Registered here with the connector's own arguments, so the check does not hang on chance.
+            cb.register_namespace(ns, **registration(S1))
+            wait_until(lambda: cb.exists(ns, [tail_key], cluster=True) == [True], 30, what="the tail, seen from b")
             assert cb.exists(ns, [tail_key]) == [False]        # b itself does not hold it
         before = cluster.counters("b")
         req = Req("t2", first.all_token_ids + prompt_tokens(5, start=start + 50))
