@@ -1,8 +1,12 @@
 """The daemon's disk tier in the simulator (`SegmentLog`: kvstore/tiers/disk/segments.py, writer.py, reclaim.py).
 
 - space: each record takes round_up(block, 4 KiB) in the active segment; a full segment is sealed and a free
-  one (or, when none is left, the OLDEST sealed one) becomes active; a batch never reclaims a segment it wrote
+  one (or, when none is left, a sealed one: below) becomes active; a batch never reclaims a segment it wrote
   into itself (NO_SPACE: tiers.py sizes segments so that this cannot happen).
+- which sealed one (kvstore/tiers/disk/cleaning.py): the one with the fewest unbacked records (live ones whose
+  block RAM does not hold backed by them: `resident`), oldest first among equals, when those fill at most
+  CLEAN_SHARE (a third) of it and it is not the oldest: it is CLEANED (every unbacked record copied to its start,
+  in write order, the backed ones dropped). Otherwise the oldest, with its second chance (below).
 - writes come in the writer's batches of 16 (`write`), in the order they were queued.
 - second chance (`reinsert_hits`): every promotion is a verified read of the block's record. When a segment
   is reclaimed, its records read at least `reinsert_hits` times since their (re)write are copied first, in
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+
+from kvstore.tiers.disk.cleaning import CLEAN_SHARE
 
 __all__ = ["SegmentLog", "WRITER_BATCH_BLOCKS", "PAGE_BYTES", "REINSERT_SHARE"]
 
@@ -51,7 +57,7 @@ class SegmentLog:
         self._uses = 0
         self.resident: Callable[[bytes], bool] | None = None  # disk_write = evict: RAM holds it, backed by it
         self.dropped: list[bytes] = []  # keys reclamation dropped since the caller last emptied this list
-        self.written = self.reclaimed = self.reinserted = self.no_space = 0
+        self.written = self.reclaimed = self.reinserted = self.no_space = self.cleaned = 0
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
@@ -94,6 +100,9 @@ class SegmentLog:
             elif dead is not None:  # every record deleted (segments.take_dead): reused with nothing dropped
                 self._sealed.remove(dead)
                 del self._members[dead]
+            elif (clean := self._cleanest(touched)) is not None:
+                self._sealed.remove(clean)
+                keep = self._clean(clean)
             elif self._sealed and self._sealed[0] not in touched:
                 keep = self._reclaim(self._sealed.popleft())
             else:
@@ -118,6 +127,36 @@ class SegmentLog:
         self._members[self._active].append(key)  # type: ignore[index]  # _append runs with a segment active
         self._wp += self.record_bytes
         self._reads.pop(key, None)
+
+    def _unbacked(self, use: int) -> int:
+        resident = self.resident
+        members = self._members[use]
+        return len(members) if resident is None else sum(1 for k in members if not resident(k))
+
+    def _cleanest(self, touched: set[int]) -> int | None:
+        """The sealed segment to clean (cleaning.cleanest), or None: reclaim the oldest."""
+        candidates = [(self._unbacked(use), age, use) for age, use in enumerate(self._sealed) if use not in touched]
+        if not candidates:
+            return None
+        unbacked, age, use = min(candidates)   # the fewest unbacked records, the oldest among equals
+        if unbacked * self.record_bytes > self.segment_bytes * CLEAN_SHARE or age == 0:
+            return None
+        return use
+
+    def _clean(self, use: int) -> list[bytes]:
+        """Take a younger segment use back: its unbacked records to keep (write order), the backed ones leave."""
+        self.cleaned += 1
+        keep: list[bytes] = []
+        resident = self.resident
+        for k in self._members.pop(use):
+            if resident is None or not resident(k):
+                keep.append(k)
+                continue
+            del self._where[k]
+            self._reads.pop(k, None)
+            self.dropped.append(k)
+            self.reclaimed += 1
+        return keep
 
     def _reclaim(self, use: int) -> list[bytes]:
         """Take the segment use `use` back: the records to keep (write order); the others leave the tier."""

@@ -48,6 +48,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_disk_budget_window_bytes{state}       ... this window's admitted bytes and target
   kvstore_disk_budget_bytes_total{decision} / kvstore_disk_budget_blocks_total{decision}   admitted, refused
   kvstore_disk_quota_kept_blocks_total / kvstore_disk_quota_overcommitted_total   tenant disk quotas at reclamation
+  kvstore_disk_cleaned_segments_total           reclamations that cleaned a younger segment RAM backs (cleaning.py)
   kvstore_tenant_bytes{tenant,tier} / kvstore_tenant_quota_bytes{tenant,tier}     usage against tenant quotas
   kvstore_event_subscribers                     KV-event streams open
   kvstore_event_drops_total                     KV events dropped for subscribers that fell behind
@@ -296,6 +297,9 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield CounterMetricFamily("kvstore_disk_quota_overcommitted",
                               "Disk reclamations that ignored quotas (protected bytes > capacity - 2 segments)",
                               value=d.quota_overcommitted)
+    yield CounterMetricFamily("kvstore_disk_cleaned_segments",
+                              "Disk reclamations of a younger segment RAM backs enough of (its unbacked records kept)",
+                              value=d.cleaned_segments)
 
 
 def _disk_writing(w: DiskWriting) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

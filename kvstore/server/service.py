@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 STREAM_CHUNK_BYTES = 1 << 20
 # DiskStats fields the daemon keeps for metrics and logs but does not send in Stats (DiskTierStats lacks them)
 _DISK_NOT_ON_WIRE = ("reads", "writes", "dropped_entries", "direct_io",
-                     "reinserted_blocks", "quota_kept_blocks", "quota_overcommitted")
+                     "reinserted_blocks", "quota_kept_blocks", "quota_overcommitted", "cleaned_segments")
 F = TypeVar("F", bound=Callable[..., Any])
 
 

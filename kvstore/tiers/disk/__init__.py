@@ -13,7 +13,8 @@ One concern per module (tests/test_config_layout.py holds this list equal to the
     counters.py   the store's named monotonic counters
     recovery.py   open()-time validation and rebuild
     writer.py     the write_many batch path
-    reclaim.py    reclaiming the oldest segment, with a second chance for records that were read
+    reclaim.py    reclaiming the oldest segment, with a second chance for records that were read, or a cleaned one
+    cleaning.py   which younger segment to clean instead: one RAM backs so much of that only a third needs copying
     floors.py     TenantFloors: per-tenant disk quotas kept at reclamation
     reader.py     the read_into path
     health.py     degraded state and its log lines

@@ -20,7 +20,8 @@ COUNTER_NAMES: tuple[str, ...] = (
     "io_errors",          # failed or short reads, plus failed write batches
     "evicted_blocks",     # records dropped by FIFO reclamation of their segment
     "evicted_bytes",      # their original bytes
-    "reinserted_blocks",  # records copied to the log's head at reclamation instead (second chance)
+    "reinserted_blocks",  # records copied to the log's head at reclamation instead (second chance, cleaning)
+    "cleaned_segments",   # reclamations of a younger segment that RAM backs enough of (reclaim.py, step 0)
     "quota_kept_blocks",  # of those, records kept because dropping them would put a tenant below its disk quota
     "quota_overcommitted",  # reclamations that ignored quotas: protected bytes exceeded capacity - 2 segments
     "dropped_entries",    # entries dropped for pointing outside the files (open) or at unreadable data

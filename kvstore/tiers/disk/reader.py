@@ -140,7 +140,7 @@ class BlockReader:
         with st.lock:
             st.counters.reads += 1
             st.counters.bytes_read += size
-            st.table.note_read(e.segment, ikey, e.seq)   # a hit: the record gets a second chance at reclamation
+            st.table.note_read(e.segment, ikey, e.seq, size)   # a hit: a second chance at reclamation; maybe backed
         st.io.note_read(size, read_s)  # verified reads only, like `reads`: a failed one is an error, not a speed
         return DiskStatus.OK, e.length
 

@@ -1,10 +1,20 @@
-"""Reclaiming the oldest segment, with a second chance for the records that were read since they were written.
+"""Reclaiming a segment: the oldest, with a second chance for the records that were read since they were written,
+or a younger one that RAM backs (or deletes) so much of that cleaning it drops no missing block.
 
 A plain FIFO log drops a whole segment when it needs the space, hot blocks included: a block that sessions
 keep reading back is dropped as soon as its segment is the oldest, exactly like one written once and never
 read. Like CacheLib Navy's hits-based reinsertion, reclamation keeps the records that were read at least
 `reinsert_hits` times since their write (SegmentTable counts verified reads) and drops only the others:
 
+    0. which    the sealed segment with the fewest bytes RAM does not back (cleaning.py: its live records less
+                those whose block RAM holds backed by them, and deleted ones count as free), when those fill at
+                most a third of it (CLEAN_SHARE) and it is not the oldest: it is CLEANED, every record RAM does
+                not back is kept (copied), the backed ones leave (RAM writes them again when it evicts them).
+                Otherwise the oldest, as below. Why: under disk_write = evict a block read back from disk keeps
+                its disk copy while RAM holds it, so promoted sessions leave copies of what RAM holds all over the
+                log; FIFO reaches them only when their segment is the oldest, and until then the two tiers hold
+                the same blocks twice (full-scale AgentX at 10 %: S3-FIFO + hints 0.80 of hits -> 0.85, Belady
+                0.945; docs/benchmarks.md).
     1. choose   under `mutate`: with tenant disk quotas, the records that would put their tenant below its
                 quota (floors.py), all of them; then the hot records of the oldest segment, in offset order,
                 while everything kept stays within half a segment (so without quotas every reclamation frees at
@@ -35,6 +45,7 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from kvstore.tiers.disk.cleaning import cleanest
 from kvstore.tiers.disk.config import round_up
 from kvstore.tiers.disk.floors import protect
 from kvstore.tiers.disk.index import IndexEntry, split_key
@@ -84,9 +95,10 @@ class Reclaimer:
     def close(self) -> None:
         self._buf.close()
 
-    def reclaim_oldest(self, touched: Collection[int], rewritten: Collection[bytes],
-                       pending: Mapping[int, int] | None = None) -> Reclaimed | None:
-        """Steps 1-2 for the oldest sealed segment; None when there is none or this batch wrote into it.
+    def reclaim_next(self, touched: Collection[int], rewritten: Collection[bytes],
+                     pending: Mapping[int, int] | None = None) -> Reclaimed | None:
+        """Steps 0-2: a segment to clean, else the oldest sealed one; None when there is none or this batch wrote
+        into the oldest.
 
         `rewritten`: index keys the current batch writes anew (their old record is not worth keeping).
         `pending`: namespace id -> bytes that earlier reclamations of this batch kept and have not committed
@@ -94,14 +106,19 @@ class Reclaimer:
         st = self._st
         cfg = st.config
         tenants = self._tenants()
-        resident = self._resident(touched)
+        cleaned = cleanest(st, touched)
+        resident = set() if cleaned is not None else self._resident(touched)
         with st.mutate:
             with st.lock:
-                seg = st.table.oldest_sealed()
+                seg = cleaned if cleaned is not None else st.table.oldest_sealed()
                 if seg is None or seg in touched:
                     return None
                 seqs = dict(st.table.members[seg])
-                hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten and k not in resident]
+                if cleaned is None:
+                    hot = [k for k in st.table.hot(seg, cfg.reinsert_hits) if k not in rewritten and k not in resident]
+                else:   # every record but the backed ones (those left in maybe_backed after cleanest's check)
+                    backed = st.table.maybe_backed[seg]
+                    hot = [k for k in seqs if k not in rewritten and k not in backed]
                 ns_bytes = dict(st.table.ns_bytes)
                 open_seq = st.alloc_seq()
             current = self._current(seg, seqs, hot if tenants is None else [k for k in seqs if k not in rewritten])
@@ -110,7 +127,8 @@ class Reclaimer:
             kept = {k for k, _ in keep}
             removed = st.index.reclaim(seg, open_seq, [k for k in seqs if k not in kept])  # before any byte is reused
             with st.lock:
-                st.table.reclaim_oldest(seg, open_seq)
+                st.table.reclaim(seg, open_seq)
+                st.counters.cleaned_segments += cleaned is not None
                 st.counters.evicted_blocks += len(removed)
                 st.counters.evicted_bytes += sum(e.length for _, e in removed)
                 st.counters.quota_kept_blocks += len(protected)

@@ -34,6 +34,7 @@ no lock: the store calls it under its state lock.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection, Iterable
 import os
 import re
 import threading
@@ -141,6 +142,10 @@ class SegmentTable:
         self.seg_ns: list[dict[int, int]] = [{} for _ in range(count)]      # namespace id -> footprint bytes
         self.ns_bytes: dict[int, int] = {}                                   # namespace id -> footprint bytes
         self.reads: list[dict[bytes, int]] = [{} for _ in range(count)]     # index key -> reads since written
+        # records read since written and not found unbacked since that read: the ones RAM may hold backed by them
+        # (a promoted block), index key -> footprint; and their bytes per segment (cleaning.py's estimate)
+        self.maybe_backed: list[dict[bytes, int]] = [{} for _ in range(count)]
+        self.maybe_bytes = [0] * count
         self.active: int | None = None
         self.sealed: collections.deque[int] = collections.deque()            # oldest first
         self.free: list[int] = list(range(count - 1, -1, -1))                # pop() takes the lowest
@@ -176,10 +181,21 @@ class SegmentTable:
     def oldest_sealed(self) -> int | None:
         return self.sealed[0] if self.sealed else None
 
-    def reclaim_oldest(self, seg: int, open_seq: int) -> tuple[int, int]:
-        """Take the oldest sealed segment for reuse (its entries already deleted). Returns (blocks, bytes) it held."""
-        assert self.sealed and self.sealed[0] == seg, "only the oldest sealed segment is reclaimed"
-        self.sealed.popleft()
+    def cleanest(self, busy: Collection[int]) -> tuple[int, int] | None:
+        """The sealed segment outside `busy` with the fewest bytes that may be unbacked (live records, less those
+        RAM may hold backed by them), oldest first among equals, and that figure; None when there is none."""
+        best: tuple[int, int] | None = None
+        for seg in self.sealed:
+            if seg in busy:
+                continue
+            unbacked = self.live[seg] - self.maybe_bytes[seg]
+            if best is None or unbacked < best[1]:
+                best = (seg, unbacked)
+        return best
+
+    def reclaim(self, seg: int, open_seq: int) -> tuple[int, int]:
+        """Take a sealed segment for reuse (its entries already deleted). Returns (blocks, bytes) it held."""
+        self.sealed.remove(seg)
         held = (len(self.members[seg]), self.live[seg])
         self.reset(seg, open_seq)
         return held
@@ -191,6 +207,7 @@ class SegmentTable:
         self.live[seg] = 0
         self.members[seg] = {}
         self.reads[seg] = {}
+        self.maybe_backed[seg], self.maybe_bytes[seg] = {}, 0
         for ns, n in self.seg_ns[seg].items():
             self._count_ns(ns, -n)
         self.seg_ns[seg] = {}
@@ -216,6 +233,7 @@ class SegmentTable:
             return False
         del self.members[seg][ikey]
         self.reads[seg].pop(ikey, None)
+        self.unbacked(seg, [ikey])
         self.live[seg] -= footprint
         self._count(seg, ikey, -footprint)
         return True
@@ -239,11 +257,24 @@ class SegmentTable:
         else:
             self.ns_bytes.pop(ns, None)
 
-    def note_read(self, seg: int, ikey: bytes, seq: int) -> None:
-        """A verified read of the record `seq` of `ikey` (a newer version or a reused segment: ignored)."""
+    def note_read(self, seg: int, ikey: bytes, seq: int, footprint: int) -> None:
+        """A verified read of the record `seq` of `ikey` (a newer version or a reused segment: ignored). Its
+        block may now be in RAM backed by it (a promotion): counted as maybe backed until found otherwise."""
         if 0 <= seg < self.count and self.members[seg].get(ikey) == seq:
             reads = self.reads[seg]
             reads[ikey] = reads.get(ikey, 0) + 1
+            maybe = self.maybe_backed[seg]
+            if ikey not in maybe:
+                maybe[ikey] = footprint
+                self.maybe_bytes[seg] += footprint
+
+    def unbacked(self, seg: int, ikeys: Iterable[bytes]) -> None:
+        """Records of `seg` that no RAM copy counts on (asked, or gone): no longer maybe backed."""
+        maybe = self.maybe_backed[seg]
+        for ikey in ikeys:
+            fp = maybe.pop(ikey, None)
+            if fp is not None:
+                self.maybe_bytes[seg] -= fp
 
     def hot(self, seg: int, min_reads: int) -> list[bytes]:
         """Records of `seg` read at least `min_reads` times since written (none when min_reads is 0)."""
@@ -260,6 +291,7 @@ class SegmentTable:
                 ns_live: dict[int, int]) -> None:
         self.open_seq[seg], self.members[seg], self.wp[seg], self.live[seg] = open_seq, members, wp, live
         self.reads[seg] = {}
+        self.maybe_backed[seg], self.maybe_bytes[seg] = {}, 0
         for ns, n in self.seg_ns[seg].items():
             self._count_ns(ns, -n)
         self.seg_ns[seg] = dict(ns_live)

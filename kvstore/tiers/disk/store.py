@@ -389,6 +389,7 @@ class DiskStore:
                 evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
                 direct_io=self._io.direct, reinserted_blocks=c.reinserted_blocks,
                 quota_kept_blocks=c.quota_kept_blocks, quota_overcommitted=c.quota_overcommitted,
+                cleaned_segments=c.cleaned_segments,
             )
 
     def segment_path(self, segment: int) -> str:

@@ -96,6 +96,7 @@ class DiskStats:
     reinserted_blocks: int = 0   # records kept at reclamation (second chance); their copies count in bytes_*
     quota_kept_blocks: int = 0   # of those, kept for a tenant's disk quota (floors.py)
     quota_overcommitted: int = 0  # reclamations that ignored quotas (protected bytes > capacity - 2 segments)
+    cleaned_segments: int = 0    # reclamations of a younger segment RAM backs enough of (cleaning.py)
 
     @property
     def compression_ratio(self) -> float:

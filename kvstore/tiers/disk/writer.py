@@ -224,7 +224,7 @@ class BatchWriter:
                 st.table.reset(seg, st.alloc_seq())
         reclaimed = None
         if seg is None:
-            reclaimed = self._reclaimer.reclaim_oldest(touched, batch.rewritten, batch.kept_ns)
+            reclaimed = self._reclaimer.reclaim_next(touched, batch.rewritten, batch.kept_ns)
             if reclaimed is None:
                 return False
             seg = reclaimed.segment
