@@ -150,7 +150,8 @@ def simulate(requests: Sequence[Request], tiers: Sequence[SimTier],
     if sim.disk is not None:
         d = sim.disk
         counters.update(disk_writes=d.written, disk_write_failures=d.no_space, disk_evicted_blocks=d.reclaimed,
-                        disk_reinserted=d.reinserted, disk_cleaned=d.cleaned, disk_blocks=len(d),
+                        disk_reinserted=d.reinserted, disk_cleaned=d.cleaned, disk_readmitted=sim.readmitted,
+                        disk_blocks=len(d),
                         disk_bytes_written=(d.written + d.reinserted) * d.record_bytes,
                         disk_bytes_read=(sim.disk_reads + d.reinserted) * d.record_bytes)
         evictions.append(d.reclaimed)

@@ -27,7 +27,8 @@ Evictions (`_evict`), per mode (`WritePlan`, the daemon's disk_write, disk_admis
   landed (the daemon's writer lets reads go first: movement.py); a queued block evicted first is not written.
 - evict: a victim admission takes (its use count: 1 at the put, +1 per RAM hit; 0 for a promoted block) and
   the budget admits is written back, in victim order, before its slot is reused; one a Release let go of, or
-  refused, is dropped (`evicted_unwritten`). A block whose disk copy reclamation dropped is written again.
+  refused, is dropped (`evicted_unwritten`). A block whose disk copy reclamation dropped is written again,
+  admission not asked (the budget is).
 A block whose record reclamation drops loses its disk mark; under commit it is then never queued again.
 The budget (kvstore/policies/write_budget.py, the daemon's own class) runs on the trace's clock here: the
 daemon's runs on its own, so the store equals this model only without a budget.
@@ -107,6 +108,7 @@ class CacheSim:
                                        "disk_writebacks", "evicted_unwritten", "room_waits", "demote_dropped"), 0)
         self.present_on_put = 0  # blocks a put found already stored (RAM or disk)
         self.disk_reads = 0  # verified reads of records (promotions that found theirs)
+        self.readmitted = 0  # victims admission would refuse, written because reclamation had dropped their copy
         self._landed = landed  # the daemon's promotions in landing order (landing.py); None: chain order
         self._landed_at = 0
         self.landing_mismatches = 0  # probes whose landed keys were not the ones the model promoted
@@ -292,7 +294,7 @@ class CacheSim:
         out: list[bytes] = []
         for v in victims:
             seen = self._seen.pop(v, 0)
-            let_go = v in self._let_go
+            let_go, dropped = v in self._let_go, v in self._dropped
             self._let_go.discard(v)
             self._dropped.discard(v)
             if v in self._queue:  # queued and evicted before the writer claimed it
@@ -302,9 +304,11 @@ class CacheSim:
                 self._flagged.discard(v)
                 c["evicted_to_disk"] += 1
             elif self.disk is not None and plan.mode == "evict":
-                if let_go or seen < plan.admission:
+                if let_go or (seen < plan.admission and not dropped):
                     c["evicted_unwritten"] += 1
-                elif self._offer([v]):
+                    continue
+                self.readmitted += dropped and seen < plan.admission  # admission not asked again
+                if self._offer([v]):
                     out.append(v)  # (counted as queued by _write_back)
                 else:
                     c["evicted_unwritten"] += 1

@@ -11,7 +11,7 @@ disk_write = evict: nothing is written at commit. When RAM evicts a block with n
 (the block's use count) and the budget accept, `write_back` takes it: flagged EVICTING and QUEUED, held, out
 of the policy, still readable; the writer writes it and `finish_writes` frees its slot (ram_space.py). A block
 promoted from disk keeps its disk copy, so evicting it again writes nothing; a disk copy that segment
-reclamation dropped (DISK_DROPPED) is written again at the next eviction. So the disk holds what RAM let go
+reclamation dropped (DISK_DROPPED) is written again at the next eviction (admission is not asked again). So the disk holds what RAM let go
 of, and RAM and disk hold mostly different blocks. Segment reclamation asks `resident` which of its records'
 blocks are in RAM with that copy (promoted): those get no second chance (RAM holds them, and writes them back
 when it evicts them), the other records read since their write do. A Reserve whose slots wait for write-backs
@@ -233,7 +233,10 @@ class DiskLink:
         that a Release let go of, admission or the budget refuses, or that finds the tier degraded or the write
         queue full (it is dropped: counted in evicted_unwritten or demote_queue_full), and a peer tier's guest
         (a copy another node owns: GUEST). `force` (a Demote):
-        admission and the budget are not asked (the budget is charged)."""
+        admission and the budget are not asked (the budget is charged). A block whose disk copy reclamation
+        dropped while RAM held it (DISK_DROPPED: admitted once already, its use count restarted at its promotion)
+        is not asked admission either, only the budget: otherwise cleaning (reclaim.py) would turn every
+        promoted block under seen:N into one the disk never takes back."""
         cat, counters = self._cat, self._counters
         out = [False] * len(eids)
         todo: list[int] = []
@@ -244,7 +247,7 @@ class DiskLink:
                 continue
             if not usable or flags & (LET_GO | GUEST):  # let go of, or a copy this node does not own
                 counters.evicted_unwritten += 1
-            elif force or self.admission.admits(int(cat.seen[eid])):
+            elif force or flags & DISK_DROPPED or self.admission.admits(int(cat.seen[eid])):
                 todo.append(i)
             else:
                 counters.evicted_unwritten += 1
