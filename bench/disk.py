@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ["measurement", "block", "passes", "p50 ms", "GB/s", "GB/s min-max", "ratio"], rows)
     cols = [*PHASES, "other (Python)", "total", "GB/s"]
     print_table("where DiskStore's time goes (one instrumented pass each, ms; lmdb includes its commit's fdatasync; "
-                "write_many's xxh3 runs on a helper thread during the pwrites)",
+                "write_many's xxh3 runs during each block's own pwrite, in its pwrite time)",
                 ["call", *cols], [[k, *(v[c] for c in cols)] for k, v in phases.items()])
     print_table(f"targets ({fmt_bytes(HEAD)} blocks)", ["target", "value", "met"],
                 [[f"{k} >= {TARGET}", out[k], "yes" if ok else "NO"] for k, ok in out["targets_met"].items()])

@@ -18,6 +18,7 @@ with no rules it behaves as the plain BlockIO.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from kvstore.tiers.disk import FaultyIO
 from kvstore.transfers import TransferMeter
@@ -47,6 +48,7 @@ class GatedIO(FaultyIO):
         self._hold("pread")
         return super().pread(fd, address, length, offset)
 
-    def pwrite(self, fd: int, address: int, length: int, offset: int) -> None:
+    def pwrite(self, fd: int, address: int, length: int, offset: int,
+               during: Callable[[], None] | None = None) -> None:
         self._hold("pwrite")
-        super().pwrite(fd, address, length, offset)
+        super().pwrite(fd, address, length, offset, during)
