@@ -17,6 +17,7 @@ One concern per module (tests/test_config_layout.py holds this list equal to the
     reclaim.py    reclaiming the oldest segment, with a second chance for records that were read
     floors.py     TenantFloors: per-tenant disk quotas kept at reclamation
     reader.py     the read_into path
+    read_stream.py  reads as a stream: a block verified while the next one is read (the promoters')
     health.py     degraded state and its log lines
     store.py      DiskStore, the facade the engine drives
 

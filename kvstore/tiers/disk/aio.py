@@ -1,4 +1,4 @@
-"""One O_DIRECT write in flight while the calling thread keeps working: Linux native AIO through ctypes syscalls.
+"""One O_DIRECT transfer in flight while the calling thread keeps working: Linux native AIO via ctypes syscalls.
 
 Why: the disk writer must hash every block it writes (xxh3, recorded at commit). A plain pwrite blocks its
 thread for the whole transfer, so the hash either runs after it (serial: ~10 % of the write rate at 2 MiB
@@ -8,19 +8,23 @@ run (bench.disk under a CPU hog: 0.16-0.35 of raw O_DIRECT instead of 0.9). Subm
 and hashing on the same thread before io_getevents keeps exactly ONE request in flight (the queue depth of a
 pwrite loop, which the benchmark's limit uses) and needs no second thread.
 
+The same for reads: a promoter verifies (xxh3) the block it read last while its next read is in flight
+(reader.py's stream), again one request per thread, the queue depth of the benchmark's pread limit.
+
     write_during(fd, address, length, offset, work) -> int | None
+    read_during(fd, address, length, offset, work) -> int | None    (the same contract; n < length also at EOF)
         None: AIO is not usable here (no io_setup: an old kernel, seccomp, a non-Linux or big-endian host; or
         io_submit refused): nothing was written and `work` did not run, the caller writes synchronously.
         n >= 0: `work()` ran while the write was in flight; n bytes were written (fewer than `length` only on
         a short write, 0 when the completion said EINVAL, which the caller's synchronous retry then reproduces
         and handles as O_DIRECT refused). Any other failed completion raises OSError with its errno.
 
-The write always completes (io_getevents) before write_during returns or raises, also when `work` raises:
-the caller's memory is never still being read by the device after it returns.
+The transfer always completes (io_getevents) before either returns or raises, also when `work` raises: the
+caller's memory is never still in the device's hands after it returns.
 
 Contexts (io_setup) are a per-process kernel resource (fs.aio-max-nr), so they are pooled process-wide: a
-context is taken for one call and given back, so there are only as many as calls ever ran at once (one: the
-store's single writer). A forked child drops the parent's pool (contexts belong to the parent's memory map).
+context is taken for one call and given back, so there are only as many as calls ever ran at once (the
+store's single writer and its promoters). A forked child drops the parent's pool (contexts belong to the parent's memory map).
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["write_during", "available"]
+__all__ = ["write_during", "read_during", "available"]
 
 # io_setup, io_destroy, io_getevents, io_submit
 _SYSCALLS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
-_IOCB_CMD_PWRITE = 1
+_IOCB_CMD_PREAD, _IOCB_CMD_PWRITE = 0, 1
 
 
 class _Iocb(ctypes.Structure):
@@ -65,10 +69,10 @@ class _Context:
         self.iocbs = (ctypes.POINTER(_Iocb) * 1)(ctypes.pointer(self.iocb))
         self.event = _Event()
 
-    def submit(self, fd: int, address: int, length: int, offset: int) -> int:
+    def submit(self, opcode: int, fd: int, address: int, length: int, offset: int) -> int:
         """0, or the errno io_submit failed with."""
         cb = self.iocb
-        cb.opcode, cb.fildes, cb.buf, cb.nbytes, cb.offset = _IOCB_CMD_PWRITE, fd, address, length, offset
+        cb.opcode, cb.fildes, cb.buf, cb.nbytes, cb.offset = opcode, fd, address, length, offset
         if _syscall(_SUBMIT, self.ctx, ctypes.c_long(1), self.iocbs) == 1:
             return 0
         return ctypes.get_errno() or errno.EIO
@@ -143,12 +147,21 @@ def _give(ctx: _Context) -> None:
 
 def write_during(fd: int, address: int, length: int, offset: int, work: Callable[[], None]) -> int | None:
     """See the module docstring."""
+    return _during(_IOCB_CMD_PWRITE, fd, address, length, offset, work)
+
+
+def read_during(fd: int, address: int, length: int, offset: int, work: Callable[[], None]) -> int | None:
+    """See the module docstring."""
+    return _during(_IOCB_CMD_PREAD, fd, address, length, offset, work)
+
+
+def _during(opcode: int, fd: int, address: int, length: int, offset: int, work: Callable[[], None]) -> int | None:
     ctx = _take()
     if ctx is None:
         return None
-    if ctx.submit(fd, address, length, offset):
+    if ctx.submit(opcode, fd, address, length, offset):
         _give(ctx)
-        return None   # refused before anything moved (EAGAIN, EINVAL on this file...): write synchronously
+        return None   # refused before anything moved (EAGAIN, EINVAL on this file...): do it synchronously
     try:
         work()
     finally:
@@ -157,5 +170,6 @@ def write_during(fd: int, address: int, length: int, offset: int, work: Callable
     if res == -errno.EINVAL:
         return 0
     if res < 0:
-        raise OSError(-res, f"{os.strerror(-res)} (asynchronous write of {length} bytes at {offset})")
+        what = "write" if opcode == _IOCB_CMD_PWRITE else "read"
+        raise OSError(-res, f"{os.strerror(-res)} (asynchronous {what} of {length} bytes at {offset})")
     return res

@@ -5,8 +5,9 @@ back at most once, and caching them would only evict memory the host needs (and 
 filesystem refuses O_DIRECT (EINVAL at open, or at the first I/O on filesystems that accept the flag but not the
 I/O) it falls back to buffered I/O plus posix_fadvise(DONTNEED) after each transfer, and says so ONCE.
 
-pwrite(..., during=work) runs `work` on the calling thread while the write is in flight (aio.py: native AIO,
-still one request at a time): the disk writer hashes each block during its own write.
+pwrite / pread(..., during=work) run `work` on the calling thread while the transfer is in flight (aio.py:
+native AIO, still one request at a time): the writer hashes each block during its own write, a promoter
+verifies the block it read last during its next read.
 
 Every call takes a raw address (an arena slot or an AlignedBuffer) rather than a bytes object, so a write of an
 uncompressed block goes straight from the shared-memory arena to the device without a bounce copy. Addresses,
@@ -160,11 +161,26 @@ class BlockIO:
         if fd in self._buffered:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
-        """Read up to `length` bytes into `address`; fewer only at end of file. Returns the count."""
+    def pread(self, fd: int, address: int, length: int, offset: int,
+              during: Callable[[], None] | None = None) -> int:
+        """Read up to `length` bytes into `address`; fewer only at end of file. Returns the count.
+
+        `during`: as pwrite's (a promoter verifies the block it read last while this read is in flight)."""
         _check_aligned(address, length, offset)
-        view = memory_view(address, length)
         done = 0
+        if during is not None:
+            got = aio.read_during(fd, address, length, offset, during) if fd not in self._buffered else None
+            if got is None:
+                done = self._read_from(fd, address, length, offset, 0)
+                during()
+                return done
+            if got == length:
+                return got
+            done = got   # EOF, a short read or an EINVAL: the loop finds out which
+        return self._read_from(fd, address, length, offset, done)
+
+    def _read_from(self, fd: int, address: int, length: int, offset: int, done: int) -> int:
+        view = memory_view(address, length)
         while done < length:
             try:
                 n = os.preadv(fd, [view[done:]], offset + done)
@@ -301,9 +317,10 @@ class FaultyIO(BlockIO):
         self._hit("pwrite", self._path(fd))
         super().pwrite(fd, address, length, offset, during)
 
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
+    def pread(self, fd: int, address: int, length: int, offset: int,
+              during: Callable[[], None] | None = None) -> int:
         self._hit("pread", self._path(fd))
-        return super().pread(fd, address, length, offset)
+        return super().pread(fd, address, length, offset, during)
 
     def fdatasync(self, fd: int) -> None:
         self._hit("fdatasync", self._path(fd))
