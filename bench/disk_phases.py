@@ -55,12 +55,12 @@ def profile(root: str, p: Passes, plan: Plan, pg: Any, sizes: Sequence[int],
         for size in sizes:
             pg.step(f"phases of DiskStore, {fmt_bytes(size)} blocks")
             for op, fn in (("write_many", lambda: p.tier_write(store, size, plan.pass_bytes)),
-                           ("read_into", lambda: p.tier_read(store, size, threads=1))):  # one thread: the
+                           ("read_stream", lambda: p.tier_read(store, size, threads=1))):  # one thread: the
                 # phases of a read add up to its wall time (the timed passes read on the promoters' threads)
                 acc.clear()
                 total = fn()
                 row = {k: round(acc.get(k, 0.0) * 1e3, 1) for k in PHASES}
-                serial = [k for k in PHASES if not (op == "write_many" and k == "xxh3")]  # hashed meanwhile
+                serial = [k for k in PHASES if k != "xxh3"]  # hashed during a pwrite / pread: inside its time
                 row["other (Python)"] = round((total - sum(acc.get(k, 0.0) for k in serial)) * 1e3, 1)
                 row.update({"total": round(total * 1e3, 1), "GB/s": round(gbs(plan.pass_bytes, total), 3)})
                 out[f"{op} {fmt_bytes(size)}"] = row

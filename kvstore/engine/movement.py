@@ -10,7 +10,9 @@ engine's lock for each call):
   `DiskStore.write_batch` call straight from the arena slots, and reports back the blocks that the batch's
   segment reclamations dropped (first: they left the disk before the batch landed) and the statuses.
 - promoter threads read blocks that a Lookup found only on disk into slots the engine allocated, then report
-  back; the Lookup (or a get waiting on it) is woken through the promotion's event.
+  back; the Lookup (or a get waiting on it) is woken through the promotion's event. Each promoter reads the
+  queue as a stream (DiskStore.read_stream): a block is verified, and reported, while its next read is in
+  flight; the last one at once.
 
 A full write queue rejects new blocks (counted): under overload, the disk tier keeps fewer copies rather than
 slowing puts.
@@ -159,19 +161,28 @@ class Mover:
                     self._cond.wait()
                 if not self._promotions:
                     return
+            try:   # until the queue is empty; each block verified while this thread reads the next one
+                self._disk.read_stream(self._next_promotion, self._promoted)
+            except Exception:   # every promotion taken was reported (read_stream's contract)
+                log.exception("promotions from disk failed")
+
+    def _next_promotion(self) -> Promotion | None:
+        """The next queued promotion for this promoter's stream (cancelled ones reported as misses), or None."""
+        while True:
+            with self._cond:
+                if not self._promotions:
+                    return None
                 p = self._promotions.popleft()
                 self._reading += 1
-            status = DiskStatus.IO_ERROR
-            try:
-                if not p.cancelled:
-                    status, _ = self._disk.read_into(p.namespace, p.key, p.address, p.capacity)
-                else:
-                    status = DiskStatus.NOT_FOUND
-            except Exception:
-                log.exception("promotion of a block of %s failed", p.namespace)
-            finally:
-                self._hooks.finish_promotion(p, status)
-                with self._cond:
-                    self._reading -= 1
-                    if not self._reading:
-                        self._cond.notify_all()
+            if not p.cancelled:
+                return p
+            self._promoted(p, DiskStatus.NOT_FOUND, 0)
+
+    def _promoted(self, p: Promotion, status: DiskStatus, _length: int) -> None:
+        try:
+            self._hooks.finish_promotion(p, status)
+        finally:
+            with self._cond:
+                self._reading -= 1
+                if not self._reading:
+                    self._cond.notify_all()

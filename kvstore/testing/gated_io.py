@@ -18,6 +18,7 @@ with no rules it behaves as the plain BlockIO.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from kvstore.tiers.disk import FaultyIO
 from kvstore.transfers import TransferMeter
@@ -38,15 +39,22 @@ class GatedIO(FaultyIO):
         self.gate = threading.Event()
         self._wait_s = wait_s
 
-    def _hold(self, op: str) -> None:
-        if self.armed == op:
-            self.entered.set()
-            assert self.gate.wait(self._wait_s), f"the test never opened the gate held by a {op}"
+    def _hold(self, op: str, during: Callable[[], None] | None) -> Callable[[], None] | None:
+        """Wait at the gate if `op` is armed. A held call is in flight from the gate on, so the work meant to
+        overlap it (a promoter's verification of the block it read before) runs first: the gate holds this
+        transfer only, as a slow device would. Returns the work still to pass on."""
+        if self.armed != op:
+            return during
+        if during is not None:
+            during()
+        self.entered.set()
+        assert self.gate.wait(self._wait_s), f"the test never opened the gate held by a {op}"
+        return None
 
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
-        self._hold("pread")
-        return super().pread(fd, address, length, offset)
+    def pread(self, fd: int, address: int, length: int, offset: int,
+              during: Callable[[], None] | None = None) -> int:
+        return super().pread(fd, address, length, offset, self._hold("pread", during))
 
-    def pwrite(self, fd: int, address: int, length: int, offset: int) -> None:
-        self._hold("pwrite")
-        super().pwrite(fd, address, length, offset)
+    def pwrite(self, fd: int, address: int, length: int, offset: int,
+               during: Callable[[], None] | None = None) -> None:
+        super().pwrite(fd, address, length, offset, self._hold("pwrite", during))

@@ -5,6 +5,7 @@ One concern per module (tests/test_config_layout.py holds this list equal to the
     config.py     DiskConfig and the disk settings' rules (the only place they are checked)
     types.py      DiskStatus (the closed outcome set), WriteItem, WriteResult, DiskRecord, DiskStats, RecoveryReport
     io.py         BlockIO (O_DIRECT, buffered fallback) and FaultyIO (fault injection for tests)
+    aio.py        one write in flight while its thread hashes the block (Linux native AIO via ctypes)
     codec.py      the codec registry (CODECS: none / zstd / zstd-shuffle2), encode and decode
     directory.py  the store's directory: created 0700, locked against a second daemon, wiped, probed
     segments.py   segment files and the log's space accounting (write pointer, FIFO reclamation order)
@@ -17,6 +18,7 @@ One concern per module (tests/test_config_layout.py holds this list equal to the
     cleaning.py   which younger segment to clean instead: one RAM backs so much of that only a third needs copying
     floors.py     TenantFloors: per-tenant disk quotas kept at reclamation
     reader.py     the read_into path
+    read_stream.py  reads as a stream: a block verified while the next one is read (the promoters')
     health.py     degraded state and its log lines
     store.py      DiskStore, the facade the engine drives
 

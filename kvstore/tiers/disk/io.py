@@ -5,6 +5,10 @@ back at most once, and caching them would only evict memory the host needs (and 
 filesystem refuses O_DIRECT (EINVAL at open, or at the first I/O on filesystems that accept the flag but not the
 I/O) it falls back to buffered I/O plus posix_fadvise(DONTNEED) after each transfer, and says so ONCE.
 
+pwrite / pread(..., during=work) run `work` on the calling thread while the transfer is in flight (aio.py:
+native AIO, still one request at a time): the writer hashes each block during its own write, a promoter
+verifies the block it read last during its next read.
+
 Every call takes a raw address (an arena slot or an AlignedBuffer) rather than a bytes object, so a write of an
 uncompressed block goes straight from the shared-memory arena to the device without a bounce copy. Addresses,
 offsets and lengths must be multiples of 4096 (O_DIRECT's rule); the store guarantees it and BlockIO checks it.
@@ -28,8 +32,10 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvstore.tiers.disk import aio
 from kvstore.tiers.disk.config import PAGE_BYTES
 from kvstore.transfers import TransferMeter
 
@@ -122,11 +128,26 @@ class BlockIO:
             os.close(fd)
 
     # -- data -------------------------------------------------------------------------------------------
-    def pwrite(self, fd: int, address: int, length: int, offset: int) -> None:
-        """Write exactly `length` bytes from `address` at `offset` (all three page-aligned)."""
+    def pwrite(self, fd: int, address: int, length: int, offset: int,
+               during: Callable[[], None] | None = None) -> None:
+        """Write exactly `length` bytes from `address` at `offset` (all three page-aligned).
+
+        `during`: work for this thread while the write is in flight (the writer hashes the block it writes),
+        with the request submitted by native AIO (aio.py: still one request at a time). Where AIO cannot be
+        used it runs after a plain pwrite. It runs at most once, and not at all when the write fails first."""
         _check_aligned(address, length, offset)
-        view = memory_view(address, length)
         done = 0
+        if during is not None:
+            got = aio.write_during(fd, address, length, offset, during) if fd not in self._buffered else None
+            if got is None:
+                self._write_from(fd, address, length, offset, 0)
+                during()
+                return
+            done = got   # the whole block, but for a short write or an EINVAL: the loop retries the rest
+        self._write_from(fd, address, length, offset, done)
+
+    def _write_from(self, fd: int, address: int, length: int, offset: int, done: int) -> None:
+        view = memory_view(address, length)
         while done < length:
             try:
                 n = os.pwrite(fd, view[done:], offset + done)
@@ -140,11 +161,26 @@ class BlockIO:
         if fd in self._buffered:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
-        """Read up to `length` bytes into `address`; fewer only at end of file. Returns the count."""
+    def pread(self, fd: int, address: int, length: int, offset: int,
+              during: Callable[[], None] | None = None) -> int:
+        """Read up to `length` bytes into `address`; fewer only at end of file. Returns the count.
+
+        `during`: as pwrite's (a promoter verifies the block it read last while this read is in flight)."""
         _check_aligned(address, length, offset)
-        view = memory_view(address, length)
         done = 0
+        if during is not None:
+            got = aio.read_during(fd, address, length, offset, during) if fd not in self._buffered else None
+            if got is None:
+                done = self._read_from(fd, address, length, offset, 0)
+                during()
+                return done
+            if got == length:
+                return got
+            done = got   # EOF, a short read or an EINVAL: the loop finds out which
+        return self._read_from(fd, address, length, offset, done)
+
+    def _read_from(self, fd: int, address: int, length: int, offset: int, done: int) -> int:
+        view = memory_view(address, length)
         while done < length:
             try:
                 n = os.preadv(fd, [view[done:]], offset + done)
@@ -276,13 +312,15 @@ class FaultyIO(BlockIO):
     def _path(self, fd: int) -> str:
         return self._paths.get(fd, "")
 
-    def pwrite(self, fd: int, address: int, length: int, offset: int) -> None:
+    def pwrite(self, fd: int, address: int, length: int, offset: int,
+               during: Callable[[], None] | None = None) -> None:
         self._hit("pwrite", self._path(fd))
-        super().pwrite(fd, address, length, offset)
+        super().pwrite(fd, address, length, offset, during)
 
-    def pread(self, fd: int, address: int, length: int, offset: int) -> int:
+    def pread(self, fd: int, address: int, length: int, offset: int,
+              during: Callable[[], None] | None = None) -> int:
         self._hit("pread", self._path(fd))
-        return super().pread(fd, address, length, offset)
+        return super().pread(fd, address, length, offset, during)
 
     def fdatasync(self, fd: int) -> None:
         self._hit("fdatasync", self._path(fd))

@@ -11,6 +11,7 @@ Primitives and what they return (statuses are DiskStatus; exceptions are for bug
   write_batch(items) -> WriteResult: the same, plus which blocks those reclamations dropped and how many
   records they kept (the engine publishes the dropped ones as removed from the disk tier).
 - read_into(ns, key, address, capacity) -> (OK | NOT_FOUND | CHECKSUM_ERROR | IO_ERROR, length) (reader.py).
+- read_stream(next_item, done): read_into for a stream of items, verifying each during the next read (read_stream.py).
 - lookup / contains_many / list_keys / namespaces: index only, no data I/O.
 - delete / clear_namespace -> count removed (0 when the index cannot commit: the store degrades).
 - probe() -> bool: write, sync and read back a page in a spare file, commit a tiny index txn, make the next
@@ -29,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk.config import DiskConfig
@@ -38,6 +40,7 @@ from kvstore.tiers.disk.floors import TenantFloors
 from kvstore.tiers.disk.health import Health
 from kvstore.tiers.disk.index import FORMAT_VERSION, DiskIndex, IndexEntry, make_key, record_of
 from kvstore.tiers.disk.io import BlockIO
+from kvstore.tiers.disk.read_stream import R, read_stream
 from kvstore.tiers.disk.reader import BlockReader
 from kvstore.tiers.disk.recovery import recover
 from kvstore.tiers.disk.segments import SegmentFiles, SegmentTable, segment_name
@@ -211,10 +214,10 @@ class DiskStore:
         return {st.index.ns_name(ns): n for ns, n in held.items()}
 
     def _state(self) -> StoreState:
-        st = self._st
-        if st is None:
-            raise RuntimeError(f"disk store at {self.config.directory} is not open: call open() first")
-        return st
+        return self._st or self._not_open()
+
+    def _not_open(self) -> NoReturn:
+        raise RuntimeError(f"disk store at {self.config.directory} is not open: call open() first")
 
     # -- writes ---------------------------------------------------------------------------------------------
     def write_many(self, items: Sequence[WriteItem]) -> list[DiskStatus]:
@@ -265,10 +268,10 @@ class DiskStore:
     # -- reads ----------------------------------------------------------------------------------------------
     def read_into(self, namespace: str, key: bytes, address: int, capacity: int) -> tuple[DiskStatus, int]:
         """Read a block into `address` (page-aligned, `capacity` bytes); see reader.py."""
-        reader = self._reader
-        if reader is None:
-            raise RuntimeError(f"disk store at {self.config.directory} is not open: call open() first")
-        return reader.read_into(namespace, key, address, capacity)
+        return (self._reader or self._not_open()).read_into(namespace, key, address, capacity)
+
+    def read_stream(self, next_item: Callable[[], R | None], done: Callable[[R, DiskStatus, int], None]) -> None:
+        read_stream(self._reader or self._not_open(), next_item, done)
 
     def lookup(self, namespace: str, key: bytes) -> DiskRecord | None:
         st = self._state()
@@ -389,8 +392,7 @@ class DiskStore:
                 evicted_bytes=c.evicted_bytes, reads=c.reads, writes=c.writes, dropped_entries=c.dropped_entries,
                 direct_io=self._io.direct, reinserted_blocks=c.reinserted_blocks,
                 quota_kept_blocks=c.quota_kept_blocks, quota_overcommitted=c.quota_overcommitted,
-                cleaned_segments=c.cleaned_segments,
-            )
+                cleaned_segments=c.cleaned_segments)
 
     def segment_path(self, segment: int) -> str:
         """Path of a segment file (for tools and tests)."""

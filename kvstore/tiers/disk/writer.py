@@ -1,12 +1,12 @@
 """The write path: one write_many batch = encode -> reserve -> pwrite -> fdatasync -> ONE index commit.
 
     encode    checksum (xxh3_64 of the original bytes) and, for zstd codecs, compress. CPU only, no lock.
-              Uncompressed blocks are hashed by a helper thread WHILE the batch's pwrites run (the checksum
-              is needed only at commit, and pwrite releases the GIL). The helper runs at SCHED_IDLE: on a
-              small VM a hashing thread at normal priority took the CPU the I/O path needed and cost 12 % of
-              the write rate (bench.disk, 2 cores); idle, it hashes in the gaps the writes leave. What it has
-              not reached when the pwrites end, the writer hashes itself (`_Hashing`), so a busy box makes
-              the hash serial again but never starves it.
+              An uncompressed block is hashed by the writer itself WHILE its own pwrite is in flight
+              (BlockIO.pwrite's `during`, native AIO: still one request at a time); the checksum is needed
+              only at commit. Why not a helper thread, as before: at normal priority it took the CPU the I/O
+              path needed (12 % of the write rate on 2 cores), at SCHED_IDLE it starved whenever both cores
+              were busy, and the writer then waited on a block the helper had taken (bench.disk under a CPU
+              hog: 0.16-0.35 of raw O_DIRECT).
     reserve   place each record at the active segment's write pointer (under `lock`); a full segment is sealed
               and the next one taken: a free one, or a sealed one whose records were all deleted, else the
               OLDEST sealed one, whose index entries are deleted
@@ -33,11 +33,8 @@ degrades the store. A batch larger than the whole capacity is not a fault: what 
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import xxhash
@@ -73,6 +70,10 @@ class _Pending:
     @property
     def footprint(self) -> int:
         return round_up(self.stored)
+
+    def hash_raw(self) -> None:
+        """The checksum of an uncompressed block, taken while its pwrite is in flight (see _write)."""
+        self.checksum = xxhash.xxh3_64_intdigest(memory_view(self.item.address, self.item.length))
 
 
 @dataclass
@@ -112,11 +113,8 @@ class BatchWriter:
         self._st = state
         self._bounce = AlignedBuffer()
         self._reclaimer = Reclaimer(state)
-        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-disk-hash",
-                                          initializer=_idle_priority)
 
     def close(self) -> None:
-        self._hasher.shutdown(wait=True)
         self._bounce.close()
         self._reclaimer.close()
 
@@ -125,20 +123,14 @@ class BatchWriter:
         st = self._st
         statuses = [OK] * len(items)
         batch = _Batch(set())
-        hashing: Future[None] | None = None
         try:
             pending = self._encode(items)
-            raw = _Hashing([p for p in pending if p.payload is None])
-            hashing = self._hasher.submit(raw.run) if raw.todo else None
             batch.rewritten = {p.ikey for p in pending}
             placed = self._reserve(pending, statuses, batch)
             if placed or batch.moves or batch.lost:
                 started = time.perf_counter()
-                self._write(placed, batch.moves)
+                self._write(placed, batch.moves)   # also takes the uncompressed blocks' checksums
                 write_s = time.perf_counter() - started
-                if hashing is not None:
-                    raw.run()          # what the idle helper has not reached yet
-                    hashing.result()   # the checksums the commit records (at most the block it is on)
                 reinserted = self._commit(placed, batch)
                 st.io.note_write_batch(sum(p.footprint for p in placed), write_s)  # metrics: one batch
                 written = {p.ikey for p in placed}   # a key whose old record went is still there if rewritten
@@ -148,9 +140,6 @@ class BatchWriter:
                 status = st.health.fault("writing blocks", exc)
                 st.counters.io_errors += 1
             return WriteResult([status] * len(items), self._names(batch.dropped + self._abandon(batch)))
-        finally:
-            if hashing is not None:   # never return while the helper still reads the caller's memory
-                hashing.exception()   # (waits; instant once done)
         return WriteResult(statuses, self._names(batch.dropped))
 
     def _names(self, ikeys: list[bytes]) -> list[tuple[str, bytes]]:
@@ -180,7 +169,7 @@ class BatchWriter:
             view = memory_view(it.address, it.length)
             codec = it.codec or st.config.compression
             payload = encode(codec, view) if codec != "none" else None
-            # compressed: hash now (the payload is ready anyway); raw: hashed during the pwrites (_hash_in_place)
+            # compressed: hash now (the payload is ready anyway); raw: hashed during its pwrite (_write)
             checksum = xxhash.xxh3_64_intdigest(view) if payload is not None else 0
             if payload is None:
                 codec = "none"
@@ -262,7 +251,7 @@ class BatchWriter:
         for p in placed:
             fd = files.fd(p.segment)
             if p.payload is None:
-                io.pwrite(fd, p.item.address, p.footprint, p.offset)
+                io.pwrite(fd, p.item.address, p.footprint, p.offset, during=p.hash_raw)
             else:
                 addr = self._bounce.ensure(p.footprint)
                 ctypes.memmove(addr, p.payload, p.stored)
@@ -308,30 +297,3 @@ class BatchWriter:
                     c.stored_bytes += p.stored
         batch.dropped += [k for k, _ in batch.lost]
         return reinserted
-
-
-class _Hashing:
-    """xxh3_64 of a batch's uncompressed blocks, taken one at a time by whichever thread asks first: the idle
-    helper during the pwrites, then the writer itself (see the module docstring)."""
-
-    def __init__(self, todo: list[_Pending]) -> None:
-        self.todo = todo
-        self._next = 0
-        self._lock = threading.Lock()
-
-    def run(self) -> None:
-        while True:
-            with self._lock:
-                if self._next == len(self.todo):
-                    return
-                p = self.todo[self._next]
-                self._next += 1
-            p.checksum = xxhash.xxh3_64_intdigest(memory_view(p.item.address, p.item.length))
-
-
-def _idle_priority() -> None:
-    """The hashing helper runs only when a CPU would otherwise idle (Linux SCHED_IDLE; elsewhere as it is)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
