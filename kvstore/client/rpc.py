@@ -25,6 +25,10 @@ __all__ = ["Rpc", "translate", "tls_from_env", "open_channel"]
 
 T = TypeVar("T")
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# after a `restarting` refusal, how long a call that ends UNAVAILABLE or CANCELLED is taken for one the
+# handing-over daemon cut off as it stopped (kvstore/server/handover_host.py `commit`): sent again like a refused one
+RESTART_CANCEL_S = 5.0
+_CUT_OFF = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 def translate(exc: grpc.RpcError, address: str) -> KVStoreError:
@@ -94,11 +98,20 @@ class Rpc:
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", "Bearer " + token),) if token else ()
         self.channel = open_channel(address, tls if tls is not None else tls_from_env(), opts)
         self.stub = pb_grpc.KVStoreStub(self.channel)
+        self._restart_seen = float("-inf")  # when a call last met a daemon handing over (its `restarting`)
 
     def call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
         """The response, or the daemon's error as a KVStoreError. A call the daemon refused because it is handing
         over to a successor (reason `restarting`: it did not run) is sent again, backing off from 20 ms to 200 ms,
-        until the successor answers or the call's time is spent (a hand-over's window is well under a second)."""
+        until the successor answers or the call's time is spent (a hand-over's window is well under a second).
+
+        So is a call that ends UNAVAILABLE or CANCELLED within RESTART_CANCEL_S of a `restarting` refusal: the
+        old daemon closed its gate (refusing every new call unrun) and drained the calls it had admitted before
+        its commit stops its gRPC server and it exits, which cuts off what is still on its connections ("Cancelling
+        all calls", or a reset stream): calls the gate was refusing, or one it admitted that ran past the
+        freeze's drain (5 s), which is sent again too (a call that ran twice answers as a repeated one does: a
+        Commit of a committed reservation is an error, never other bytes). With no hand-over seen, both stay
+        errors (a CI run met a CANCELLED there: tests/test_handover.py's gRPC client)."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         pause = 0.02
         while True:
@@ -106,7 +119,12 @@ class Rpc:
                 return getattr(self.stub, name)(request, timeout=max(0.05, deadline - time.monotonic()),
                                                 metadata=self.metadata)
             except grpc.RpcError as exc:
-                if _restarting(exc) and time.monotonic() + pause < deadline:
+                now = time.monotonic()
+                if _restarting(exc):
+                    self._restart_seen = now
+                cut_off = (exc.code() if hasattr(exc, "code") else None) in _CUT_OFF and (
+                    now - self._restart_seen < RESTART_CANCEL_S)
+                if (_restarting(exc) or cut_off) and now + pause < deadline:
                     time.sleep(pause)
                     pause = min(0.2, pause * 2)
                     continue
