@@ -146,25 +146,23 @@ class SegmentLog:
     def _clean(self, use: int) -> list[bytes]:
         """Take a younger segment use back: its unbacked records to keep (write order), the backed ones leave."""
         self.cleaned += 1
-        keep: list[bytes] = []
         resident = self.resident
-        for k in self._members.pop(use):
-            if resident is None or not resident(k):
-                keep.append(k)
-                continue
-            del self._where[k]
-            self._reads.pop(k, None)
-            self.dropped.append(k)
-            self.reclaimed += 1
-        return keep
+        return self._take_back(use, lambda k, kept: resident is None or not resident(k))
 
     def _reclaim(self, use: int) -> list[bytes]:
-        """Take the segment use `use` back: the records to keep (write order); the others leave the tier."""
-        keep: list[bytes] = []
+        """Take the oldest segment use back: the records read since written that RAM does not back, within half
+        a segment, are kept (write order); the others leave the tier."""
         resident = self.resident
+        return self._take_back(use, lambda k, kept: bool(
+            self.reinsert_hits and self._reads.get(k, 0) >= self.reinsert_hits and kept < self.keep_max
+            and (resident is None or not resident(k))))
+
+    def _take_back(self, use: int, keeps: Callable[[bytes, int], bool]) -> list[bytes]:
+        """Empty segment use `use`: the records `keeps(key, kept so far)` says to keep, in write order; the others
+        leave the tier (dropped)."""
+        keep: list[bytes] = []
         for k in self._members.pop(use):
-            if (self.reinsert_hits and self._reads.get(k, 0) >= self.reinsert_hits and len(keep) < self.keep_max
-                    and (resident is None or not resident(k))):
+            if keeps(k, len(keep)):
                 keep.append(k)
                 continue
             del self._where[k]
