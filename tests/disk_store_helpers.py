@@ -7,6 +7,8 @@ the store the same way; segments are 1 MiB (the smallest allowed), capacity 3 se
 
 from __future__ import annotations
 
+import os
+
 import logging
 import mmap
 from collections.abc import Callable, Iterator
@@ -94,3 +96,14 @@ def read(store: DiskStore, ns: str, key: bytes, size: int = 2 * MiB) -> tuple[Di
 
 def disk_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith(LOGGER) and r.levelno >= logging.ERROR]
+
+
+def flip_byte(path: str, offset: int, mask: int) -> None:
+    """Damage one byte of a segment file in place (XOR `mask`), synced: what a bad sector would read back as."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ mask]))
+        f.flush()
+        os.fsync(f.fileno())

@@ -22,7 +22,7 @@ from kvstore.tiers.disk import DiskStatus, DiskStore, aio
 from kvstore.tiers.disk import io as disk_io
 from kvstore.tiers.disk import writer as disk_writer
 from kvstore.tiers.disk.io import BlockIO
-from tests.disk_store_helpers import OK, PAGE, Buf, KiB, MiB, cfg, random_bytes, read, write
+from tests.disk_store_helpers import OK, PAGE, Buf, KiB, MiB, cfg, flip_byte, random_bytes, read, write
 
 BLOCK = 256 * KiB
 
@@ -173,13 +173,7 @@ def test_a_flipped_byte_after_an_overlapped_write_is_a_checksum_error(tmp_path: 
         assert write(s, Buf(MiB), "ns", {b"k": data, b"ok": other}, "none") == [OK, OK]
         rec = s.lookup("ns", b"k")
         assert rec is not None
-        with open(s.segment_path(rec.segment), "r+b") as f:
-            f.seek(rec.offset + 12345)
-            byte = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([byte[0] ^ 0x01]))
-            f.flush()
-            os.fsync(f.fileno())
+        flip_byte(s.segment_path(rec.segment), rec.offset + 12345, 0x01)
         out = Buf(MiB)
         out.arr[:] = 0xAB
         assert s.read_into("ns", b"k", out.address, out.size) == (DiskStatus.CHECKSUM_ERROR, 0)

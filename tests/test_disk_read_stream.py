@@ -22,7 +22,8 @@ import pytest
 from kvstore.errors import InvalidRequestError
 from kvstore.tiers.disk import BlockIO, DiskStatus, DiskStore, aio
 from kvstore.tiers.disk import io as disk_io
-from tests.disk_store_helpers import NOT_FOUND, OK, Buf, KiB, MiB, bf16_like, cfg, random_bytes, write
+from tests.disk_store_helpers import (NOT_FOUND, OK, Buf, KiB, MiB, bf16_like, cfg, flip_byte, random_bytes,
+                                      write)
 
 CHECKSUM_ERROR, IO_ERROR = DiskStatus.CHECKSUM_ERROR, DiskStatus.IO_ERROR
 SLOT = 256 * KiB
@@ -133,11 +134,7 @@ def test_a_flipped_byte_in_a_stream_is_a_checksum_error_with_the_destination_zer
     assert write(s, Buf(MiB), "ns", blocks) == [OK] * 3
     rec = s.lookup("ns", b"k1")
     assert rec is not None
-    with open(s.segment_path(rec.segment), "r+b") as f:
-        f.seek(rec.offset + 777)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x20]))
+    flip_byte(s.segment_path(rec.segment), rec.offset + 777, 0x20)
     dest = Dest(list(blocks))
     assert stream(s, dest.items()) == [(b"k0", OK, 200 * KiB), (b"k1", CHECKSUM_ERROR, 0), (b"k2", OK, 200 * KiB)]
     assert dest.got(b"k1", 200 * KiB) == bytes(200 * KiB)     # scrubbed: no unverified byte left there

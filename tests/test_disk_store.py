@@ -21,7 +21,7 @@ from kvstore.errors import ConfigError, InvalidRequestError
 from kvstore.tiers.disk import DiskStatus, DiskStore, WriteItem
 from kvstore.tiers.disk.codec import shuffle2, unshuffle2_into
 from tests.disk_store_helpers import (
-    NOT_FOUND, OK, PAGE, Buf, KiB, MiB, bf16_like, cfg, random_bytes, read, store_fixture, write,
+    NOT_FOUND, OK, PAGE, Buf, KiB, MiB, bf16_like, cfg, flip_byte, random_bytes, read, store_fixture, write,
 )
 
 store = store_fixture()
@@ -181,13 +181,7 @@ def test_flipped_bytes_give_checksum_error_never_bytes(store: DiskStore, codec: 
     assert write(store, Buf(MiB), "ns", {b"k": data, b"ok": data}, codec) == [OK, OK]
     rec = store.lookup("ns", b"k")
     assert rec is not None and rec.codec == codec
-    with open(store.segment_path(rec.segment), "r+b") as f:
-        f.seek(rec.offset + rec.stored_length // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x5A]))
-        f.flush()
-        os.fsync(f.fileno())
+    flip_byte(store.segment_path(rec.segment), rec.offset + rec.stored_length // 2, 0x5A)
     out = Buf(MiB)
     out.arr[:] = 0xAB
     assert store.read_into("ns", b"k", out.address, out.size) == (DiskStatus.CHECKSUM_ERROR, 0)
