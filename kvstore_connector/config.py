@@ -27,6 +27,11 @@ Keys (all optional)::
                        count). The step waits for them, so every running request's next token waits too:
                        16 MiB is ~2-5 ms at NVMe or 25-100 Gb/s network speed, under one busy step. 0: only
                        hits all in this node's RAM load synchronously (16777216)
+    claim_ms           a lookup that misses claims the keys this server is about to compute for this long, and one
+                       that misses keys another server (or another vLLM on this node) claimed waits up to this
+                       long for that server's save, then loads them, instead of computing them too
+                       (kvstore_connector/claims.py). With load_mode "auto" or "async", one KV cache group
+                       and save not "off". 0: no claims (5000)
     lookup_timeout_s   deadline of the scheduler's prefix Lookup; a slow store costs hits, never latency (1.0)
     load_timeout_s     deadline of the worker's load and save RPCs; on expiry the load fails -> recompute (10.0)
     blocks_per_key     vLLM blocks per stored block, or "auto" (default): the fewest whose bytes reach
@@ -50,6 +55,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvstore.engine.claims import MAX_CLAIM_MS
 from kvstore.errors import ConfigError
 
 __all__ = ["ConnectorConfig", "SAVE_POLICIES", "LOAD_MODES", "WINDOW_SAVES"]
@@ -89,6 +95,7 @@ class ConnectorConfig:
     tails: bool = True
     load_mode: str = "auto"
     sync_fetch_bytes: int = 16 << 20
+    claim_ms: int = 5000
     lookup_timeout_s: float = 1.0
     load_timeout_s: float = 10.0
     blocks_per_key: int | None = None  # None = auto
@@ -140,7 +147,7 @@ class ConnectorConfig:
         if "blocks_per_key" in extra and extra["blocks_per_key"] not in ("auto", None):
             kw["blocks_per_key"] = _number("blocks_per_key", extra["blocks_per_key"], int, 1, 1024)
         for name, lo, hi in (("min_transfer_bytes", 4096, 1 << 30), ("max_blocks_per_key", 1, 1024),
-                             ("sync_fetch_bytes", 0, 1 << 40),
+                             ("sync_fetch_bytes", 0, 1 << 40), ("claim_ms", 0, MAX_CLAIM_MS),
                              ("key_seed", 0, (1 << 64) - 1), ("copy_threads", 1, 64),
                              ("window_checkpoint_tokens", 0, 1 << 24)):
             if name in extra:

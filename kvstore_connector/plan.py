@@ -30,6 +30,9 @@ class LoadJob:
     keys: list[bytes]
     block_ids: list[list[int]]  # per KV cache group
     sync: bool = False
+    # > 0: some keys are another scheduler's to save (kvstore_connector/claims.py): wait up to this long for them,
+    # load the leading keys that came and report the rest failed
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class ReqState:
     load_skip_blocks: int = 0   # leading blocks of the first loaded key already in vLLM's prefix cache
     local_tokens: int = 0       # vLLM's own prefix-cache hit at the last lookup (block aligned)
     loading: tuple[int, list[list[int]]] | None = None  # in-flight load: (first key, its job's block ids)
+    pending_keys: int = 0       # of lookup_keys, those another scheduler claimed and is saving (kvstore_connector/claims.py)
     fetch_keys: int = 0         # the remembered lookup's hit keys past vLLM's own cache not in this node's RAM
     lookup_tail: Tail | None = None  # the remembered lookup's partial last block (kvstore_connector/tails.py)
     tail_saved: bool = False    # its final partial last block is saved (or asked for)

@@ -62,6 +62,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvstore_connector.claims import loadable_run, new_claimant
 from kvstore_connector.config import ConnectorConfig
 from kvstore_connector.groups import NULL_BLOCK, save_points, saved_in_window
 from kvstore_connector.hints import HintSessions
@@ -78,6 +79,7 @@ from kvstore_connector.request_attrs import lora_name, mm_hashes, num_tokens
 from kvstore_connector.stats import ConnectorCounters
 from kvstore_connector.request_state import ReqState, ScheduledRequest
 from kvstore_connector.scheduler_tails import SchedulerTails
+from kvstore.engine.claims import CLAIMED
 from kvstore.vocab import Tier
 
 __all__ = ["SchedulerSide", "ScheduledRequest"]
@@ -117,6 +119,10 @@ class SchedulerSide(SchedulerTails):
         self._stream_logged = False
         self.misses = MissExplainer(link, self.counters)
         self.hints = HintSessions(link, self.counters, tokens_per_key=self.tokens_per_key, key_seed=config.key_seed)
+        # claims (kvstore_connector/claims.py): where a waiting load can take the place of computing
+        self._claims = (config.claim_ms > 0 and config.save != "off" and self.num_groups == 1
+                        and config.load_mode != "sync")
+        self._claimant = new_claimant()
 
     # -- state -------------------------------------------------------------------------------------------
     def _state(self, request: Any) -> ReqState:
@@ -184,18 +190,39 @@ class SchedulerSide(SchedulerTails):
         keys = self._extend(st, prompt)[:usable]
         if st.lookup_keys is None:
             n, tiers, miss = self._lookup(st, keys)
+            st.pending_keys = p = self._claim(st, keys, n) if n < len(keys) else 0
             st.fetch_keys = self.load_policy.fetch_keys(tiers, num_computed_tokens)
             if keys:
                 self._count_lookup(len(keys), tiers, num_computed_tokens)
-            if n < len(keys):
-                self._missed(st, miss or UNEXPLAINED)
-            st.lookup_keys = n
-            st.stored_keys = max(st.stored_keys, n)
-            st.lookup_tail = self._find_tail(st, prompt, n) if n else None  # no prefix hit: a tail is <1 block
+            if n + p < len(keys):
+                self._missed(st, MissTarget(miss.namespaces, keys[n + p]) if p and isinstance(miss, MissTarget)
+                             else miss or UNEXPLAINED)
+            st.lookup_keys = n + p
+            st.stored_keys = max(st.stored_keys, n + p)
+            # no prefix hit: a tail is <1 block; keys still being saved elsewhere: no tail after them yet
+            st.lookup_tail = self._find_tail(st, prompt, n) if n and not p else None
         tail = st.lookup_tail.tokens if st.lookup_tail is not None else 0
         hit_tokens = st.lookup_keys * self.tokens_per_key + tail
         extra = hit_tokens - num_computed_tokens
-        return (extra, not self.load_policy.sync(st.fetch_keys)) if extra > 0 else (0, False)
+        return (extra, not self._sync(st)) if extra > 0 else (0, False)
+
+    def _sync(self, st: ReqState) -> bool:
+        """Load in the step? Never while keys another server computes are awaited (claims.py)."""
+        return not st.pending_keys and self.load_policy.sync(st.fetch_keys)
+
+    def _claim(self, st: ReqState, keys: list[bytes], n: int) -> int:
+        """Claim the keys from the first miss for this scheduler (kvstore_connector/claims.py); the leading ones
+        another claimant is saving (or has saved since the lookup) extend the hit: how many."""
+        if not self._claims:
+            return 0
+        names = self._names(st)
+        ms = self.config.claim_ms
+        states = self.link.call(names, lambda c: c.claim(names, keys[n:], self._claimant, ms))
+        if not states:
+            return 0
+        p = loadable_run(states)
+        self.counters.add(claimed_keys=sum(1 for x in states if x == CLAIMED), claim_pending_keys=p)
+        return p
 
     def _count_lookup(self, asked: int, tiers: list[int], local_tokens: int) -> None:
         """The request's prompt tokens by where they would come from: vLLM's own prefix cache first, then the
@@ -266,9 +293,11 @@ class SchedulerSide(SchedulerTails):
                   for gi in range(len(block_ids))]
         st.block_ids = [list(b) for b in block_ids]
         st.loading = (first_key, blocks)
-        sync = self.load_policy.sync(st.fetch_keys)
+        sync = self._sync(st)
         st.sync_builds = 2 if sync else 0
-        self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync))
+        wait_s = self.config.claim_ms / 1000.0 if st.pending_keys else 0.0
+        st.pending_keys = 0
+        self._loads.append(LoadJob(request.request_id, st.salt, list(keys), blocks, sync, wait_s))
         self.counters.add(load_requests=1, load_sync_requests=int(sync),
                           load_sync_fetch_requests=int(sync and st.fetch_keys > 0))
 

@@ -31,6 +31,10 @@ COUNTER_NAMES = (
     "lookup_skipped_stream",  # lookups answered 0: the arena cannot be mapped, so no worker could load
     "load_rollback_keys",     # stored blocks to save again because their load failed
     "lookup_window_short_keys",  # hybrid models: stored blocks a hit lost because a windowed group lacked its window
+    # claims (kvstore_connector/claims.py): keys claimed on a miss; keys another server was computing (waited for);
+    # waiting loads, those whose keys all came, the keys that did not (recomputed), and the seconds waited
+    "claimed_keys", "claim_pending_keys", "claim_waits", "claim_waits_served", "claim_wait_missed_keys",
+    "claim_wait_seconds",
     # where the looked-up prompt tokens would come from: vLLM's own prefix cache, then the store's tiers
     "served_tokens_vllm", "served_tokens_ram", "served_tokens_disk", "served_tokens_peer",
     "tail_hit_tokens",        # of the served tokens, those of partial last blocks (kvstore_connector/tails.py)

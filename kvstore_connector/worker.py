@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_connector.claims import await_claimed
 from kvstore_connector.config import ConnectorConfig
 from kvstore_connector.copier import Copier, make_copier
 from kvstore_connector.layout import KVLayout, LayoutError
@@ -162,11 +163,14 @@ class WorkerSide(Saves):
     def _load(self, job: LoadJob, after: Any = None) -> None:
         t0 = time.perf_counter()
         ok = False
+        late: list[int] = []  # blocks of keys another scheduler did not save in time (claims.py): computed
         try:
+            if job.wait_s > 0:
+                job, late = await_claimed(job, lambda: self._held(job), self.counters)
             ok = self._load_inner(job, after)
         except Exception:  # noqa: BLE001 - a load must fail toward recompute, never crash the worker
             log.exception("kvstore load for request %s failed", job.req_id)
-        failed = [b for blocks in job.block_ids for b in blocks if b >= 0] if not ok else []
+        failed = ([b for blocks in job.block_ids for b in blocks if b >= 0] if not ok else []) + late
         with self._lock:
             if len(self.specs) > 1 and not job.sync:
                 if failed:  # block ids repeat across KV cache groups: vLLM takes the failure by request
@@ -178,6 +182,24 @@ class WorkerSide(Saves):
         self.counters.add(load_seconds=time.perf_counter() - t0)
         if not ok:
             self.counters.add(load_failed_blocks=len(failed))
+
+    def _held(self, job: LoadJob) -> list[bool]:
+        """Per key of the job: held in every group's namespace, on this node or at its owner (metadata only). A
+        store that cannot be asked answers "all held": the load that follows then fails or succeeds by itself,
+        rather than waiting out the claim for nothing."""
+        c = self._client()
+        out = [True] * len(job.keys)
+        if c is None:
+            return out
+        for gi in range(len(job.block_ids)):
+            got = self._exists(namespace_for(self.specs[gi], job.cache_salt, c.tenant), job.keys)
+            if got is None:
+                return [True] * len(job.keys)
+            out = [a and b for a, b in zip(out, got)]
+        return out
+
+    def _exists(self, ns: str, keys: list[bytes]) -> list[bool] | None:
+        return self.link.call(ns, lambda cl: cl.exists(ns, keys, cluster=True))
 
     def _load_inner(self, job: LoadJob, after: Any = None) -> bool:
         """Every group's keys that have a block to fill, in parts of at most max_batch_keys (one Lookup lease

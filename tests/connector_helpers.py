@@ -56,9 +56,11 @@ class Side:
 
     def __init__(self, address: str, caches: dict[str, torch.Tensor], spec: KVLayoutSpec = SPEC,
                  **extra: object) -> None:
-        # async unless a test asks: most tests follow a load through the report vLLM waits for
+        # async unless a test asks: most tests follow a load through the report vLLM waits for. No claims unless a
+        # test asks: a Side whose lookup misses rarely computes what it claimed, and a later Side would wait for
+        # it (tests/test_connector_claims.py tests claims)
         self.config = ConnectorConfig.from_extra({"address": address, "blocks_per_key": spec.blocks_per_key,
-                                                  "load_mode": "async", **extra})
+                                                  "load_mode": "async", "claim_ms": 0, **extra})
         mk = lambda: StoreLink(address, timeout_s=5.0, namespace_spec=lambda _n: registration(spec))  # noqa: E731
         self.sched = SchedulerSide(self.config, spec, mk())
         self.worker = WorkerSide(self.config, spec, mk())

@@ -339,6 +339,18 @@ class Client(DataCalls, SessionCalls, RoutingCalls):
             out.extend(self._control.exists(namespace, list(keys[part]), cluster))
         return out
 
+    def claim(self, namespaces: Sequence[str], keys: Sequence[bytes], claimant: bytes, ttl_ms: int) -> list[int]:
+        """Claim `keys` (a prompt's keys from its first miss) for the scheduler `claimant`, which is about to
+        compute and save them, in every namespace of one model's shards: per key CLAIMED (compute it), HELD
+        (load it) or PENDING (another claimant computes it now: wait for its save, then load it); kvstore's
+        engine/claims.py. With a peer tier the claim is recorded at each key's owner too (one round trip)."""
+        out: list[int] = []
+        for part in chunks(len(keys), self.max_batch_keys):
+            r = self._rpc.call("Claim", pb.ClaimRequest(namespaces=list(namespaces), keys=list(keys[part]),
+                                                         claimant=claimant, ttl_ms=ttl_ms))
+            out.extend(r.states)
+        return out
+
     def _count(self, rpc: str, namespace: str, keys: Sequence[bytes]) -> int:
         return sum(self._rpc.call(rpc, pb.KeysRequest(namespace=namespace, keys=keys[p])).count
                    for p in chunks(len(keys), self.max_batch_keys))

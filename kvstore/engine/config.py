@@ -36,6 +36,7 @@ class EngineConfig:
     isolate_tenants: bool = False     # one arena memory file per tenant (tokens on): slots never cross tenants
     miss_ledger_keys: int = 262144    # keys that left the store remembered with why (misses.py); 0: none
     hint_max_ttl_s: float = 600.0     # longest Retain or Pin a hint may ask for; longer ones are clipped (hints.py)
+    claim_keys: int = 1 << 20         # keys schedulers may hold claims on at once (claims.py); 0: no claims
 
     def __post_init__(self) -> None:
         _require(self.max_block_bytes >= PAGE and self.max_block_bytes % PAGE == 0,
@@ -50,6 +51,8 @@ class EngineConfig:
                  f"write_queue_blocks={self.write_queue_blocks}: use 1..1048576")
         _require(0 <= self.miss_ledger_keys <= 1 << 24,
                  f"miss_ledger_keys={self.miss_ledger_keys}: use 0..16777216 (0 keeps no record of why keys left)")
+        _require(0 <= self.claim_keys <= 1 << 24,
+                 f"claim_keys={self.claim_keys}: use 0..16777216 (0 records no claim: every scheduler computes)")
         _require(0 < self.hint_max_ttl_s <= 86400,
                  f"hint_max_ttl_s={self.hint_max_ttl_s}: use a number of seconds in (0, 86400]")
 

@@ -59,6 +59,12 @@ COUNTER_NAMES: tuple[str, ...] = (
     "misses_cleared",
     "misses_other_namespace",
     "misses_load_failed",
+    # Claims (claims.py): keys a scheduler claimed to compute, found pending (another's claim), or could not
+    # record (the table full of live claims)
+    "claim_claimed_keys",
+    "claim_pending_keys",
+    "claim_held_keys",
+    "claim_refused_keys",
     *HINT_COUNTER_NAMES,  # hint_<action>_<outcome>: each key's answer to a hint (kvstore/engine/hints.py)
     "hints_late_rejected",  # deferred hints (blocks awaiting their Commit) refused there: pin budget, write queue
     # a restart that kept the RAM tier (a hand-over, systemd's fd store): blocks adopted, and those dropped by the

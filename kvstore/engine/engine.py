@@ -56,6 +56,7 @@ import numpy as np
 from kvstore.arena.allocator import SlabAllocator
 from kvstore.arena.layout import ArenaLayout
 from kvstore.engine.catalog import Catalog, EntryState, Namespace
+from kvstore.engine.claims import CLAIMED, HELD, PENDING, ClaimTable, check_claim
 from kvstore.engine.counters import Counters
 from kvstore.engine.disk_link import DiskLink
 from kvstore.engine.engine_lock import EngineLock
@@ -76,7 +77,7 @@ from kvstore.engine.results import EngineConfig, LookupResult, ReserveResult, St
 from kvstore.engine.spares import MAX_PER_OWNER, SpareSlots
 from kvstore.engine.views import Views
 from kvstore.engine.writes import RemoteHooks, Writes
-from kvstore.errors import InvalidRequestError
+from kvstore.errors import InvalidRequestError, UnknownNamespaceError
 from kvstore.fastpath.key_index import IndexTable
 from kvstore.hint_vocab import HintAction
 from kvstore.policies import EvictionPolicy
@@ -124,6 +125,7 @@ class Engine(EngineQueries, EngineRestarts):
         self._cat = cat = Catalog()
         self._names = NamespaceTable(cat, config)
         self.misses = MissLedger(config.miss_ledger_keys)
+        self.claims = ClaimTable(config.claim_keys)  # schedulers' claims on keys they compute now (claims.py)
         self._causes = MissCauses(cat, self.misses, self.counters, policy.name or type(policy).__name__)
         self._ram = RamSpace(config, cat, layout, generations, allocator, policy, quotas, self.counters, self.events,
                              self.misses)
@@ -363,6 +365,34 @@ class Engine(EngineQueries, EngineRestarts):
             elsewhere = dict(zip(missing, remote.held_elsewhere(ns_name, missing)))
             present = [p or elsewhere.get(k, False) for k, p in zip(keys, present)]
         return present
+
+    def claim(self, ns_name: str, keys: Sequence[bytes], claimant: bytes, ttl_ms: int,
+              local_only: bool = False) -> list[int]:
+        """Per key HELD, PENDING (another claimant's live claim: wait for its save) or CLAIMED (the caller's to
+        compute), claims.py. Keys missing here are asked of their owners first (the peer tier records the
+        claim there too) unless `local_only` (a peer's own Claim: it must not fan out again). No lock held
+        while peers answer."""
+        check_claim(claimant, ttl_ms)
+        try:
+            present = self.exists(ns_name, keys)  # checks the keys and the namespace before anything is recorded
+        except UnknownNamespaceError:
+            if not local_only:
+                raise
+            present = [False] * len(keys)  # an owner that has not met the namespace yet holds its claims all the same
+        known: list[int | None] = [HELD if p else None for p in present]
+        remote = self._writes.remote
+        if remote is not None and not local_only and not all(present):
+            missing = [k for k, p in zip(keys, present) if not p]
+            there = remote.claim(ns_name, missing, claimant, ttl_ms)
+            known = [x if x is not None else there.get(k) for k, x in zip(keys, known)]
+        states = self.claims.claim(ns_name, keys, known, claimant, ttl_ms)
+        with self._lock:
+            c = self.counters
+            c.claim_held_keys += states.count(HELD)
+            c.claim_pending_keys += states.count(PENDING)
+            c.claim_claimed_keys += states.count(CLAIMED)
+            c.claim_refused_keys = self.claims.refused
+        return states
 
     def tiers(self, ns_name: str, keys: Sequence[bytes]) -> list[int]:
         """Per key: the nearest tier holding it here (Tier.RAM; Tier.DISK also while it is being promoted;

@@ -38,6 +38,8 @@ class RemoteHooks(Protocol):
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
     def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...  # Exists(cluster), no lock
     def loaded(self, namespace: str, keys: Sequence[bytes]) -> None: ...  # after a leased Lookup, no lock
+    def claim(self, namespace: str, keys: Sequence[bytes], claimant: bytes,
+              ttl_ms: int) -> dict[bytes, int]: ...  # Claim at the keys' owners, no lock: key -> HELD/PENDING
 
 
 class Writes:

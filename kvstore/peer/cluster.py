@@ -303,6 +303,9 @@ class PeerCluster:
     def loaded(self, namespace: str, keys: Sequence[bytes]) -> None:
         self.remote.loaded(namespace, list(keys))
 
+    def claim(self, namespace: str, keys: Sequence[bytes], claimant: bytes, ttl_ms: int) -> dict[bytes, int]:
+        return self.remote.claim(namespace, list(keys), claimant, ttl_ms)
+
     def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
         """Per key: a peer holds it (its owner, or a previous owner during a hand-off window); metadata only."""
         if len(self._members()) < 2 or not keys:

@@ -57,6 +57,9 @@ COUNTER_HELP: dict[str, str] = {
                     "owner had them (pushed, fetched and read, or handed over; peer_local_copies)",
     "exists_remote_calls": "Metadata-only calls asking owners about keys a cluster-wide Exists missed here",
     "exists_remote_hits": "Keys a cluster-wide Exists found at a peer",
+    "claim_calls": "Claiming probes sent to owners (a scheduler's Claim of keys it is about to compute)",
+    "claim_pending_keys": "Keys an owner answered pending: another scheduler is computing them (the caller waits "
+                          "for that save instead of computing them too)",
     "score_calls": "Prefix scores computed here (PrefixScore: one tiers probe per peer each)",
 }
 

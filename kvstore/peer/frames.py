@@ -6,6 +6,7 @@
       op        u8   FETCH | FETCH_REPLY | PUSH | PUSH_REPLY | PROBE | PROBE_REPLY
       flags     u16  HANDOFF (1) on a PUSH that hands blocks to their new owner after a membership change;
                      TIERS (2) on a PROBE that asks for each key's tier, and on its reply;
+                     CLAIM (4) on a PROBE that claims the keys it misses (kvstore/engine/claims.py), and on its reply;
                      every other bit is reserved (a frame with one set is refused)
       request   u64  request id; a reply carries its request's id
       count     u32  keys in the batch (<= max_batch_keys)
@@ -19,6 +20,8 @@
     PROBE        meta: namespace, keys                       payload: none
     PROBE_REPLY  meta: one byte per key, 1 = held here (RAM or disk), 0 = not       payload: none
                  with TIERS: one byte per key, its tier here: 0 none, 1 RAM, 2 disk (kvstore.vocab.Tier)
+    PROBE+CLAIM  meta: namespace, keys, claimant (u8-length-prefixed), ttl_ms u32   payload: none
+    PROBE_REPLY+CLAIM  meta: one byte per key, 0 = claimed for the caller, 1 = held, 2 = pending (another's claim)
 
 This file is the codec (bytes <-> fields, each field checked); what a request or reply must contain relative
 to the request it answers, and what a server does with it, is protocol.py's. Strings are u16-length-prefixed
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Header", "FrameError", "NamespaceDesc", "HEADER", "MAGIC", "VERSION", "FETCH", "FETCH_REPLY", "PUSH", "HANDOFF",
-           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "TIERS", "MAX_META_BYTES", "encode_presence", "decode_presence",
+           "PUSH_REPLY", "PROBE", "PROBE_REPLY", "TIERS", "CLAIM", "encode_claim", "decode_claim", "decode_claim_states", "MAX_META_BYTES", "encode_presence", "decode_presence",
            "encode_tiers", "decode_tiers",
            "encode_fetch", "decode_fetch", "encode_sizes", "decode_sizes", "encode_push", "decode_push",
            "check_header"]
@@ -48,7 +51,9 @@ FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY = 1, 2, 3, 4, 5, 6
 _OPS = (FETCH, FETCH_REPLY, PUSH, PUSH_REPLY, PROBE, PROBE_REPLY)
 HANDOFF = 1          # flags: this PUSH hands blocks over after a membership change (the receiver checks ownership)
 TIERS = 2            # flags: this PROBE asks for each key's tier (a router's prefix score), and its reply gives them
-_KNOWN_FLAGS = HANDOFF | TIERS
+CLAIM = 4            # flags: this PROBE claims the keys the member misses for a scheduler, and its reply gives states
+_KNOWN_FLAGS = HANDOFF | TIERS | CLAIM
+_MAX_CLAIM_STATE = 2  # claimed, held, pending (kvstore/engine/claims.py)
 _MAX_TIER = 2        # a probe answers a node's own tiers: none, RAM, disk
 HEADER = struct.Struct("<4sBBHQIIQ")
 MAX_META_BYTES = 1 << 20
@@ -99,6 +104,9 @@ def check_header(raw: bytes, *, max_keys: int, max_block_bytes: int, expect: tup
         raise FrameError(f"the hand-off flag on op {op} (only a push hands blocks over)")
     if flags & TIERS and op not in (PROBE, PROBE_REPLY):
         raise FrameError(f"the tiers flag on op {op} (only a probe and its reply carry tiers)")
+    if flags & CLAIM and (op not in (PROBE, PROBE_REPLY) or flags & TIERS):
+        raise FrameError(f"the claim flag on op {op}{' with tiers' if flags & TIERS else ''} (only a probe and its "
+                         f"reply carry claims, without tiers)")
     if count > max_keys:
         raise FrameError(f"{count} keys in one frame (max {max_keys})")
     if meta_len > MAX_META_BYTES:
@@ -184,6 +192,28 @@ def decode_tiers(meta: bytes, count: int) -> list[int]:
         raise FrameError(f"tier table of {len(meta)} bytes for {count} keys")
     if any(b > _MAX_TIER for b in meta):
         raise FrameError(f"a tier byte above {_MAX_TIER} (none, RAM, disk)")
+    return list(meta)
+
+
+def encode_claim(namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> bytes:
+    return encode_fetch(namespace, keys) + bytes([len(claimant)]) + claimant + struct.pack("<I", ttl_ms)
+
+
+def decode_claim(meta: bytes, count: int) -> tuple[str, list[bytes], bytes, int]:
+    """(namespace, keys, claimant, ttl_ms); the claimant's and ttl's bounds are the engine's (claims.check_claim)."""
+    r = _Reader(meta)
+    ns, keys = r.string(), r.keys(count)
+    claimant = r.take(r.take(1)[0])
+    ttl_ms = r.u32()
+    r.done()
+    return ns, keys, claimant, ttl_ms
+
+
+def decode_claim_states(meta: bytes, count: int) -> list[int]:
+    if len(meta) != count:
+        raise FrameError(f"claim state table of {len(meta)} bytes for {count} keys")
+    if any(b > _MAX_CLAIM_STATE for b in meta):
+        raise FrameError(f"a claim state byte above {_MAX_CLAIM_STATE} (claimed, held, pending)")
     return list(meta)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.engine.claims import PENDING
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.frames import NamespaceDesc
 from kvstore.peer.local import LocalStore
@@ -118,6 +119,18 @@ class GrpcPlane(DataPlane):
         if len(r.present) != len(keys):
             raise PeerError(f"{member.node_id} (grpc): {len(r.present)} answers for {len(keys)} keys")
         return list(r.present)
+
+    def claim(self, member: Member, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> list[int]:
+        """Claim on the peer's control port (with the peer metadata: recorded there, never fanned out again)."""
+        try:
+            r = self._stub(member).Claim(pb.ClaimRequest(namespaces=[namespace], keys=keys, claimant=claimant,
+                                                         ttl_ms=ttl_ms), timeout=self._timeout, metadata=PEER_METADATA)
+        except grpc.RpcError as exc:
+            raise self._translate(member, exc) from exc
+        if len(r.states) != len(keys) or any(x > PENDING for x in r.states):
+            raise PeerError(f"{member.node_id} (grpc): {len(r.states)} claim states for {len(keys)} keys, or a "
+                            f"state above {PENDING}")
+        return list(r.states)
 
     def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]:
         """Describe on the peer's control port: each present key's tier there (an unknown namespace: none)."""

@@ -170,6 +170,14 @@ class LocalStore:
         except KVStoreError:   # unknown namespace, keys the engine refuses: nothing here
             return [0] * len(keys)
 
+    def claim(self, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> list[int]:
+        """A claiming probe's answer (kvstore/engine/claims.py): per key HELD here, PENDING (another
+        claimant's live claim here) or CLAIMED (recorded here for the caller); this node's tiers only."""
+        try:
+            return self._engine.claim(namespace, keys, claimant, ttl_ms, local_only=True)
+        except KVStoreError:   # keys the engine refuses: nothing recorded, the caller computes them
+            return [0] * len(keys)
+
     def namespaces(self) -> list[str]:
         """The namespaces registered here (a hand-off walks each)."""
         return [ns.name for ns in self._engine.stats().namespaces]

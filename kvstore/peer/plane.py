@@ -14,6 +14,9 @@
       probe_many(calls)          several probes (to several peers) at once; a plane that can send them all
                                  from the calling thread and then read the answers says so
                                  (`pipelines_probes`), otherwise the caller spreads them over its threads
+      claim(member, ns, keys, claimant, ttl_ms)
+                                 a probe that also claims the keys the member misses for a scheduler that is
+                                 about to compute them; per key CLAIMED, HELD or PENDING (engine/claims.py)
       probe_tiers(member, ns, keys), probe_tiers_many(calls)
                                  the same, answering each key's tier at the member (NONE, RAM, DISK): a
                                  router's prefix score asks every member (scores.py)
@@ -93,6 +96,9 @@ class DataPlane(ABC):
 
     @abstractmethod
     def probe(self, member: Member, namespace: str, keys: list[bytes]) -> list[bool]: ...
+
+    @abstractmethod
+    def claim(self, member: Member, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> list[int]: ...
 
     @abstractmethod
     def probe_tiers(self, member: Member, namespace: str, keys: list[bytes]) -> list[int]: ...

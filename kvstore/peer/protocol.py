@@ -32,7 +32,8 @@ closes that connection or endpoint (a byte stream cannot be resynchronised). The
 
     reply to   op            request id   count             meta_len       payload
     FETCH      FETCH_REPLY   the same     = keys asked      16 x count     = sum of the sizes in the metadata
-    PROBE      PROBE_REPLY   the same     = keys asked      count          0        (the request's TIERS flag echoed)
+    PROBE      PROBE_REPLY   the same     = keys asked      count          0        (the request's TIERS and CLAIM
+                                                                                 flags echoed)
     PUSH       PUSH_REPLY    the same     <= blocks pushed  0              0
 """
 
@@ -44,12 +45,15 @@ from typing import Protocol
 
 import numpy as np
 
+from kvstore.engine.claims import check_claim
+from kvstore.errors import InvalidRequestError
 from kvstore.peer import frames as fr
 from kvstore.peer.frames import FrameError, Header, NamespaceDesc
 from kvstore.peer.local import Incoming, Outgoing
 
 __all__ = ["Limits", "Frame", "LocalBlocks", "ReceivePlan", "Answer", "Intake", "REQUESTS", "REPLY_OF", "OP_NAMES",
-           "fetch_request", "probe_request", "push_request", "parse_reply", "fetch_plan", "probe_result", "tiers_result",
+           "fetch_request", "probe_request", "claim_request", "push_request", "parse_reply", "fetch_plan", "probe_result",
+           "tiers_result", "claim_result",
            "push_result", "parse_request", "serve"]
 
 REQUESTS = (fr.FETCH, fr.PUSH, fr.PROBE)
@@ -87,6 +91,8 @@ class LocalBlocks(Protocol):
     def present(self, namespace: str, keys: list[bytes]) -> list[bool]: ...
 
     def tiers(self, namespace: str, keys: list[bytes]) -> list[int]: ...
+
+    def claim(self, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> list[int]: ...
 
     def admit_handoff(self, namespace: str, keys: list[bytes], payload_bytes: int) -> list[bool]: ...
 
@@ -163,6 +169,12 @@ def probe_request(request_id: int, namespace: str, keys: list[bytes], tiers: boo
     return Frame(Header(fr.PROBE, request_id, len(keys), len(meta), 0, fr.TIERS if tiers else 0), meta)
 
 
+def claim_request(request_id: int, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> Frame:
+    """A probe that also claims, at the member, the keys it misses (kvstore/engine/claims.py): claim_result."""
+    meta = fr.encode_claim(namespace, keys, claimant, ttl_ms)
+    return Frame(Header(fr.PROBE, request_id, len(keys), len(meta), 0, fr.CLAIM), meta)
+
+
 def push_request(request_id: int, desc: NamespaceDesc, keys: list[bytes], sizes: np.ndarray,
                  checksums: np.ndarray, handoff: bool = False) -> Frame | None:
     """A push of the keys held locally (size > 0, e.g. local.Outgoing's sizes); None when none is (send
@@ -199,6 +211,9 @@ def parse_reply(raw: bytes, request: Header, limits: Limits) -> Header:
         raise FrameError(f"{what} with {h.meta_len} bytes of metadata for {h.count} keys (expected {entry * h.count})")
     if op == fr.PROBE_REPLY and h.payload_len:
         raise FrameError(f"a {what} carries no payload (got {h.payload_len} bytes)")
+    if op == fr.PROBE_REPLY and (h.flags & fr.CLAIM) != (request.flags & fr.CLAIM):
+        raise FrameError(f"a {what} {'with' if h.flags & fr.CLAIM else 'without'} claim states to a probe "
+                         f"{'with' if request.flags & fr.CLAIM else 'without'}")
     if op == fr.PROBE_REPLY and (h.flags & fr.TIERS) != (request.flags & fr.TIERS):
         raise FrameError(f"a {what} {'with' if h.flags & fr.TIERS else 'without'} tiers to a probe "
                          f"{'with' if request.flags & fr.TIERS else 'without'}")
@@ -222,6 +237,11 @@ def probe_result(reply: Header, meta: bytes) -> list[bool]:
 def tiers_result(reply: Header, meta: bytes) -> list[int]:
     """Per key asked: its tier at the peer (kvstore.vocab.Tier: NONE, RAM or DISK)."""
     return fr.decode_tiers(meta, reply.count)
+
+
+def claim_result(reply: Header, meta: bytes) -> list[int]:
+    """Per key asked: CLAIMED (now the caller's), HELD or PENDING (another's claim) at the peer (claims.py)."""
+    return fr.decode_claim_states(meta, reply.count)
 
 
 def push_result(reply: Header) -> int:
@@ -299,6 +319,14 @@ def serve(header: Header, meta: bytes, local: LocalBlocks, limits: Limits) -> An
         admitted = local.admit_handoff(desc.name, plan.keys, plan.payload_bytes)
         refused = frozenset(i for i, ok in enumerate(admitted) if not ok)
         return Intake(header.request_id, dataclasses.replace(plan, refused=refused), handoff=True)
+    if header.op == fr.PROBE and header.flags & fr.CLAIM:
+        namespace, keys, claimant, ttl_ms = fr.decode_claim(meta, header.count)
+        try:
+            check_claim(claimant, ttl_ms)
+        except InvalidRequestError as exc:
+            raise FrameError(str(exc)) from exc
+        table = bytes(local.claim(namespace, keys, claimant, ttl_ms))
+        return Answer(Frame(Header(fr.PROBE_REPLY, header.request_id, header.count, len(table), 0, fr.CLAIM), table))
     namespace, keys = fr.decode_fetch(meta, header.count)
     if header.op == fr.PROBE and header.flags & fr.TIERS:
         table = fr.encode_tiers(local.tiers(namespace, keys))

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
+from kvstore.engine.claims import CLAIMED, PENDING
 from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.membership import Member
@@ -173,6 +174,40 @@ class RemoteTier:
                 self._track(namespace, ks, self._pool.submit(self._fetch_one, member, namespace, ks))
                 held.update(ks)
         return [k in held for k in keys]
+
+    def claim(self, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> dict[bytes, int]:
+        """A scheduler's Claim (kvstore/engine/claims.py) at each key's owner, one claiming probe per peer in
+        parallel: key -> HELD or PENDING there (keys the owner now holds the claim for, and keys of owners
+        that failed, in backoff or are this node, are left out: this node's own table decides them). Only the
+        owner is asked, never a previous owner: a claim must live where every node's Claim looks."""
+        members = self._members()
+        if len(members) < 2 or not keys:
+            return {}
+        now = time.monotonic()
+        calls = [(members[node], ks[i: i + self._max_keys]) for node, ks in self.route(namespace, keys, members).items()
+                 if node in members and self._down_until.get(node, 0.0) <= now
+                 for i in range(0, len(ks), self._max_keys)]
+        out: dict[bytes, int] = {}
+        for _member, ks, states in self._run_all(
+                lambda m, b: self._claim_one(m, namespace, b, claimant, ttl_ms), calls, self._probes):
+            out.update((k, x) for k, x in zip(ks, states) if x != CLAIMED)
+        return out
+
+    def _claim_one(self, member: Member, namespace: str, keys: list[bytes], claimant: bytes,
+                   ttl_ms: int) -> list[int]:
+        """One claiming probe; a failure claims nothing there (counted): the caller computes. The peer is not put in
+        backoff: a node of an older version refuses the claim flag but serves fetches (a rolling upgrade), and a
+        dead one is put there by the Lookup's own probe, which just asked the same owners."""
+        self._counters.add("claim_calls")
+        try:
+            states = self._plane.claim(member, namespace, keys, claimant, ttl_ms)
+        except PeerCallError as exc:
+            self._counters.add("timeouts" if isinstance(exc, PeerTimeout) else "errors")
+            log.warning("peer claim of %d keys at %s failed (they are computed here): %s", len(keys),
+                        member.node_id, exc)
+            return [CLAIMED] * len(keys)
+        self._counters.add("claim_pending_keys", sum(1 for x in states if x == PENDING))
+        return states
 
     def locate(self, namespace: str, keys: list[bytes],
                members: dict[str, Member] | None = None) -> list[tuple[Member, list[bytes]]]:

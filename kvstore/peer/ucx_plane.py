@@ -352,6 +352,14 @@ class UcxPlane(DataPlane):
 
         return self._call(member, call)
 
+    def claim(self, member: Member, namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> list[int]:
+        req = proto.claim_request(next(self._ids), namespace, keys, claimant, ttl_ms)
+
+        async def call(ep, deadline: Deadline) -> list[int]:
+            return proto.claim_result(*await self._request(ep, req, deadline))
+
+        return self._call(member, call)
+
     def push(self, member: Member, desc: NamespaceDesc, keys: list[bytes], handoff: bool = False) -> int:
         out = self._local.open_for_send(desc.name, keys)
         try:

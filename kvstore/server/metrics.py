@@ -17,6 +17,8 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
                                                 (kvstore/engine/misses.py CAUSES; the causes add up to those lookups)
   kvstore_hints_total{action,outcome}           keys answered by agent hints (Hint RPC, connector), by action and
                                                 outcome (kvstore/hint_vocab.py; every pair, zero included)
+  kvstore_claim_keys_total{state}               keys schedulers claimed to compute (claimed), found being computed
+                                                elsewhere (pending), found held, or could not record (refused)
   kvstore_restart_blocks_total{outcome}         blocks a predecessor held in RAM (hand-over, systemd's fd store):
                                                 adopted, or dropped_<check> (kvstore/engine/counters.py)
   kvstore_namespace_lookup_keys_total{namespace} / kvstore_namespace_hit_keys_total{namespace}
@@ -179,6 +181,13 @@ class EngineCollector(Collector):
         for reason in RESTART_DROP_REASONS:
             restart.add_metric([f"dropped_{reason}"], c[f"restart_dropped_{reason}"])
         yield restart
+        claims = CounterMetricFamily("kvstore_claim_keys", "Keys schedulers' Claims were answered (claims.py): "
+                                     "claimed (the caller computes them), pending (another scheduler is computing "
+                                     "them: the caller waits for its save), held, refused (claimed but not recorded: "
+                                     "the table was full)", labels=["state"])
+        for state in ("claimed", "pending", "held", "refused"):
+            claims.add_metric([state], c[f"claim_{state}_keys"])
+        yield claims
         yield GaugeMetricFamily("kvstore_event_subscribers", "KV-event streams open",
                                 value=self._engine.events.streams)
         yield CounterMetricFamily("kvstore_event_drops", "KV events dropped for subscribers that fell behind",

@@ -14,15 +14,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvstore.engine.claims import CLAIMED, HELD, PENDING
 from kvstore.engine.engine import Engine
 from kvstore.engine.misses import NEVER_STORED, OTHER_NAMESPACE, KeyExplanation
 from kvstore.engine.results import LookupResult, ReserveResult, StoreResult
 from kvstore.server.arena_windows import ArenaWindows
 from kvstore.server.tenancy import TenantGuard
+from kvstore.errors import InvalidRequestError
 from kvstore.validation import MAX_RELEASE_IDS, check_count
 from kvstore.vocab import ReserveOutcome
 
 __all__ = ["ControlOps"]
+
+MAX_CLAIM_NAMESPACES = 64  # one model's shards (pipeline stages x TP ranks); a Claim naming more is refused
 
 
 class ControlOps:
@@ -107,6 +111,19 @@ class ControlOps:
     def exists(self, namespace: str, keys: Sequence[bytes], cluster: bool = False) -> list[bool]:
         self.guard.namespace(namespace)
         return self.engine.exists(namespace, keys, cluster=cluster)
+
+    def claim(self, namespaces: Sequence[str], keys: Sequence[bytes], claimant: bytes, ttl_ms: int,
+              local_only: bool = False) -> list[int]:
+        """Engine.claim in each of the caller's namespaces (one model's shards), folded per key: CLAIMED where
+        any shard's is (the caller computes the key, so every shard saves it), else PENDING where any shard
+        waits, else HELD (kvstore/engine/claims.py)."""
+        if not namespaces:
+            raise InvalidRequestError("a Claim names no namespace")
+        check_count("namespaces", len(namespaces), MAX_CLAIM_NAMESPACES)
+        for ns in namespaces:
+            self.guard.namespace(ns)
+        per = [self.engine.claim(ns, keys, claimant, ttl_ms, local_only) for ns in namespaces]
+        return [CLAIMED if CLAIMED in col else (PENDING if PENDING in col else HELD) for col in zip(*per)]
 
     def explain(self, namespace: str, keys: Sequence[bytes]) -> list[KeyExplanation]:
         """Engine.explain, with another tenant's namespaces left out of other_namespaces: a key held only by

@@ -146,6 +146,13 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.ExistsResponse(present=self.ops.exists(request.namespace, request.keys, cluster=cluster))
 
     @_rpc
+    def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
+        # a peer's own claim (grpc data plane) is recorded here only: it must never fan out again
+        local = ("kvstore-peer", "1") in tuple(context.invocation_metadata() or ())
+        return pb.ClaimResponse(states=self.ops.claim(list(request.namespaces), request.keys, request.claimant,
+                                                      request.ttl_ms, local_only=local))
+
+    @_rpc
     def Delete(self, request: pb.KeysRequest, context: grpc.ServicerContext) -> pb.CountResponse:
         self._guard.namespace(request.namespace)
         return pb.CountResponse(count=self._engine.delete(request.namespace, request.keys))

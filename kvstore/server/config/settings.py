@@ -113,6 +113,9 @@ class ServerConfig:
     sweep_interval_s: float = _s("engine", "how often leases and reservations are checked for expiry", 0.25)
     miss_ledger_keys: int = _s("engine", "keys that left the store (evicted, deleted, reclaimed) remembered with "
                                "when and why, to give each miss a cause (~200 bytes a key); 0 keeps none", 262144)
+    claim_keys: int = _s("engine", "keys vLLM schedulers may hold claims on at once: a scheduler that misses "
+                         "claims the keys it will compute, and another one that misses them meanwhile waits for its "
+                         "save instead of computing them too (~150 bytes a key); 0 records no claim", 1 << 20)
     hint_max_ttl_s: float = _s("engine", "longest Retain or Pin an agent hint may ask for, in seconds; a longer "
                                "ttl is clipped to it (outcome 'clipped')", 600.0)
     session_book_max: int = _s("engine", "agent sessions (x shard namespaces) whose latest chain of keys the daemon "
@@ -277,6 +280,7 @@ class ServerConfig:
             write_queue_blocks=self.write_queue_blocks, disk_codec=self.disk_codec,
             probe_interval_s=self.disk_probe_interval_s, isolate_tenants=bool(self.tokens_file),
             miss_ledger_keys=self.miss_ledger_keys, hint_max_ttl_s=self.hint_max_ttl_s,
+            claim_keys=self.claim_keys,
         )
 
     def disk_config(self) -> DiskConfig | None:
