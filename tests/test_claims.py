@@ -42,7 +42,17 @@ def test_a_claim_is_the_claimants_and_pending_to_everyone_else_until_it_runs_out
     clock.t += 0.002                                                     # A's claim has run out: B's now
     assert t.claim("ns", K[:4], none, b"B", 1000) == [CLAIMED] * 4
     assert t.claim("ns", K[:4], none, b"A", 1000) == [PENDING] * 4
-    assert len(t) == 8 and t.refused == 0
+    assert len(t) == 4 and t.refused == 0     # the expired other-ns claims left as the new ones came
+
+
+def test_expired_claims_leave_the_table_as_new_ones_come() -> None:
+    clock = Clock()
+    t = ClaimTable(1000, clock)
+    for i in range(50):                         # a claim a millisecond, each for 10 ms
+        t.claim("ns", [b"c%d" % i], [None], b"A", 10)
+        clock.t += 0.001
+        assert len(t) <= 11                     # those made in the last 10 ms, and at most one more
+    assert t.refused == 0
 
 
 def test_what_the_caller_knows_wins_over_the_table() -> None:

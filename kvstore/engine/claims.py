@@ -11,8 +11,9 @@ Where a claim lives: on the node the claimant asked, and (peer tier) at each key
 node's Claim asks (kvstore/peer/remote_tier.py `claim`), so a claim is seen cluster-wide with no extra round
 trip beyond the one that makes it. A claim ends when its key is stored (a held key answers HELD before any
 claim is looked at) or when its time runs out (the claimant was preempted, aborted or died: waiters then
-compute, having lost at most the claim's time). The table is bounded (`max_keys`); when it is full of live
-claims a new one is refused (counted) and its caller simply computes, as without claims.
+compute, having lost at most the claim's time). The table is bounded (`max_keys`); expired claims leave it as new
+ones are made (the oldest first), and when it is full of live claims a new one is refused (counted) and its
+caller simply computes, as without claims.
 
 Per key a Claim answers one state:
     CLAIMED  0  no one else is computing it: it is the caller's now (compute it)
@@ -67,6 +68,7 @@ class ClaimTable:
         deadline = now + ttl_ms / 1000.0
         out: list[int] = []
         with self._lock:
+            self._expire_oldest(now)
             for key, k in zip(keys, known):
                 if k is not None:
                     out.append(k)
@@ -78,9 +80,20 @@ class ClaimTable:
                 if held is None and len(self._claims) >= self._max and not self._prune(now):
                     self.refused += 1
                 else:
+                    self._claims.pop((namespace, key), None)  # renewed or taken over: to the end of the order
                     self._claims[(namespace, key)] = (claimant, deadline)
                 out.append(CLAIMED)
         return out
+
+    def _expire_oldest(self, now: float) -> None:
+        """Drop the expired claims at the front of the table (the order is the order they were made or renewed
+        in, so with one claim time everywhere these are all the expired ones): amortized O(1) a claim, so the
+        table holds about the claims that live, not `max_keys` of old ones."""
+        while self._claims:
+            k, (_, d) = next(iter(self._claims.items()))
+            if d > now:
+                return
+            del self._claims[k]
 
     def _prune(self, now: float) -> bool:
         """Drop expired claims (called when full); whether there is room now."""

@@ -36,7 +36,7 @@ class EngineConfig:
     isolate_tenants: bool = False     # one arena memory file per tenant (tokens on): slots never cross tenants
     miss_ledger_keys: int = 262144    # keys that left the store remembered with why (misses.py); 0: none
     hint_max_ttl_s: float = 600.0     # longest Retain or Pin a hint may ask for; longer ones are clipped (hints.py)
-    claim_keys: int = 1 << 20         # keys schedulers may hold claims on at once (claims.py); 0: no claims
+    claim_keys: int = 1 << 18         # keys schedulers may hold claims on at once (claims.py); 0: no claims
 
     def __post_init__(self) -> None:
         _require(self.max_block_bytes >= PAGE and self.max_block_bytes % PAGE == 0,

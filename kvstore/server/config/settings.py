@@ -115,7 +115,7 @@ class ServerConfig:
                                "when and why, to give each miss a cause (~200 bytes a key); 0 keeps none", 262144)
     claim_keys: int = _s("engine", "keys vLLM schedulers may hold claims on at once: a scheduler that misses "
                          "claims the keys it will compute, and another one that misses them meanwhile waits for its "
-                         "save instead of computing them too (~150 bytes a key); 0 records no claim", 1 << 20)
+                         "save instead of computing them too (~250 bytes a key); 0 records no claim", 1 << 18)
     hint_max_ttl_s: float = _s("engine", "longest Retain or Pin an agent hint may ask for, in seconds; a longer "
                                "ttl is clipped to it (outcome 'clipped')", 600.0)
     session_book_max: int = _s("engine", "agent sessions (x shard namespaces) whose latest chain of keys the daemon "
