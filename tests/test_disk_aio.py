@@ -10,6 +10,8 @@ reads verify (a flipped byte is CHECKSUM_ERROR with the destination zeroed, on b
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -182,3 +184,25 @@ def test_a_flipped_byte_after_an_overlapped_write_is_a_checksum_error(tmp_path: 
         assert read(s, "ns", b"ok") == (OK, other)
     finally:
         s.close()
+
+
+def test_a_refused_io_setup_falls_back_says_so_and_writes_the_exact_bytes(
+        direct_file: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """io_setup refused (seccomp, fs.aio-max-nr): write_during answers None (the caller writes synchronously),
+    available() turns false (the kvstore_disk_native_aio gauge: 0), and the log says why and what to change."""
+    def refused() -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(aio, "_pool", [])              # no pooled context to reuse: the next call sets one up
+    monkeypatch.setattr(aio, "_usable", True)
+    monkeypatch.setattr(aio, "_Context", refused)
+    data = random_bytes(BLOCK, 5)
+    buf = Buf(BLOCK)
+    buf.put(data)
+    ran: list[bool] = []
+    with caplog.at_level(logging.WARNING, logger="kvstore.tiers.disk.aio"):
+        BlockIO().pwrite(direct_file, buf.address, BLOCK, BLOCK, during=lambda: ran.append(True))
+    assert ran == [True] and contents(direct_file, BLOCK, BLOCK) == data
+    assert aio.available() is False
+    assert [r.getMessage() for r in caplog.records if "native AIO refused" in r.getMessage()] != []
+    assert "fs.aio-max-nr" in caplog.text and "kvstore_disk_native_aio" in caplog.text

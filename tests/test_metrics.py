@@ -67,6 +67,7 @@ def test_counters_move_by_exact_amounts(make_daemon, tmp_path) -> None:
     assert _v(m, "kvstore_arena_bytes", state="capacity") == 16 << 20
     assert _v(m, "kvstore_arena_bytes", state="stored") == 16 << 20
     assert _v(m, "kvstore_disk_degraded") == 0
+    assert _v(m, "kvstore_disk_native_aio") == 1    # this machine allows io_setup (tests/test_disk_aio.py)
     assert _v(m, "kvstore_arena_locked") in (0, 1)
     # one Reserve and one Commit per put_many, one Lookup per get: the histogram counted each RPC once
     assert _v(m, "kvstore_rpc_duration_seconds_count", method="Reserve") == 5

@@ -40,6 +40,7 @@ Metric families (see deploy/grafana/kvstore.json for a dashboard on them):
   kvstore_arena_fragmentation_ratio / kvstore_arena_locked / kvstore_blocks
   kvstore_disk_bytes{state}                     capacity, used
   kvstore_disk_blocks / kvstore_disk_degraded / kvstore_disk_compression_ratio
+  kvstore_disk_native_aio                       1 while native AIO overlaps hashing with disk I/O; 0 after a refusal
   kvstore_disk_io_bytes_total{direction}        read, written
   kvstore_disk_evicted_blocks_total / kvstore_disk_reinserted_total / kvstore_disk_io_errors_total
   kvstore_disk_write_queue_blocks / kvstore_disk_promotion_queue_blocks / kvstore_disk_writeback_blocks
@@ -97,6 +98,7 @@ from kvstore.peer.cluster import PeerStatus
 from kvstore.server.metric_collectors import (ControlCollector, KvEventsCollector, PeerCollector, StaticCollector,
                                               TransferCollector)
 from kvstore.server.metric_labels import MetricLabels
+from kvstore.tiers.disk import aio
 from kvstore.server.tenant_usage import TenantUsage
 from kvstore.transfers import TransferMeter
 
@@ -290,6 +292,9 @@ def _disk(s: EngineStats, engine: Engine) -> Iterator[CounterMetricFamily | Gaug
     yield space
     yield GaugeMetricFamily("kvstore_disk_blocks", "Blocks in the disk tier", value=d.blocks)
     yield GaugeMetricFamily("kvstore_disk_degraded", "1 while the disk tier is degraded", value=int(d.degraded))
+    yield GaugeMetricFamily("kvstore_disk_native_aio", "1 while the disk tier overlaps hashing with its I/O (native "
+                            "AIO); 0 after io_setup was refused (seccomp, fs.aio-max-nr): hashing then runs after "
+                            "each transfer", value=int(aio.available()))
     yield GaugeMetricFamily("kvstore_disk_compression_ratio", "Raw / stored bytes written", value=d.compression_ratio)
     yield GaugeMetricFamily("kvstore_disk_write_queue_blocks", "Blocks waiting for the disk writer",
                             value=engine.write_queue_blocks)
