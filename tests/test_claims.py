@@ -144,17 +144,19 @@ def test_the_loadable_run_stops_at_the_first_key_to_compute() -> None:
 def test_a_waiting_load_takes_what_came_and_fails_the_rest() -> None:
     clock = Clock()
     answers = iter([[True, False, False, False], [True, True, False, False], [True, True, True, False],
-                    [True, True, True, False]])
+                    [True, True, True, False], [True, True, True, False]])
     waited: list[float] = []
 
     def sleep(s: float) -> None:
         waited.append(s)
         clock.t += s
 
-    assert wait_ready(lambda: next(answers), clock.t + 0.025, poll_s=0.01, clock=clock, sleep=sleep) == 3
-    assert waited == pytest.approx([0.01, 0.01, 0.005])  # checked at 0, 10, 20 ms and at the deadline (25 ms)
+    assert wait_ready(lambda: next(answers), clock.t + 0.06, poll_s=0.01, clock=clock, sleep=sleep,
+                      max_poll_s=0.02) == 3
+    # checked at 0, 10, 25, 45 ms (pauses growing 1.5x up to 20 ms) and at the deadline (60 ms)
+    assert waited == pytest.approx([0.01, 0.015, 0.02, 0.015])
     # all four keys at the first check: no wait
-    assert wait_ready(lambda: [True] * 4, clock.t + 5, clock=clock, sleep=sleep) == 4 and len(waited) == 3
+    assert wait_ready(lambda: [True] * 4, clock.t + 5, clock=clock, sleep=sleep) == 4 and len(waited) == 4
 
     counters = ConnectorCounters()
     job = LoadJob("r", None, K[:4], [[10, 11, 12, 13, 14, 15, 16, 17]], wait_s=0.0)  # 2 blocks a key
