@@ -15,6 +15,8 @@ import threading
 import grpc
 import pytest
 
+from kvstore.engine.claims import CLAIMED
+
 from kvstore import Client, ConfigError, PermissionDeniedError, UnauthenticatedError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.server.config import load_config
@@ -117,6 +119,8 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
         "Release": (lambda: _released_none(stub.Release(pb.ReleaseRequest(lease_ids=[lease]), metadata=b_md)),
                     C.OK, "", ""),
         "Exists": (lambda: stub.Exists(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
+        "Claim": (lambda: stub.Claim(pb.ClaimRequest(namespaces=[A_NS], keys=[b"c"], claimant=b"bob", ttl_ms=60_000),
+                                     metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "Delete": (lambda: stub.Delete(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "Pin": (lambda: stub.Pin(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
         "Unpin": (lambda: stub.Unpin(keys, metadata=b_md), C.NOT_FOUND, "unknown_namespace", unknown),
@@ -164,6 +168,7 @@ def test_foreign_token_is_refused_on_every_rpc(tenants) -> None:
         assert stub.Release(pb.ReleaseRequest(lease_ids=[lease]), metadata=a_md).released == 1
         assert alice.get(A_NS, b"k0") == b"alice's secret" * 100
         assert [k.pins for k in alice.describe(A_NS, [b"k0", b"k1"])] == [0, 1]  # bob's Hint pinned nothing
+        assert alice.claim([A_NS], [b"c"], b"alice", 1000) == [CLAIMED]           # bob's Claim recorded nothing
         assert {n.name for n in alice.stats().namespaces} == {A_NS}
         # bob's NoteSession recorded nothing: alice's session still holds her two keys
         assert [(e.session, e.namespace, list(e.keys)) for e in alice.explain_session("alice-s")] == [
