@@ -46,7 +46,15 @@ def summarize(c: ConfigRun, bpt: int) -> dict[str, Any]:
             "prefill_s_mean": _mean(c.vllm, "vllm:request_prefill_time_seconds"),
             "store_served_tokens": {(k if k != "peer_tokens" else "from peers"): round(v if k == "peer_tokens" else v / bpt)
                                     for k, v in c.store_served_bytes.items() if v},
-            **({"router": c.router} if c.router else {})}
+            **({"router": c.router} if c.router else {}), **_claims(c.vllm)}
+
+
+def _claims(counters: dict[str, float]) -> dict[str, Any]:
+    """The agentic pass's claims (kvstore_connector/claims.py), every server together; nothing when none moved."""
+    got = {name: round(counters.get(f"vllm:kvstore_{name}_total", 0.0), 3) for name in (
+        "claimed_keys", "claim_pending_keys", "claim_waits", "claim_waits_served", "claim_wait_missed_keys",
+        "claim_wait_seconds")}
+    return {"claims": got} if any(got.values()) else {}
 
 
 def _mean(counters: dict[str, float], histogram: str) -> float | None:

@@ -17,7 +17,11 @@ VLLM_COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total",
                  "vllm:external_prefix_cache_hits_total", "vllm:generation_tokens_total",
                  "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
                  "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
-                 "vllm:num_preemptions_total")
+                 "vllm:num_preemptions_total", *(f"vllm:kvstore_{n}_total" for n in (
+                     # the connector's claims (kvstore_connector/claims.py): keys claimed on a miss, keys found
+                     # being computed by another server, loads that waited, served whole, keys that did not come
+                     "claimed_keys", "claim_pending_keys", "claim_waits", "claim_waits_served",
+                     "claim_wait_missed_keys", "claim_wait_seconds")))
 
 
 def scrape(url: str, names: tuple[str, ...] | None = None, by_label: str | None = None,
