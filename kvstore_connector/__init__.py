@@ -30,6 +30,7 @@ be `connector`; that name is a deprecated alias now (deprecation.py).
     misses.py          why a request missed: one cause per request, the daemon's asked off vLLM's thread
     probe.py           the scheduler's lookup of a prefix across every shard (stages, TP ranks, groups) at once
     load_policy.py     which hits load in the step that schedules them (load_mode, sync_fetch_bytes)
+    claims.py          claims: a miss claims the keys it computes; a load of keys another server computes waits
     request_attrs.py   what the scheduler side reads from a vLLM Request besides its tokens (by attribute name)
     tails.py           partial last blocks: stored when a request finishes, offered to a request that continues them
     scheduler_tails.py the scheduler side's tails: the lookup after a prompt's hit, the save of a request's last one

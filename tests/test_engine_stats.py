@@ -68,6 +68,8 @@ def test_stats_exact_fields() -> None:
         # no prefix Lookup stopped short (both Lookups above are without prefix): no miss has a cause
         "misses_never_stored": 0, "misses_evicted": 0, "misses_disk_reclaimed": 0, "misses_deleted": 0,
         "misses_cleared": 0, "misses_other_namespace": 0, "misses_load_failed": 0,
+        # no scheduler claimed anything
+        "claim_claimed_keys": 0, "claim_pending_keys": 0, "claim_held_keys": 0, "claim_refused_keys": 0,
         **dict.fromkeys(HINT_COUNTER_NAMES, 0), "hints_late_rejected": 0,  # no hint was sent
         # no restart handed this engine a predecessor's blocks
         "restart_adopted_blocks": 0, **{f"restart_dropped_{r}": 0 for r in RESTART_DROP_REASONS},

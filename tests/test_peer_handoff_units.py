@@ -206,7 +206,8 @@ def test_a_handoff_push_lands_only_the_blocks_the_receiver_admits() -> None:
     (Header(fr.PROBE, 1, 1, 4, 0, fr.HANDOFF), "hand-off flag on op 5"),
     (Header(fr.FETCH, 1, 1, 4, 0, fr.HANDOFF), "hand-off flag on op 1"),
     (Header(fr.PUSH, 1, 1, 4, 0, fr.TIERS), "the tiers flag on op 3"),
-    (Header(fr.PUSH, 1, 1, 4, 0, 4), "unknown flags 0x4"),
+    (Header(fr.PUSH, 1, 1, 4, 0, fr.CLAIM), "the claim flag on op 3"),
+    (Header(fr.PUSH, 1, 1, 4, 0, 8), "unknown flags 0x8"),
     (Header(fr.PUSH, 1, 1, 4, 0, 0x8000), "unknown flags 0x8000"),
 ])
 def test_bad_handoff_flags_are_rejected(header: Header, message: str) -> None:

@@ -25,6 +25,7 @@ nothing, so importing one part never drags in the rest. Module map, from the top
     ttl.py           TtlTable: ids with a deadline (leases, reservations)
     events.py        EventBus: stored / removed / moved events for routers
     misses.py        MissLedger: keys that left the store, when and why; KeyExplanation (Engine.explain)
+    claims.py        ClaimTable: keys a scheduler is computing now, so another one waits for its save (Claim)
     miss_causes.py   the cause of a prefix Lookup's first missing key (the misses_* counters)
     hints.py         Hints: what each agent hint does to a key (priorities, demote, prefetch, pins), its outcome
     snapshot.py      Stats and key records built from the catalog

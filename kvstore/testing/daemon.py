@@ -38,6 +38,12 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+# Every port free_port handed out in this process: never handed twice. A daemon binds its ports only when it
+# starts, so two picks for one daemon (its gRPC, metrics and peer ports) could otherwise draw the same free
+# port (seen in CI: metrics and peer_listen both given 27529, the daemon exited "address already in use").
+_HANDED: set[int] = set()
+
+
 def free_port() -> int:
     """A loopback TCP port that is free now, picked at random BELOW the kernel's ephemeral range.
 
@@ -49,11 +55,14 @@ def free_port() -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randint(max(1024, top - 10_000), top)
+        if port in _HANDED:   # free now, but handed to a daemon that has not bound it yet (or one alive)
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # a crowded box: fall back to the kernel's pick
         s.bind(("127.0.0.1", 0))
