@@ -1,12 +1,13 @@
 """The client's retry across a hand-over's gRPC stop (kvstore/client/rpc.py): after a call met the closed gate
 (`restarting`), a call the old daemon's server cancels as it stops is sent again and answered by the successor;
-a CANCELLED with no hand-over seen is an error, as before. Real gRPC servers on a unix socket path, the
+a CANCELLED with no hand-over seen is sent again only for a call that changes nothing (a Commit stays an error). Real gRPC servers on a unix socket path, the
 successor taking the path over by rename as kvstore-server does."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -31,6 +32,11 @@ class Daemon(pb_grpc.KVStoreServicer):
         self.calls = 0
         self.entered = threading.Event()
         self.released = threading.Event()
+
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:  # noqa: N802
+        """A call that changes the daemon, held and cut off as Health is."""
+        self.Health(pb.HealthRequest(), context)
+        return pb.CommitResponse(committed=1)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthResponse:  # noqa: N802
         self.calls += 1
@@ -114,6 +120,44 @@ def test_a_cancelled_call_with_no_hand_over_seen_is_an_error(tmp_path: Path) -> 
         t.join(20)
         assert len(errors) == 1 and "Cancelling all calls" in str(errors[0])
         assert (old_daemon.calls, new_daemon.calls) == (1, 0)   # not sent again: it may have run
+        new.stop(0)
+    finally:
+        rpc.channel.close()
+
+
+@pytest.mark.parametrize("method,request_", [("Health", pb.HealthRequest()), ("Commit", pb.CommitRequest())])
+def test_a_reset_call_with_no_hand_over_seen_is_sent_again_only_when_it_changes_nothing(
+        tmp_path: Path, method: str, request_: object) -> None:
+    """CANCELLED by the old server (its stream reset as it exits) before this client met a `restarting` refusal
+    (its previous call came before the gate closed): a read-only call goes to the successor, a Commit (it may
+    have run) is an error, not sent again."""
+    sock = tmp_path / "kvstore.sock"
+    old_daemon = Daemon("OLD", hold=True, reset=True)
+    old = _serve(old_daemon, sock, "old")
+    rpc = Rpc(f"unix:{sock}", timeout_s=10.0)
+    try:
+        out: list = []
+
+        def call() -> None:
+            try:
+                out.append(rpc.call(method, request_))
+            except StoreUnavailableError as exc:
+                out.append(exc)
+        t = threading.Thread(target=call)
+        t.start()
+        assert old_daemon.entered.wait(10)
+        new_daemon = Daemon("SUCCESSOR")
+        new = _serve(new_daemon, sock, "new")
+        old_daemon.refuse = 1000            # its gate closes: every later call refused unrun
+        old_daemon.released.set()           # the held call ends CANCELLED ...
+        time.sleep(0.3)
+        old.stop(0).wait(5)                 # ... before the old server stops
+        t.join(20)
+        if method == "Health":
+            assert [r.status for r in out] == ["SUCCESSOR"] and new_daemon.calls == 1
+        else:
+            assert len(out) == 1 and isinstance(out[0], StoreUnavailableError) and "CANCELLED" in str(out[0])
+            assert (old_daemon.calls, new_daemon.calls) == (1, 0)
         new.stop(0)
     finally:
         rpc.channel.close()

@@ -29,6 +29,11 @@ _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 # handing-over daemon cut off as it stopped (kvstore/server/handover_host.py `commit`): sent again like a refused one
 RESTART_CANCEL_S = 5.0
 _CUT_OFF = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# calls that change nothing in the daemon: one cut off as the old daemon stops is sent again even when this client
+# met no `restarting` refusal first (its previous call came before the gate closed; CI met a CANCELLED Exists
+# there), since running twice is running once
+READ_ONLY = frozenset({"Health", "Exists", "Stats", "ListKeys", "Describe", "Explain", "ExplainSession",
+                       "ListSessions", "PrefixScore"})
 
 
 def translate(exc: grpc.RpcError, address: str) -> KVStoreError:
@@ -111,19 +116,29 @@ class Rpc:
         all calls", or a reset stream): calls the gate was refusing, or one it admitted that ran past the
         freeze's drain (5 s), which is sent again too (a call that ran twice answers as a repeated one does: a
         Commit of a committed reservation is an error, never other bytes). With no hand-over seen, both stay
-        errors (a CI run met a CANCELLED there: tests/test_handover.py's gRPC client)."""
+        errors for calls that change the daemon (a CI run met a CANCELLED there: tests/test_handover.py's gRPC
+        client); a READ_ONLY call that ends CANCELLED (the server cut it: this client never cancels a unary call)
+        is sent again all the same, since a client whose previous call came before the gate closed meets the stop
+        first (CI again: a CANCELLED Exists); a daemon that is simply gone then answers UNAVAILABLE, an error."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         pause = 0.02
+        last: grpc.RpcError | None = None
         while True:
             try:
                 return getattr(self.stub, name)(request, timeout=max(0.05, deadline - time.monotonic()),
                                                 metadata=self.metadata)
+            except ValueError:   # the channel was closed under a call being sent again: its first error stands
+                if last is None:
+                    raise
+                raise translate(last, self.address) from None
             except grpc.RpcError as exc:
+                last = exc
                 now = time.monotonic()
                 if _restarting(exc):
                     self._restart_seen = now
-                cut_off = (exc.code() if hasattr(exc, "code") else None) in _CUT_OFF and (
-                    now - self._restart_seen < RESTART_CANCEL_S)
+                code = exc.code() if hasattr(exc, "code") else None
+                cut_off = (code in _CUT_OFF and now - self._restart_seen < RESTART_CANCEL_S) or (
+                    code == grpc.StatusCode.CANCELLED and name in READ_ONLY)
                 if (_restarting(exc) or cut_off) and now + pause < deadline:
                     time.sleep(pause)
                     pause = min(0.2, pause * 2)
