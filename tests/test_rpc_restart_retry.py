@@ -1,7 +1,7 @@
 """The client's retry across a hand-over's gRPC stop (kvstore/client/rpc.py): after a call met the closed gate
 (`restarting`), a call the old daemon's server cancels as it stops is sent again and answered by the successor;
-a CANCELLED with no hand-over seen is sent again only for a call that changes nothing (a Commit stays an error). Real gRPC servers on a unix socket path, the
-successor taking the path over by rename as kvstore-server does."""
+a CANCELLED with no hand-over seen is sent again only for a call that changes nothing (a Commit stays an error).
+Real gRPC servers on a unix socket path, the successor taking the path over by rename as kvstore-server does."""
 
 from __future__ import annotations
 
