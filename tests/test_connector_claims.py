@@ -35,6 +35,15 @@ def _waiting_load(b: Side, req: Req) -> None:
     b.worker.start_loads(plan.loads)             # asynchronous: the loader thread waits
 
 
+def _claimed_then_awaited(a: Side, b: Side, start: int) -> Req:
+    """a's lookup of a new prompt misses and claims its 12 keys; b's of the same prompt waits for them. a's
+    request, still to be computed."""
+    first = Req("r1", prompt_tokens(100, start=start))
+    assert a.sched.num_new_matched_tokens(first, 0) == (0, False)
+    _waiting_load(b, Req("r2", list(first.prompt_token_ids)))
+    return first
+
+
 def _received(b: Side, rid: str) -> None:
     got: set[str] = set()
     wait_until(lambda: got.update(b.worker.finished(set())[1]) or rid in got, 15, what=f"{rid} received")
@@ -46,11 +55,8 @@ def test_a_second_server_waits_for_the_first_ones_save_and_loads_its_exact_bytes
         cluster = Cluster(stack, names=("a", "b"), timeout_s=5.0)
         a = Side(cluster.nodes["a"].address, make_caches(700), claim_ms=5000)
         b = Side(cluster.nodes["b"].address, make_caches(701), claim_ms=5000)
-        first = Req("r1", prompt_tokens(100, start=702))
-        assert a.sched.num_new_matched_tokens(first, 0) == (0, False)  # a miss: a claims the 12 keys
+        first = _claimed_then_awaited(a, b, 702)
         assert a.sched.counters.totals["claimed_keys"] == 12
-        second = Req("r2", list(first.prompt_token_ids))
-        _waiting_load(b, second)
         a.prefill(first, list(range(25)))        # a computes and saves; b's worker is waiting meanwhile
         _received(b, "r2")
         assert b.worker.load_errors() == set()
@@ -64,10 +70,7 @@ def test_a_second_server_waits_for_the_first_ones_save_and_loads_its_exact_bytes
 def test_two_vllm_instances_on_one_node_share_a_prefix_being_computed(make_daemon) -> None:
     d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB")
     a, b = Side(d.address, make_caches(710), claim_ms=5000), Side(d.address, make_caches(711), claim_ms=5000)
-    first = Req("r1", prompt_tokens(100, start=712))
-    assert a.sched.num_new_matched_tokens(first, 0) == (0, False)
-    second = Req("r2", list(first.prompt_token_ids))
-    _waiting_load(b, second)
+    first = _claimed_then_awaited(a, b, 712)
     saver = threading.Timer(0.2, a.prefill, (first, list(range(25))))  # the save lands while b waits
     saver.start()
     _received(b, "r2")
@@ -81,10 +84,7 @@ def test_two_vllm_instances_on_one_node_share_a_prefix_being_computed(make_daemo
 def test_a_claim_that_runs_out_half_saved_loads_what_came_and_fails_the_rest(make_daemon) -> None:
     d = make_daemon(arena_bytes="8MiB", max_block_bytes="1MiB")
     a, b = Side(d.address, make_caches(720), claim_ms=400), Side(d.address, make_caches(721), claim_ms=400)
-    first = Req("r1", prompt_tokens(100, start=722))
-    assert a.sched.num_new_matched_tokens(first, 0) == (0, False)
-    second = Req("r2", list(first.prompt_token_ids))
-    _waiting_load(b, second)
+    first = _claimed_then_awaited(a, b, 722)
     # a is preempted after its first 40 tokens: only the first five keys are saved (the same chain: same keys)
     part = Req("r1-part", list(first.prompt_token_ids[:41]))
     a.prefill(part, list(range(11)))

@@ -187,12 +187,17 @@ def encode_tiers(tiers: list[int]) -> bytes:
     return bytes(tiers)
 
 
-def decode_tiers(meta: bytes, count: int) -> list[int]:
+def _byte_table(meta: bytes, count: int, top: int, what: str, values: str) -> list[int]:
+    """One byte per key, each at most `top` (a tier table, a claim state table)."""
     if len(meta) != count:
-        raise FrameError(f"tier table of {len(meta)} bytes for {count} keys")
-    if any(b > _MAX_TIER for b in meta):
-        raise FrameError(f"a tier byte above {_MAX_TIER} (none, RAM, disk)")
+        raise FrameError(f"{what} table of {len(meta)} bytes for {count} keys")
+    if any(b > top for b in meta):
+        raise FrameError(f"a {what} byte above {top} ({values})")
     return list(meta)
+
+
+def decode_tiers(meta: bytes, count: int) -> list[int]:
+    return _byte_table(meta, count, _MAX_TIER, "tier", "none, RAM, disk")
 
 
 def encode_claim(namespace: str, keys: list[bytes], claimant: bytes, ttl_ms: int) -> bytes:
@@ -210,11 +215,7 @@ def decode_claim(meta: bytes, count: int) -> tuple[str, list[bytes], bytes, int]
 
 
 def decode_claim_states(meta: bytes, count: int) -> list[int]:
-    if len(meta) != count:
-        raise FrameError(f"claim state table of {len(meta)} bytes for {count} keys")
-    if any(b > _MAX_CLAIM_STATE for b in meta):
-        raise FrameError(f"a claim state byte above {_MAX_CLAIM_STATE} (claimed, held, pending)")
-    return list(meta)
+    return _byte_table(meta, count, _MAX_CLAIM_STATE, "claim state", "claimed, held, pending")
 
 
 def encode_sizes(sizes: np.ndarray, checksums: np.ndarray) -> bytes:
