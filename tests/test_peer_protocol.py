@@ -106,6 +106,23 @@ def test_probe_round_trip(local: FakeLocal) -> None:
     assert proto.probe_result(reply, answer.frame.meta) == [True, False, True]
 
 
+@pytest.mark.parametrize("keys", [
+    [b"k%015d" % i for i in range(64)],                       # one length: the sliced fast path
+    [b"k%015d" % i for i in range(63)] + [b"short"],          # the last length differs: the per-key loop
+    [b"x" * 255, b"y" * 255], [b"a"], [b"ab", b"c", b"de"],
+])
+def test_key_batches_encode_as_length_prefixed_keys_and_decode_exactly(keys: list[bytes]) -> None:
+    meta = fr.encode_fetch(NS, keys)
+    assert meta == fr.encode_fetch(NS, []) + b"".join(bytes([len(k)]) + k for k in keys)
+    assert fr.decode_fetch(meta, len(keys)) == (NS, keys)
+    with pytest.raises(FrameError, match="metadata shorter than its fields"):
+        fr.decode_fetch(meta[:-1], len(keys))
+    with pytest.raises(FrameError, match="1 unexpected bytes after the metadata"):
+        fr.decode_fetch(meta + b"!", len(keys))
+    with pytest.raises(FrameError, match="unexpected bytes after the metadata"):
+        fr.decode_fetch(meta, len(keys) - 1) if len(keys) > 1 else fr.decode_fetch(meta + b"\x01z", 1)
+
+
 def test_push_round_trip_sends_only_the_blocks_held_and_serve_touches_nothing(local: FakeLocal) -> None:
     keys = [b"k1", b"k2", b"k3"]
     sizes, sums = np.array([3, 0, 4]), np.array([11, 0, 33], dtype=np.uint64)

@@ -69,6 +69,7 @@ class Rig:
             self._start(self._new())
         self.first_nodes = frozenset(self.clients)
         self.wait_members()
+        self.wait_settled()
 
     @property
     def live(self) -> list[str]:
@@ -106,6 +107,12 @@ class Rig:
         for name, c in list(self.clients.items()):
             wait_until(lambda: len(_peers(c.health().peers).members) == want, timeout_s, 0.05,
                        f"{name} to see {want}")
+
+    def wait_settled(self, timeout_s: float = 60.0) -> None:
+        """Every live node reads from owners only: the joins' hand-offs are done and published (the steady state a
+        cluster is in between changes; before it, a miss also asks each earlier member set's owners)."""
+        for name, c in list(self.clients.items()):
+            wait_until(lambda: _peers(c.stats().peers).settled, timeout_s, 0.05, f"{name} to settle")
 
     def wait_handoffs(self, timeout_s: float = 60.0) -> None:
         for name, c in list(self.clients.items()):

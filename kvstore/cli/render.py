@@ -192,7 +192,8 @@ def print_stats(s: Stats) -> None:
     p = s.peers
     if p is not None:
         c.print(_kv_table("peer tier", [("members", _peers_line(p)), ("pending pushes", p.pending_pushes),
-                                         ("pending hand-offs", p.pending_handoffs)]
+                                         ("pending hand-offs", p.pending_handoffs),
+                                         ("settled", _settled_line(p))]
                           + [(k.replace("_", " "), v) for k, v in p.counters.items()]))
     counters = Table(title="counters", title_justify="left", show_header=False, box=None, padding=(0, 2))
     for _ in range(2):
@@ -276,6 +277,14 @@ def _peers_line(p: PeerTierStats | None) -> str:
     etcd = "etcd connected" if p.etcd_connected else "etcd UNREACHABLE (last member set)"
     names = ", ".join(m.node_id + ("*" if m.is_self else "") for m in p.members)
     return f"{len(p.members)} members [{names}], {etcd}, plane {p.data_plane} {p.data_address}, replication {p.replication}"
+
+
+def _settled_line(p: PeerTierStats) -> str:
+    """Whether reads still ask previous owners after a member change, and which members have not handed off."""
+    if p.settled:
+        return "yes: reads ask each block's owners only"
+    waiting = [m.node_id for m in p.members if not m.settled]
+    return f"no: reads also ask previous owners; hand-off not done at {', '.join(waiting) or 'none'}"
 
 
 def _budget_rows(b: DiskWriteBudgetStats | None) -> list[tuple[str, object]]:

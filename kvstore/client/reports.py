@@ -30,6 +30,7 @@ class PeerMember:
     data_plane: str
     capacity_bytes: int
     is_self: bool = field(metadata=wire("self"))  # the proto's `self`: a name Python keeps for the instance
+    settled: bool = False  # it has handed off everything for the current member set
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class PeerTierStats:
     counters: dict[str, int]
     pending_pushes: int
     pending_handoffs: int = 0  # hand-off passes queued or running after membership changes
+    settled: bool = False      # no earlier member set to ask: reads ask each block's owners only
 
 
 @dataclass(frozen=True)

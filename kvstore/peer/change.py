@@ -11,6 +11,13 @@
                                  owns under the current set, one step past it (the successor of a node that
                                  is leaving and has not yet left), or an earlier set of the window (accepts()).
 
+Settling: a node that has handed off everything it holds for the current set (handoff.py: a pass with nothing
+left undelivered, then a catch-up pass over what landed during a grace after it) says so in its etcd record
+(Member.settled = set_digest(the set)). Once every member's record names the current set, no earlier owner
+holds a block that the current owners lack, so reads stop asking previous owners before the window ends
+(PeerCluster.read_previous): a miss costs one probe per owner again, not one per earlier set. The intake keeps
+the whole window (a late hand-off from a node that saw a change after this one is still taken).
+
 A block's life across nodes (what the peer tier promises; docs/peer-tier.md has the figures):
 
     put on W ──push──► OWNED at O (and, under owner+1, at the replica R); W keeps its copy in its own tiers
@@ -28,6 +35,7 @@ Thread-safe: the membership thread applies changes, reads come from any thread.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -35,7 +43,13 @@ from dataclasses import dataclass
 
 from kvstore.peer.placement import owners_of, read_orders
 
-__all__ = ["MemberChange", "MemberView"]
+__all__ = ["MemberChange", "MemberView", "set_digest"]
+
+
+def set_digest(members: Collection[str]) -> str:
+    """A member set's name in etcd records (Member.settled): 16 hex digits of blake2b over the sorted ids, so
+    every node names the same set alike whatever order it learned the members in."""
+    return hashlib.blake2b("\n".join(sorted(members)).encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class MemberView:
         self._clock = clock
         self._lock = threading.Lock()
         self._current: frozenset[str] = frozenset({me})
+        self._digest = set_digest(self._current)
         self._earlier: list[tuple[float, frozenset[str]]] = []  # (time it stopped being current, set), newest first
 
     def apply(self, members: Iterable[str]) -> MemberChange | None:
@@ -88,6 +103,7 @@ class MemberView:
                 # is the set without it, and that is where the blocks it now owns are until they are handed over
                 self._earlier.insert(0, (now, after - {self.me}))
             self._current = after
+            self._digest = set_digest(after)
             self._trim(now)
         return MemberChange(before, after)
 
@@ -97,6 +113,11 @@ class MemberView:
     def current(self) -> frozenset[str]:
         with self._lock:
             return self._current
+
+    def current_digest(self) -> tuple[frozenset[str], str]:
+        """The current set and its set_digest, read together."""
+        with self._lock:
+            return self._current, self._digest
 
     def previous(self) -> list[frozenset[str]]:
         """The member sets of the hand-off window before the current one, newest first."""

@@ -16,8 +16,10 @@ hand-off.
                   False) for a hand-over restart: the successor keeps the lease and record (no member change)
 
 Every member-set change the watch reports becomes a change.MemberChange (before -> after): the view keeps
-the earlier sets for `handoff_window_s` (reads ask previous owners; the intake accepts blocks it owned), and
-the hand-off thread moves the blocks this node holds for new owners (handoff.py).
+the earlier sets for `handoff_window_s` (the intake accepts blocks it owned), the hand-off thread moves the
+blocks this node holds for new owners (handoff.py) and, once it has moved all of them, publishes that in this
+node's etcd record. Reads ask previous owners until every member's record says so for the current set
+(settled(); change.py), or the window ends.
 
 Without `etcd_endpoints` the daemon never builds one, and nothing of this runs.
 """
@@ -181,6 +183,8 @@ class PeerStatus:
     counters: dict[str, int]
     pending_pushes: int
     pending_handoffs: int = 0
+    settled: bool = False   # no earlier member set to ask (PeerCluster.settled)
+    set_digest: str = ""    # change.set_digest of the current set: a member whose record names it has settled
 
 
 def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter: TransferMeter) -> DataPlane:
@@ -216,14 +220,15 @@ class PeerCluster:
         guests = Guests(self.local, self.view, self.counters, cfg.local_copies if copies else "keep")
         self.remote = RemoteTier(engine, self.plane, self._members, cfg.node_id, copies=copies,
                                  timeout_s=cfg.timeout_s, max_keys=cfg.max_keys, counters=self.counters,
-                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.view.previous,
+                                 backoff_s=min(1.0, cfg.lease_ttl_s / 2), previous=self.read_previous,
                                  fetched=guests.read, placement=self.view.current)
         self.replicator = Replicator(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                      queue_blocks=cfg.push_queue_blocks, counters=self.counters,
                                      landed=guests.sent, placement=self.view.current)
         self.handoff = HandOff(self.local, self.plane, self._members, cfg.node_id, copies=copies,
                                bytes_per_s=cfg.handoff_bytes_per_s, counters=self.counters,
-                               batch_keys=min(32, cfg.max_keys), landed=guests.sent)
+                               batch_keys=min(32, cfg.max_keys), landed=guests.sent, settled=self._settled,
+                               settle_grace_s=cfg.timeout_s + 1.0)
         self.local.set_handoff_gate(HandOffIntake(self.view, self.counters, cfg.handoff_intake_bytes_per_s))
 
     def _members(self) -> dict[str, Member]:
@@ -256,6 +261,25 @@ class PeerCluster:
         if change is not None:  # this node's own join too: blocks it recovered from disk may belong elsewhere
             log.info("member change %s: %d members", change.describe(), len(change.after))
             self.handoff.schedule(change)
+
+    def _settled(self, after: frozenset[str]) -> None:
+        """The hand-off thread has moved everything for `after`: say so in etcd, if `after` is still current."""
+        current, digest = self.view.current_digest()
+        if self.membership is not None and after == current:
+            self.membership.publish_settled(digest)
+
+    def settled(self) -> bool:
+        """No earlier member set to ask: the window holds none, or every member (none leaving) has handed off
+        everything for the current set, so no earlier owner holds a block the current owners lack."""
+        current, digest = self.view.current_digest()
+        members = self._members()
+        if members.keys() == current and all(m.settled == digest and not m.leaving for m in members.values()):
+            return True
+        return not self.view.previous()
+
+    def read_previous(self) -> list[frozenset[str]]:
+        """The earlier member sets reads ask (newest first): those of the hand-off window until settled()."""
+        return [] if self.settled() else self.view.previous()
 
     def _check_planes(self, members: dict[str, Member]) -> None:
         for m in members.values():
@@ -332,7 +356,7 @@ class PeerCluster:
         for m in peers[len(answers):]:
             tiers[m.node_id] = [0] * len(keys)
         self.counters.add("score_calls")
-        owning, previous, reachable = self.view.current(), self.view.previous(), frozenset(members) | {me}
+        owning, previous, reachable = self.view.current(), self.read_previous(), frozenset(members) | {me}
         copies = COPIES[self.cfg.replication]
         return shares(len(keys), tiers, {n: m.control for n, m in members.items()}, me,
                       lambda node: read_orders(namespace, keys, owning, previous, copies, node, reachable))
@@ -343,4 +367,5 @@ class PeerCluster:
         return PeerStatus(self.cfg.node_id, bool(self.membership and self.membership.connected), self.cfg.data_plane,
                           self.plane.address, self.cfg.replication,
                           tuple(members[k] for k in sorted(members)), self.counters.snapshot(),
-                          self.replicator.pending, self.handoff.pending)
+                          self.replicator.pending, self.handoff.pending, self.settled(),
+                          self.view.current_digest()[1])

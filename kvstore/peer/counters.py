@@ -43,6 +43,9 @@ COUNTER_HELP: dict[str, str] = {
                      "(a hand-off still under way)",
     "fallback_hits": "Keys a previous owner held and this node fetched (or found) through it",
     "handoff_scans": "Hand-off passes over this node's blocks after membership changes (or a leave)",
+    "handoff_catch_ups": "Second passes over the keys that arrived during a hand-off and its grace (settling)",
+    "handoff_settles": "Times this node had handed off everything for the current member set and said so in etcd "
+                       "(once every member has, reads stop asking previous owners)",
     "handoff_keys_scanned": "Keys a hand-off pass looked at",
     "handoff_blocks": "Blocks handed to a new owner after a membership change (stored there)",
     "handoff_bytes": "Bytes of the blocks handed to new owners",

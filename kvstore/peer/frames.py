@@ -135,6 +135,15 @@ class _Reader:
             raise FrameError("a string field is not UTF-8") from exc
 
     def keys(self, count: int) -> list[bytes]:
+        """`count` length-prefixed keys. Keys of one length (the usual batch) are cut by slicing once their
+        length bytes are checked in one C-level comparison; any other batch takes the per-key loop."""
+        buf, pos = self.buf, self.pos
+        if count and pos < len(buf) and buf[pos]:
+            step = buf[pos] + 1
+            end = pos + count * step
+            if end <= len(buf) and buf[pos:end:step] == bytes((step - 1,)) * count:
+                self.pos = end
+                return [buf[i + 1: i + step] for i in range(pos, end, step)]
         out = []
         for _ in range(count):
             n = self.take(1)[0]
@@ -157,6 +166,13 @@ def _string(s: str) -> bytes:
 
 
 def _keys(keys: list[bytes]) -> bytes:
+    """Each key after its length byte; a batch of one key length (the usual) is joined in one C-level call."""
+    lengths = set(map(len, keys))
+    if len(lengths) == 1:
+        (n,) = lengths
+        if 0 < n < 256:
+            sep = bytes((n,))
+            return sep + sep.join(keys)
     return b"".join(bytes([len(k)]) + k for k in keys)
 
 

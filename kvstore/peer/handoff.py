@@ -8,6 +8,12 @@
                        daemon then revokes its lease. Its blocks are at their next owners before peers stop
                        routing to it.
     pending            passes queued or running (0: every change seen so far has been handed off)
+    settled(after)     the callback once this node has handed off everything for the member set `after`: a
+                       pass that finished with nothing left undelivered, then `settle_grace_s` (pushes and
+                       hand-offs already on the wire to this node land meanwhile, and so do pushes of writers
+                       that saw the change after this node), then a catch-up pass over the keys that arrived
+                       since the walk, also complete. A newer change or a stop during any of it: no callback
+                       (the newer change's pass settles instead). PeerCluster publishes it (change.py).
 
 A pass walks every key held here (RAM and disk; Engine.held_keys) and asks placement.handoff_targets which new
 owners this node must give it to (the keys this node owned, or whose owners all left). Keys go out in batches
@@ -17,9 +23,9 @@ the target takes only blocks it owns (intake.py). Bytes go out through a token b
 (peer_handoff_bytes_per_s), so a hand-off never takes the data plane from the reads that serve requests.
 
 Nothing here is a correctness path: a block whose hand-off fails (target down, timeout, refused) stays where it
-is, and reads find it there through the previous owners for the hand-off window (change.MemberView). Counted:
-handoff_scans, handoff_keys_scanned, handoff_blocks (stored at the target), handoff_bytes (sent),
-handoff_present (already there), handoff_dropped (not delivered).
+is, unsettled, and reads find it there through the previous owners for the hand-off window (change.MemberView).
+Counted: handoff_scans, handoff_catch_ups, handoff_settles, handoff_keys_scanned, handoff_blocks (stored at the
+target), handoff_bytes (sent), handoff_present (already there), handoff_dropped (not delivered).
 """
 
 from __future__ import annotations
@@ -64,7 +70,9 @@ class _Cut(Exception):
 class HandOff:
     def __init__(self, local: LocalStore, plane: DataPlane, members: Callable[[], dict[str, Member]], me: str, *,
                  copies: int, bytes_per_s: float, counters: PeerCounters, batch_keys: int = 32,
-                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None) -> None:
+                 landed: Callable[[str, list[bytes]], None] = lambda ns, keys: None,
+                 settled: Callable[[frozenset[str]], None] = lambda after: None,
+                 settle_grace_s: float = 1.0) -> None:
         self._local = local
         self._plane = plane
         self._members = members
@@ -74,6 +82,8 @@ class HandOff:
         self._counters = counters
         self._batch = batch_keys
         self._landed = landed  # keys now at their new owner (guests.py lets go of this node's copy)
+        self._settled = settled
+        self._grace = settle_grace_s
         self._cond = threading.Condition()
         self._pending: MemberChange | None = None
         self._generation = 0      # bumped by every schedule(): a running pass stops when it moves
@@ -140,13 +150,15 @@ class HandOff:
                 if self._stopping or self._pending is None:
                     return
                 change, self._pending = self._pending, None
-                cut = self._superseded(self._generation)
+                generation = self._generation
+                cut = self._superseded(generation)
                 self._running = True
+            seen: dict[str, set[bytes]] = {}
             try:
-                report = self._pass(change, cut)
+                report = self._pass(change, cut, seen)
             except Exception:  # the hand-off thread must outlive a bug in one pass
                 log.exception("hand-off pass failed")
-                report = PassReport(change.describe(), finished=True)
+                report = PassReport(change.describe(), finished=True, dropped=-1)  # finished, never settled
             with self._cond:
                 self._running = False
                 if not report.finished and not self._stopping:  # a newer change: one pass covers both
@@ -156,6 +168,30 @@ class HandOff:
                 log.info("hand-off after %s: %d blocks handed over (%d bytes), %d already there, "
                          "%d not delivered, %d keys looked at, %.2fs", report.change, report.sent,
                          report.sent_bytes, report.present, report.dropped, report.scanned, report.seconds)
+                if not report.dropped:
+                    self._settle(change, generation, seen)
+
+    def _settle(self, change: MemberChange, generation: int, seen: dict[str, set[bytes]]) -> None:
+        """After a complete pass: the grace, the catch-up pass, then `settled` unless anything moved meanwhile."""
+        cut = self._superseded(generation)
+        with self._cond:
+            if self._cond.wait_for(cut, timeout=self._grace):
+                return
+            self._running = True
+        try:
+            report = self._pass(change, cut, seen, catch_up=True)
+        except Exception:
+            log.exception("hand-off catch-up pass failed")
+            return
+        finally:
+            with self._cond:
+                self._running = False
+        if report.scanned:
+            log.info("hand-off catch-up after %s: %d blocks that arrived meanwhile handed over, %d not delivered",
+                     report.change, report.sent, report.dropped)
+        if report.finished and not report.dropped and not cut():
+            self._counters.add("handoff_settles")
+            self._settled(change.after)
 
     def _superseded(self, generation: int) -> Callable[[], bool]:
         """The cut test of a pass started at `generation`: a newer change, or a stop, ends it."""
@@ -163,11 +199,12 @@ class HandOff:
 
     # -- one pass ------------------------------------------------------------------------------------------
     def _pass(self, change: MemberChange, cut: Callable[[], bool],
-              seen: dict[str, set[bytes]] | None = None) -> PassReport:
-        """One walk over the keys held here (with `seen`: only those not in it, which it then records)."""
+              seen: dict[str, set[bytes]] | None = None, catch_up: bool = False) -> PassReport:
+        """One walk over the keys held here (with `seen`: only those not in it, which it then records); a
+        settling catch-up is counted as `handoff_catch_ups`, not as a scan."""
         start = time.monotonic()
         report = PassReport(change.describe())
-        self._counters.add("handoff_scans")
+        self._counters.add("handoff_catch_ups" if catch_up else "handoff_scans")
         members = self._members()
         try:
             for namespace in self._local.namespaces():

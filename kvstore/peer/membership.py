@@ -25,6 +25,8 @@ No consensus or gossip of our own: etcd is the only source of membership.
 set; PeerCluster turns it into a change.MemberChange for placement, hand-off and reads. A member whose record
 says `leaving` (mark_leaving: a node draining on SIGTERM) is still in the set, so it can still be read from,
 but placement leaves it out: nothing new is pushed to it and its blocks' next owners are their owners now.
+A record that differs only in `settled` (publish_settled: this node has handed off for a member set) updates
+the set's records without being a member change: no on_change, no `member_changes`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Member:
     plane: str          # tcp | ucx | grpc: the plane its data address speaks
     capacity_bytes: int
     leaving: bool = False  # draining (SIGTERM): still serving, no longer an owner of anything new
+    settled: str = ""      # change.set_digest of the member set this node has handed off everything for
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -64,7 +67,7 @@ class Member:
         try:
             d = json.loads(raw)
             return Member(str(d["node_id"]), str(d["control"]), str(d["data"]), str(d["plane"]),
-                          int(d["capacity_bytes"]), bool(d.get("leaving", False)))
+                          int(d["capacity_bytes"]), bool(d.get("leaving", False)), str(d.get("settled", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -126,15 +129,28 @@ class Membership:
     def mark_leaving(self) -> bool:
         """Rewrite this node's record as leaving (same lease): every watcher takes it out of placement at once
         while it still serves reads. False when etcd did not take it (the leave then goes on regardless)."""
-        self.me = dataclasses.replace(self.me, leaving=True)
+        return self._rewrite_record(dataclasses.replace(self.me, leaving=True),
+                                    "peers learn it from the lease revoke")
+
+    def publish_settled(self, digest: str) -> bool:
+        """Rewrite this node's record (same lease) saying it has handed off everything for the member set named
+        `digest` (change.set_digest): once every member says so for the current set, reads stop asking previous
+        owners. False when etcd did not take it (reads then keep asking them until the window ends)."""
+        if self.me.settled == digest:
+            return True
+        return self._rewrite_record(dataclasses.replace(self.me, settled=digest),
+                                    "peers keep asking previous owners until the hand-off window ends")
+
+    def _rewrite_record(self, me: Member, otherwise: str) -> bool:
+        self.me = me
         with self._lock:
-            self._members[self.me.node_id] = self.me
+            self._members[me.node_id] = me
         if not self._lease:
             return False
         try:
-            self._etcd.put(self._prefix + self.me.node_id.encode(), self.me.encode(), self._lease)
+            self._etcd.put(self._prefix + me.node_id.encode(), me.encode(), self._lease)
         except EtcdUnavailable as exc:
-            log.warning("could not mark this node leaving in etcd (%s): peers learn it from the lease revoke", exc)
+            log.warning("could not update this node's record in etcd (%s): %s", exc, otherwise)
             return False
         return True
 
@@ -245,7 +261,7 @@ class Membership:
     def _set(self, found: dict[str, Member]) -> None:
         with self._change_lock:
             with self._lock:
-                changed = found != self._members
+                changed = _unsettled(found) != _unsettled(self._members)
                 self._members = found
             if changed:
                 self._counters.add("member_changes")
@@ -276,3 +292,8 @@ class Membership:
             log.info("etcd reachable: registered as %s", self.me.node_id)
         self.connected = True
         self._logged.clear()
+
+
+def _unsettled(members: dict[str, Member]) -> dict[str, Member]:
+    """The records without `settled`: what a member change compares (a settling node changes no membership)."""
+    return {k: dataclasses.replace(m, settled="") if m.settled else m for k, m in members.items()}

@@ -62,6 +62,9 @@ class PeerCollector(Collector):
                                 value=st.pending_pushes)
         yield GaugeMetricFamily("kvstore_peer_handoffs_pending", "Hand-off passes queued or running after membership "
                                 "changes (0: every change seen so far is handed off)", value=st.pending_handoffs)
+        yield GaugeMetricFamily("kvstore_peer_settled", "1 when reads ask each block's owners only: every member has "
+                                "handed off for the current member set (or the hand-off window ended)",
+                                value=int(st.settled))
         for name, text in COUNTER_HELP.items():
             yield CounterMetricFamily(f"kvstore_peer_{name}", text, value=st.counters.get(name, 0))
 

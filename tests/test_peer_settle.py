@@ -1,0 +1,93 @@
+"""Settling, on real daemons and a real etcd: after a join, reads ask previous owners only until every member has
+handed off for the new set and said so in its etcd record; from then on a miss costs one probe per owner and no
+fallback, long before the hand-off window (120 s here) ends. A node settling is not a member change, and a
+node that dies unsettles the cluster until its lease expires and the survivors have handed off again. Every
+block stays readable, bytes exact, throughout.
+
+The units (record field, the hand-off thread's grace and catch-up): tests/test_peer_settle_units.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import ExitStack
+
+from kvstore.peer.placement import owners
+from kvstore.testing import wait_until
+from tests.peer_helpers import Cluster, blocks, needs_etcd, register
+
+pytestmark = [needs_etcd]
+
+NS = "settle@d/t"
+
+
+def _settled(cl: Cluster, names: str) -> list[bool]:
+    return [cl.clients[n].stats().peers.settled for n in names]
+
+
+def _wait_settled(cl: Cluster, names: str) -> None:
+    for n in names:
+        c = cl.clients[n]
+        wait_until(lambda: c.stats().peers.settled, 30, 0.05, f"{n} to settle")
+
+
+def _check_all(cl: Cluster, names: str, data: dict[bytes, bytes]) -> None:
+    keys = sorted(data)
+    for n in names:
+        got = cl.clients[n].get_many(NS, keys)
+        assert [g == data[k] for k, g in zip(keys, got)] == [True] * len(keys), n
+
+
+def test_reads_stop_asking_previous_owners_once_every_member_has_settled() -> None:
+    with ExitStack() as stack:
+        # grace = peer_timeout_s + 1 = 3 s: a node cannot settle before the checks right after the join
+        cl = Cluster(stack, timeout_s=2.0, names=("a", "b"), peer_handoff_window_s=120)
+        register(cl.clients, NS)
+        _wait_settled(cl, "ab")
+        data: dict[bytes, bytes] = {}
+        for i, n in enumerate("ab"):
+            keys = [b"%s-settle-%02d" % (n.encode(), j) for j in range(16)]
+            values = blocks(16, 48 << 10, seed=40 + i)
+            cl.clients[n].put_many(NS, keys, values)
+            data.update(zip(keys, values))
+        for n in "ab":
+            cl.wait_pushes(n)
+        changes_before = cl.counters("a")["member_changes"]
+
+        cl.join("c")
+        register({"c": cl.clients["c"]}, NS)
+        cl.wait_members(3)
+        # c's record names no set yet, and a and b are inside their grace: nobody is settled, reads fall back
+        assert _settled(cl, "abc") == [False, False, False]
+        assert [m.settled for m in cl.clients["a"].stats().peers.members] == [False, False, False]
+        _check_all(cl, "abc", data)
+
+        _wait_settled(cl, "abc")
+        st = cl.clients["a"].stats().peers
+        assert [m.settled for m in st.members] == [True, True, True] and st.pending_handoffs == 0
+        assert sum(cl.counters(n)["handoff_settles"] for n in "abc") >= 3
+        # three nodes published their records again: still one member change (the join) at a
+        assert cl.counters("a")["member_changes"] == changes_before + 1
+        ids = [cl.nodes[n].node_id for n in "abc"]
+        owned_by_c = [k for k in data if owners(NS, k, ids, 1)[0] == cl.nodes["c"].node_id]
+        assert owned_by_c and cl.clients["c"].exists(NS, owned_by_c) == [True] * len(owned_by_c)
+
+        # settled: a miss asks each key's owner once and no previous owner (within the 120 s window)
+        fresh = [os.urandom(16) for _ in range(48)]
+        before = cl.counters("a")
+        assert cl.clients["a"].exists(NS, fresh, cluster=True) == [False] * 48
+        after = cl.counters("a")
+        assert after["fallback_keys"] - before["fallback_keys"] == 0
+        asked = {owners(NS, k, ids, 1)[0] for k in fresh} - {cl.nodes["a"].node_id}
+        assert after["probe_calls"] - before["probe_calls"] == len(asked)
+        _check_all(cl, "abc", data)
+
+        # c dies: its record (settled) stays until its lease expires; then the survivors hand off and settle again
+        lost = set(owned_by_c)
+        cl.nodes["c"].stop(signal.SIGKILL)
+        cl.clients.pop("c").close()
+        cl.wait_members(2, on=("a", "b"), timeout_s=15)
+        _wait_settled(cl, "ab")
+        assert cl.counters("a")["member_changes"] == changes_before + 2
+        _check_all(cl, "ab", {k: v for k, v in data.items() if k not in lost})
