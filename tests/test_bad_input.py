@@ -145,7 +145,8 @@ def test_malformed_put_streams(stub) -> None:
     assert not stub.Exists(pb.KeysRequest(namespace=NS, keys=[b"s1"]), timeout=5).present[0]
 
 
-def test_client_raises_the_matching_exception_classes(daemon: DaemonProcess) -> None:
+def test_client_raises_the_matching_exception_classes(daemon: DaemonProcess, stub) -> None:
+    # `stub` registers TOK (tokens_per_block=16): without it, run alone (-k), the conflict below had nothing to meet
     with Client(daemon.address) as c:
         c.register_namespace(NS, model="m")
         with pytest.raises(UnknownNamespaceError):

@@ -3,7 +3,9 @@
 The schedule: at 20 %, 40 %, 60 % and 80 % of the requests, in this order, a node joins, one is killed (-9),
 one leaves gracefully (SIGTERM: it hands its blocks over first) and one is restarted (a leave, then the same
 node id again, empty). Each event runs on a thread of its own while the replay goes on, as a real change lands
-on a cluster that keeps serving; the replay never sends a request to a node being taken away (rig.py).
+on a cluster that keeps serving; the replay never sends a request to a node being taken away (rig.py). The
+churn replay is paced (`--churn-rate` requests per second): replayed back to back, the last fifth of the trace
+took less time on this box than a restart takes, so the restart had not finished when the replay did.
 
 What an event cost, from the per-request records (drive.Record) of the cluster and of the one-node
 reference over the same requests (its hits are what capacity C gives these requests):

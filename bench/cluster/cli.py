@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", default="1,2,4,8", help="cluster sizes of the steady runs")
     p.add_argument("--spreads", default="round-robin,session", help="how requests are spread over the nodes")
     p.add_argument("--churn-nodes", default="4,8", help="cluster sizes of the churn runs ('' for none)")
+    p.add_argument("--churn-rate", type=float, default=100.0,
+                   help="requests per second in the churn runs (0: back to back): each event then has the same "
+                        "seconds to land and recover in however fast this box replays")
     p.add_argument("--capacity-share", type=float, default=0.25, help="C as a share of the unique blocks")
     p.add_argument("--block-kib", type=int, default=32, help="bytes of one block (KiB; a 512-token block)")
     p.add_argument("--replication", choices=("owner", "owner+1"), default="owner")
@@ -99,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     nodes = [int(x) for x in a.nodes.split(",") if x]
     churn_nodes = [int(x) for x in a.churn_nodes.split(",") if x]
     spreads = [s for s in a.spreads.split(",") if s]
-    if not nodes or any(n < 1 for n in nodes) or any(n < 3 for n in churn_nodes) or set(spreads) - set(ROUTES):
+    if (not nodes or any(n < 1 for n in nodes) or any(n < 3 for n in churn_nodes) or set(spreads) - set(ROUTES)
+            or not 0 <= a.churn_rate < 1e6):
         print("--nodes: sizes >= 1; --churn-nodes: sizes >= 3 (a join, a kill and a leave need three); --spreads: "
-              f"{', '.join(ROUTES)}", file=sys.stderr)
+              f"{', '.join(ROUTES)}; --churn-rate: 0 (back to back) or requests per second", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     name, reqs = _requests(a)
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({capacity / unique:.2f} of unique)", file=sys.stderr)
     out: dict = {"workload": name, "requests": len(reqs), "unique_blocks": unique, "capacity_blocks": capacity,
                  "block_bytes": block_bytes, "replication": a.replication, "local_copies": a.local_copies,
+                 "churn_rate": a.churn_rate,
                  "steady": {}, "churn": {}}
     rows: list[dict] = []
     tables = []
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.advance()
         for n in churn_nodes:
             bar.step(f"churn at {n} nodes")
-            out["churn"][str(n)], cs = _churn(reqs, cfg, n, ref, a.out)
+            out["churn"][str(n)], cs = _churn(reqs, cfg, n, ref, a.out, a.churn_rate)
             tables.append((n, cs))
             bar.advance()
     steady_table(rows)
@@ -149,12 +154,13 @@ def _steady(reqs: list[Request], cfg: RigConfig, n: int, spread: str, ref: list[
         return _summary(recs, ref, cfg.block_bytes, rig.counters())
 
 
-def _churn(reqs: list[Request], cfg: RigConfig, n: int, ref: list[int], out_dir: Path) -> tuple[dict, list]:
+def _churn(reqs: list[Request], cfg: RigConfig, n: int, ref: list[int], out_dir: Path,
+           rate: float) -> tuple[dict, list]:
     with ExitStack() as stack:
         rig = Rig(stack, cfg, n)
         churn = Churn(rig, len(reqs))
         recs = drive(reqs, cfg.block_bytes, rig.clients, by_session, lock=rig.route_lock,
-                     on_request=churn.on_request)
+                     on_request=churn.on_request, rate=rate)
         churn.finish()
         s = _summary(recs, ref, cfg.block_bytes, rig.counters())
     cs = costs(churn.events, recs, ref)

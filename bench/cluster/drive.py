@@ -112,13 +112,20 @@ def serve(client: Client, keys: list[bytes], get_rows: _Rows, put_rows: _Rows) -
 
 
 def drive(requests: Sequence[Request], block_bytes: int, clients: dict[str, Client], route: Route, *,
-          lock: threading.Lock | None = None, on_request: Callable[[int, float], None] | None = None) -> list[Record]:
+          lock: threading.Lock | None = None, on_request: Callable[[int, float], None] | None = None,
+          rate: float = 0.0) -> list[Record]:
     """Replay `requests` in order over `clients` (the live routing set, which churn changes under `lock`: held
-    for each request); `on_request(i, t)` runs after each (churn's clock)."""
+    for each request); `on_request(i, t)` runs after each (churn's clock). `rate` > 0: request i is sent no
+    earlier than i / rate seconds into the run (requests arrive at a rate, as at a serving cluster, so a churn
+    event has the same seconds to recover in however fast this box replays); 0: back to back."""
     get_rows, put_rows = _Rows(block_bytes), _Rows(block_bytes)
     out: list[Record] = []
     start = time.perf_counter()
     for i, r in enumerate(requests):
+        if rate > 0:
+            wait = start + i / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
         keys = chain_keys(r.cacheable_ids())
         with lock if lock is not None else contextlib.nullcontext():
             node = route(r, i, sorted(clients))
