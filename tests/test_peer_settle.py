@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from contextlib import ExitStack
 
+from kvstore.peer.change import set_digest
+from kvstore.peer.counters import PeerCounters
+from kvstore.peer.etcd import EtcdClient
+from kvstore.peer.membership import Member, Membership
 from kvstore.peer.placement import owners
-from kvstore.testing import wait_until
+from kvstore.testing import EtcdProcess, wait_until
 from tests.peer_helpers import Cluster, blocks, needs_etcd, register
 
 pytestmark = [needs_etcd]
@@ -58,16 +63,14 @@ def test_reads_stop_asking_previous_owners_once_every_member_has_settled() -> No
         cl.join("c")
         register({"c": cl.clients["c"]}, NS)
         cl.wait_members(3)
-        # c's record names no set yet, and a and b are inside their grace: nobody is settled, reads fall back
+        # c has no marker yet, and a and b are inside their grace: nobody is settled, reads fall back
         assert _settled(cl, "abc") == [False, False, False]
-        assert [m.settled for m in cl.clients["a"].stats().peers.members] == [False, False, False]
         _check_all(cl, "abc", data)
 
         _wait_settled(cl, "abc")
-        st = cl.clients["a"].stats().peers
-        assert [m.settled for m in st.members] == [True, True, True] and st.pending_handoffs == 0
+        assert cl.clients["a"].stats().peers.pending_handoffs == 0
         assert sum(cl.counters(n)["handoff_settles"] for n in "abc") >= 3
-        # three nodes published their records again: still one member change (the join) at a
+        # three nodes published settle markers: still one member change (the join) at a
         assert cl.counters("a")["member_changes"] == changes_before + 1
         ids = [cl.nodes[n].node_id for n in "abc"]
         owned_by_c = [k for k in data if owners(NS, k, ids, 1)[0] == cl.nodes["c"].node_id]
@@ -91,3 +94,47 @@ def test_reads_stop_asking_previous_owners_once_every_member_has_settled() -> No
         _wait_settled(cl, "ab")
         assert cl.counters("a")["member_changes"] == changes_before + 2
         _check_all(cl, "ab", {k: v for k, v in data.items() if k not in lost})
+
+
+def test_settle_markers_are_counted_outside_the_member_range() -> None:
+    """Membership's markers against a real etcd: published under the lease, counted by await_settled on the
+    keepalive tick, deleted by unsettle and by the lease's end; the member watch and reads never see them."""
+    with EtcdProcess() as e:
+        counters = {n: PeerCounters() for n in "ab"}
+
+        def member(name: str) -> Membership:
+            return Membership(EtcdClient([e.endpoint], timeout_s=1.0), "/s/", Member(name, "", "", "tcp", 0),
+                              ttl_s=3.0, refresh_s=0.1, counters=counters[name])
+
+        a, b = member("a"), member("b")
+        a.start()
+        b.start()
+        etcd = EtcdClient([e.endpoint], timeout_s=1.0)
+        try:
+            wait_until(lambda: set(a.members()) == {"a", "b"} == set(b.members()), 5, 0.01, "a and b to meet")
+            changes = counters["a"].get("member_changes")
+            d = set_digest(["a", "b"])
+            a.await_settled(d, 2)
+            assert a.publish_settled(d)
+            assert etcd.count_prefix(b"/s/~settled/" + d.encode() + b"/") == 1
+            time.sleep(0.5)                               # five ticks: one marker of two is not settled
+            assert a.settled_digest == ""
+            assert b.publish_settled(d)
+            wait_until(lambda: a.settled_digest == d, 5, 0.02, "a to count both markers")
+            assert [k for k, _ in etcd.range_prefix(b"/s/~settled/")] == [b"/s/~settled/" + d.encode() + b"/a",
+                                                                           b"/s/~settled/" + d.encode() + b"/b"]
+            # markers are neither members nor member changes, and a re-read of the set does not see them
+            assert set(a.members()) == {"a", "b"} and counters["a"].get("member_changes") == changes
+            assert sorted(k for k, _ in etcd.range_prefix_at(b"/s/", b"/s/~")[1]) == [b"/s/a", b"/s/b"]
+            # a newer set's marker replaces the older one; unsettle deletes it
+            d2 = set_digest(["a", "b", "c"])
+            assert b.publish_settled(d2)
+            assert sorted(k for k, _ in etcd.range_prefix(b"/s/~settled/")) == sorted(
+                [b"/s/~settled/" + d.encode() + b"/a", b"/s/~settled/" + d2.encode() + b"/b"])
+            b.unsettle()
+            assert [k for k, _ in etcd.range_prefix(b"/s/~settled/")] == [b"/s/~settled/" + d.encode() + b"/a"]
+            a.stop()                                      # the lease revoked: its marker goes with it
+            assert etcd.range_prefix(b"/s/~settled/") == []
+        finally:
+            b.stop()
+            a.stop()

@@ -1,19 +1,16 @@
-"""Settling after a membership change, piece by piece: the member record's `settled` field (and an older node's
-record without it), the set digest, the hand-off thread's settle (a complete pass, the grace, a catch-up pass
+"""Settling after a membership change, piece by piece: the set digest, the hand-off thread's settle (a complete pass, the grace, a catch-up pass
 over what arrived meanwhile, then the callback) and what keeps it from settling (a block not delivered, a newer
 change during the grace), between real in-process nodes (a real engine each, a real TCP data plane;
-tests/peer_rig.py). The daemons, etcd and reads around it: tests/test_peer_settle.py.
+tests/peer_rig.py). The etcd markers, the daemons and reads around it: tests/test_peer_settle.py.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 
 from kvstore.peer.change import MemberChange, MemberView, set_digest
 from kvstore.peer.handoff import HandOff
 from kvstore.peer.intake import HandOffIntake
-from kvstore.peer.membership import Member, _unsettled
 from kvstore.peer.placement import owners
 from kvstore.testing import wait_until
 from tests.peer_deadline_helpers import nodes_fixture
@@ -34,17 +31,6 @@ def test_the_set_digest_names_a_set_whatever_its_order() -> None:
     v = MemberView("a", 1, 60.0)
     v.apply(["a", "b"])
     assert v.current_digest() == (frozenset({"a", "b"}), set_digest(["a", "b"]))
-
-
-def test_a_member_record_carries_settled_and_an_older_record_reads_as_unsettled() -> None:
-    m = Member("n1", "127.0.0.1:1", "127.0.0.1:2", "tcp", 1 << 30, settled="0123456789abcdef")
-    assert Member.decode(m.encode()) == m
-    older = json.dumps({"node_id": "n1", "control": "c", "data": "d", "plane": "tcp", "capacity_bytes": 5}).encode()
-    assert Member.decode(older) == Member("n1", "c", "d", "tcp", 5, False, "")
-    # a member change compares records without `settled`: a node settling is not a change of the set
-    a = {"n1": Member("n1", "c", "d", "tcp", 5)}
-    assert _unsettled({"n1": Member("n1", "c", "d", "tcp", 5, settled="ff")}) == a
-    assert _unsettled({"n1": Member("n1", "c", "d", "tcp", 5, leaving=True, settled="ff")}) != a
 
 
 def _handoff(node, members: dict, settled: list, grace_s: float) -> HandOff:

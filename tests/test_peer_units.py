@@ -78,6 +78,8 @@ def test_rendezvous_is_stable_and_moves_only_the_leavers_keys() -> None:
     (["--etcd-endpoints", "http://127.0.0.1:2379", "--peer-lease-ttl-s", "3", "--peer-refresh-s", "2"], "peer_refresh_s"),
     (["--etcd-endpoints", "http://127.0.0.1:2379", "--peer-listen", "nohost"], "peer_listen"),
     (["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-prefix", "members"], "etcd_prefix"),
+    (["--etcd-endpoints", "http://127.0.0.1:2379", "--node-id", "~n1"], "node_id='~n1': a cluster member's id"),
+    (["--etcd-endpoints", "http://127.0.0.1:2379", "--node-id", "\u00e9n1"], "must start with a character below"),
 ])
 def test_peer_config_errors_name_the_setting(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

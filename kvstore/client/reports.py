@@ -30,7 +30,6 @@ class PeerMember:
     data_plane: str
     capacity_bytes: int
     is_self: bool = field(metadata=wire("self"))  # the proto's `self`: a name Python keeps for the instance
-    settled: bool = False  # it has handed off everything for the current member set
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@
                                  is leaving and has not yet left), or an earlier set of the window (accepts()).
 
 Settling: a node that has handed off everything it holds for the current set (handoff.py: a pass with nothing
-left undelivered, then a catch-up pass over what landed during a grace after it) says so in its etcd record
-(Member.settled = set_digest(the set)). Once every member's record names the current set, no earlier owner
-holds a block that the current owners lack, so reads stop asking previous owners before the window ends
+left undelivered, then a catch-up pass over what landed during a grace after it) says so with a settle marker
+in etcd named by set_digest(the set) (membership.py). Once every member of the current set has one, no earlier
+owner holds a block that the current owners lack, so reads stop asking previous owners before the window ends
 (PeerCluster.read_previous): a miss costs one probe per owner again, not one per earlier set. The intake keeps
 the whole window (a late hand-off from a node that saw a change after this one is still taken).
 
@@ -47,7 +47,7 @@ __all__ = ["MemberChange", "MemberView", "set_digest"]
 
 
 def set_digest(members: Collection[str]) -> str:
-    """A member set's name in etcd records (Member.settled): 16 hex digits of blake2b over the sorted ids, so
+    """A member set's name in settle markers (membership.py): 16 hex digits of blake2b over the sorted ids, so
     every node names the same set alike whatever order it learned the members in."""
     return hashlib.blake2b("\n".join(sorted(members)).encode(), digest_size=8).hexdigest()
 

@@ -18,8 +18,8 @@ hand-off.
 Every member-set change the watch reports becomes a change.MemberChange (before -> after): the view keeps
 the earlier sets for `handoff_window_s` (the intake accepts blocks it owned), the hand-off thread moves the
 blocks this node holds for new owners (handoff.py) and, once it has moved all of them, publishes that in this
-node's etcd record. Reads ask previous owners until every member's record says so for the current set
-(settled(); change.py), or the window ends.
+node's settle marker in etcd. Reads ask previous owners until every member's marker names the current set
+(settled(); change.py, membership.py), or the window ends.
 
 Without `etcd_endpoints` the daemon never builds one, and nothing of this runs.
 """
@@ -106,6 +106,9 @@ class PeerConfig:
                      f"etcd_endpoints: {url!r} is not an etcd client URL; use e.g. https://10.0.0.5:2379")
             _require("@" not in url, f"etcd_endpoints: {url!r} carries credentials; take them out of the URL "
                      "and use etcd_user and etcd_password_file")
+        _require(not self.etcd_endpoints or (self.node_id != "" and self.node_id.encode()[0] < ord("~")),
+                 f"node_id={self.node_id!r}: a cluster member's id must start with a character below '~' (a letter "
+                 "or digit, as hostnames do): etcd keys from '~' on under etcd_prefix hold settle markers")
         _require(self.etcd_prefix.startswith("/") and self.etcd_prefix.endswith("/"),
                  f"etcd_prefix={self.etcd_prefix!r}: use a path that starts and ends with '/', e.g. /kvstore/members/")
         self._check_addresses()
@@ -184,7 +187,6 @@ class PeerStatus:
     pending_pushes: int
     pending_handoffs: int = 0
     settled: bool = False   # no earlier member set to ask (PeerCluster.settled)
-    set_digest: str = ""    # change.set_digest of the current set: a member whose record names it has settled
 
 
 def make_plane(cfg: PeerConfig, local: LocalStore, counters: PeerCounters, meter: TransferMeter) -> DataPlane:
@@ -260,6 +262,9 @@ class PeerCluster:
         change = self.view.apply(m for m, rec in members.items() if not rec.leaving)
         if change is not None:  # this node's own join too: blocks it recovered from disk may belong elsewhere
             log.info("member change %s: %d members", change.describe(), len(change.after))
+            if self.membership is not None:
+                self.membership.unsettle()
+                self.membership.await_settled(self.view.current_digest()[1], len(change.after))
             self.handoff.schedule(change)
 
     def _settled(self, after: frozenset[str]) -> None:
@@ -270,10 +275,11 @@ class PeerCluster:
 
     def settled(self) -> bool:
         """No earlier member set to ask: the window holds none, or every member (none leaving) has handed off
-        everything for the current set, so no earlier owner holds a block the current owners lack."""
+        everything for the current set (its settle marker is in etcd: membership.py), so no earlier owner holds
+        a block the current owners lack."""
         current, digest = self.view.current_digest()
-        members = self._members()
-        if members.keys() == current and all(m.settled == digest and not m.leaving for m in members.values()):
+        if self.membership is not None and self.membership.settled_digest == digest \
+                and self._members().keys() == current:
             return True
         return not self.view.previous()
 
@@ -367,5 +373,4 @@ class PeerCluster:
         return PeerStatus(self.cfg.node_id, bool(self.membership and self.membership.connected), self.cfg.data_plane,
                           self.plane.address, self.cfg.replication,
                           tuple(members[k] for k in sorted(members)), self.counters.snapshot(),
-                          self.replicator.pending, self.handoff.pending, self.settled(),
-                          self.view.current_digest()[1])
+                          self.replicator.pending, self.handoff.pending, self.settled())

@@ -269,16 +269,28 @@ class EtcdClient:
         """Every (key, value) under `prefix`."""
         return self.range_prefix_at(prefix)[1]
 
-    def range_prefix_at(self, prefix: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
-        """(the store's revision of the answer, every (key, value) under `prefix`): a watch from revision + 1
-        then misses no change and repeats none."""
-        answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
+    def range_prefix_at(self, prefix: bytes, end: bytes | None = None) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """(the store's revision of the answer, every (key, value) under `prefix`, or in [prefix, end)): a watch
+        from revision + 1 then misses no change and repeats none."""
+        answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(end or _prefix_end(prefix))})
         try:
             revision = int(answer.get("header", {}).get("revision", 0))
             return revision, [(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")))
                               for kv in answer.get("kvs", [])]
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise EtcdUnavailable(f"etcd range answered {answer!r}") from exc
+
+    def count_prefix(self, prefix: bytes) -> int:
+        """How many keys start with `prefix` (etcd counts; no key or value crosses the wire)."""
+        answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                                             "count_only": True})
+        try:
+            return int(answer.get("count", 0))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EtcdUnavailable(f"etcd count answered {answer!r}") from exc
+
+    def delete(self, key: bytes) -> None:
+        self._post("/v3/kv/deleterange", {"key": _b64(key)})
 
     @staticmethod
     def prefix_end(prefix: bytes) -> bytes:

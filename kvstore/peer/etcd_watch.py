@@ -60,9 +60,11 @@ class PrefixWatch:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, client: EtcdClient, prefix: bytes, start_revision: int, idle_s: float = 60.0) -> PrefixWatch:
+    def open(cls, client: EtcdClient, prefix: bytes, start_revision: int, idle_s: float = 60.0,
+             end: bytes | None = None) -> PrefixWatch:
+        """Watch every key under `prefix` (or in [prefix, end)) from `start_revision`."""
         body = {"create_request": {"key": base64.b64encode(prefix).decode(),
-                                   "range_end": base64.b64encode(EtcdClient.prefix_end(prefix)).decode(),
+                                   "range_end": base64.b64encode(end or EtcdClient.prefix_end(prefix)).decode(),
                                    "start_revision": str(max(1, start_revision))}}
         conn, resp = client.open_stream("/v3/watch", body)
         watch = cls(conn, resp, idle_s)

@@ -25,8 +25,13 @@ No consensus or gossip of our own: etcd is the only source of membership.
 set; PeerCluster turns it into a change.MemberChange for placement, hand-off and reads. A member whose record
 says `leaving` (mark_leaving: a node draining on SIGTERM) is still in the set, so it can still be read from,
 but placement leaves it out: nothing new is pushed to it and its blocks' next owners are their owners now.
-A record that differs only in `settled` (publish_settled: this node has handed off for a member set) updates
-the set's records without being a member change: no on_change, no `member_changes`.
+Settle markers (change.py says what settling means): a node that has handed off everything for the member set
+named `digest` puts `<prefix>~settled/<digest>/<node_id>` under its lease (publish_settled) and deletes it at
+the next change it sees (unsettle). Every node counts the markers of its current set's digest on its keepalive
+tick while it waits (await_settled; etcd answers a count, no keys): N markers of one set -> `settled_digest`.
+Member records are the keys below `<prefix>~` (node ids never start with '~' or a byte above it: PeerConfig
+checks), so the member watch never sees a marker: settling costs O(N) etcd calls per change, not an event to
+every watcher for every node (O(N^2)).
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from kvstore.peer.counters import PeerCounters
 from kvstore.peer.etcd import EtcdClient, EtcdRefused, EtcdUnavailable
 from kvstore.peer.etcd_watch import PrefixWatch, WatchCanceled, WatchEvent, WatchIdle
 
-__all__ = ["Member", "Membership"]
+__all__ = ["Member", "Membership", "SETTLED"]
+
+SETTLED = b"~settled/"  # settle markers: <prefix>~settled/<set digest>/<node id>, outside the member range
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +64,6 @@ class Member:
     plane: str          # tcp | ucx | grpc: the plane its data address speaks
     capacity_bytes: int
     leaving: bool = False  # draining (SIGTERM): still serving, no longer an owner of anything new
-    settled: str = ""      # change.set_digest of the member set this node has handed off everything for
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -67,7 +73,7 @@ class Member:
         try:
             d = json.loads(raw)
             return Member(str(d["node_id"]), str(d["control"]), str(d["data"]), str(d["plane"]),
-                          int(d["capacity_bytes"]), bool(d.get("leaving", False)), str(d.get("settled", "")))
+                          int(d["capacity_bytes"]), bool(d.get("leaving", False)))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -93,6 +99,10 @@ class Membership:
         self._watch: PrefixWatch | None = None
         self.connected = False
         self._logged: set[str] = set()  # failures logged during this outage (cleared when etcd answers)
+        self._members_end = self._prefix + b"~"  # member records: [prefix, prefix~); settle markers above
+        self._published = ""   # the digest of this node's settle marker in etcd ("" none)
+        self._settle_wait: tuple[str, int] | None = None
+        self._settled = ""
         self._keeper = threading.Thread(target=self._keep_loop, name="kvstore-membership", daemon=True)
         self._watcher = threading.Thread(target=self._watch_loop, name="kvstore-member-watch", daemon=True)
 
@@ -132,14 +142,63 @@ class Membership:
         return self._rewrite_record(dataclasses.replace(self.me, leaving=True),
                                     "peers learn it from the lease revoke")
 
+    # -- settle markers -----------------------------------------------------------------------------------
+    def _marker(self, digest: str) -> bytes:
+        return self._prefix + SETTLED + digest.encode() + b"/" + self.me.node_id.encode()
+
     def publish_settled(self, digest: str) -> bool:
-        """Rewrite this node's record (same lease) saying it has handed off everything for the member set named
-        `digest` (change.set_digest): once every member says so for the current set, reads stop asking previous
-        owners. False when etcd did not take it (reads then keep asking them until the window ends)."""
-        if self.me.settled == digest:
-            return True
-        return self._rewrite_record(dataclasses.replace(self.me, settled=digest),
-                                    "peers keep asking previous owners until the hand-off window ends")
+        """Say (a marker under this node's lease) that it has handed off everything for the member set named
+        `digest` (change.set_digest). False when etcd did not take it: reads then keep asking previous owners
+        until the hand-off window ends."""
+        if not self._lease:
+            return False
+        try:
+            self._etcd.put(self._marker(digest), b"", self._lease)
+        except EtcdUnavailable as exc:
+            log.warning("could not publish this node's settle marker (%s): peers keep asking previous owners "
+                        "until peer_handoff_window_s ends", exc)
+            return False
+        with self._lock:
+            old, self._published = self._published, digest
+        if old and old != digest:
+            self._drop_marker(old)
+        return True
+
+    def unsettle(self) -> None:
+        """A change was seen: this node's marker (of the set before) goes, so no set is counted settled with it
+        while its hand-off runs (the same set can come back: a node leaves and rejoins)."""
+        with self._lock:
+            old, self._published = self._published, ""
+        if old:
+            self._drop_marker(old)
+
+    def _drop_marker(self, digest: str) -> None:
+        try:
+            self._etcd.delete(self._marker(digest))
+        except EtcdUnavailable as exc:  # it leaves with this node's lease at the latest
+            log.info("could not delete the settle marker of set %s: %s", digest, exc)
+
+    def await_settled(self, digest: str, members: int) -> None:
+        """Count `digest`'s markers on every keepalive tick until there are `members` of them; then
+        `settled_digest` is `digest`. A newer call replaces the wait."""
+        with self._lock:
+            self._settle_wait = (digest, members)
+
+    @property
+    def settled_digest(self) -> str:
+        """The last set every member was counted settled for ("" before any)."""
+        return self._settled
+
+    def _count_settled(self) -> None:
+        with self._lock:
+            wait = self._settle_wait
+        if wait is None:
+            return
+        digest, members = wait
+        n = self._etcd.count_prefix(self._prefix + SETTLED + digest.encode() + b"/")
+        with self._lock:
+            if n >= members and self._settle_wait == wait:
+                self._settled, self._settle_wait = digest, None
 
     def _rewrite_record(self, me: Member, otherwise: str) -> bool:
         self.me = me
@@ -173,6 +232,7 @@ class Membership:
         while not self._stop.wait(self._refresh):
             try:
                 self._keep_registered()
+                self._count_settled()
             except EtcdUnavailable as exc:
                 self._failed(exc)
                 self._end_watch()  # the watcher reads again (and says what changed) once etcd answers
@@ -202,7 +262,7 @@ class Membership:
             opened = False
             try:
                 revision = self._read_all()
-                watch = PrefixWatch.open(self._etcd, self._prefix, revision + 1, self._idle)
+                watch = PrefixWatch.open(self._etcd, self._prefix, revision + 1, self._idle, self._members_end)
                 with self._lock:
                     if self._stop.is_set():
                         watch.close()
@@ -229,7 +289,7 @@ class Membership:
 
     def _read_all(self) -> int:
         """Read every member record; the member set becomes exactly those. Returns etcd's revision."""
-        revision, records = self._etcd.range_prefix_at(self._prefix)
+        revision, records = self._etcd.range_prefix_at(self._prefix, self._members_end)
         found = {self.me.node_id: self.me}
         for _, raw in records:
             m = Member.decode(raw)
@@ -261,7 +321,7 @@ class Membership:
     def _set(self, found: dict[str, Member]) -> None:
         with self._change_lock:
             with self._lock:
-                changed = _unsettled(found) != _unsettled(self._members)
+                changed = found != self._members
                 self._members = found
             if changed:
                 self._counters.add("member_changes")
@@ -293,7 +353,3 @@ class Membership:
         self.connected = True
         self._logged.clear()
 
-
-def _unsettled(members: dict[str, Member]) -> dict[str, Member]:
-    """The records without `settled`: what a member change compares (a settling node changes no membership)."""
-    return {k: dataclasses.replace(m, settled="") if m.settled else m for k, m in members.items()}

@@ -72,7 +72,6 @@ class NodeInfo:
         st = self.peer_status()
         # PeerStatus keeps the proto's names (by name, kvstore.pbmap); a Member's are its etcd record's JSON keys
         members = [pb.PeerMember(node_id=m.node_id, control_address=m.control, data_address=m.data,
-                                 data_plane=m.plane, capacity_bytes=m.capacity_bytes, self=m.node_id == st.node_id,
-                                 settled=bool(st.set_digest) and m.settled == st.set_digest)
+                                 data_plane=m.plane, capacity_bytes=m.capacity_bytes, self=m.node_id == st.node_id)
                    for m in st.members]
-        return to_message(st, pb.PeerTierStats, ignore=("set_digest",), enabled=True, members=members)
+        return to_message(st, pb.PeerTierStats, enabled=True, members=members)
