@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", default="1,2,4,8", help="cluster sizes of the steady runs")
     p.add_argument("--spreads", default="round-robin,session", help="how requests are spread over the nodes")
     p.add_argument("--churn-nodes", default="4,8", help="cluster sizes of the churn runs ('' for none)")
-    p.add_argument("--churn-rate", type=float, default=100.0,
+    p.add_argument("--churn-rate", type=float, default=40.0,
                    help="requests per second in the churn runs (0: back to back): each event then has the same "
                         "seconds to land and recover in however fast this box replays")
     p.add_argument("--capacity-share", type=float, default=0.25, help="C as a share of the unique blocks")
