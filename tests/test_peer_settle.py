@@ -46,8 +46,8 @@ def _check_all(cl: Cluster, names: str, data: dict[bytes, bytes]) -> None:
 
 def test_reads_stop_asking_previous_owners_once_every_member_has_settled() -> None:
     with ExitStack() as stack:
-        # grace = peer_timeout_s + 1 = 3 s: a node cannot settle before the checks right after the join
-        cl = Cluster(stack, timeout_s=2.0, names=("a", "b"), peer_handoff_window_s=120)
+        # grace = peer_timeout_s + 1 = 6 s: a node cannot settle before the checks right after the join
+        cl = Cluster(stack, timeout_s=5.0, names=("a", "b"), peer_handoff_window_s=120)
         register(cl.clients, NS)
         _wait_settled(cl, "ab")
         data: dict[bytes, bytes] = {}
@@ -114,13 +114,17 @@ def test_settle_markers_are_counted_outside_the_member_range() -> None:
             wait_until(lambda: set(a.members()) == {"a", "b"} == set(b.members()), 5, 0.01, "a and b to meet")
             changes = counters["a"].get("member_changes")
             d = set_digest(["a", "b"])
-            a.await_settled(d, 2)
+            a.await_settled(d, 2, 7, time.monotonic() + 60)
             assert a.publish_settled(d)
             assert etcd.count_prefix(b"/s/~settled/" + d.encode() + b"/") == 1
             time.sleep(0.5)                               # five ticks: one marker of two is not settled
-            assert a.settled_digest == ""
+            assert a.settled_token == -1
             assert b.publish_settled(d)
-            wait_until(lambda: a.settled_digest == d, 5, 0.02, "a to count both markers")
+            wait_until(lambda: a.settled_token == 7, 5, 0.02, "a to count both markers")
+            # a wait past its end (the hand-off window's) is dropped, counted or not
+            a.await_settled(d, 2, 8, time.monotonic() - 1)
+            time.sleep(0.3)
+            assert a.settled_token == 7
             assert [k for k, _ in etcd.range_prefix(b"/s/~settled/")] == [b"/s/~settled/" + d.encode() + b"/a",
                                                                            b"/s/~settled/" + d.encode() + b"/b"]
             # markers are neither members nor member changes, and a re-read of the set does not see them
@@ -131,8 +135,16 @@ def test_settle_markers_are_counted_outside_the_member_range() -> None:
             assert b.publish_settled(d2)
             assert sorted(k for k, _ in etcd.range_prefix(b"/s/~settled/")) == sorted(
                 [b"/s/~settled/" + d.encode() + b"/a", b"/s/~settled/" + d2.encode() + b"/b"])
-            b.unsettle()
+            etcd.put(b"/s/~settled/" + d.encode() + b"/b", b"", b.lease)  # left from an earlier time d was current
+            b.unsettle(also=d)                            # its marker, and one for the set it changed to
             assert [k for k, _ in etcd.range_prefix(b"/s/~settled/")] == [b"/s/~settled/" + d.encode() + b"/a"]
+            # a's lease lost (as after an etcd outage longer than the TTL): the marker leaves with it, and comes
+            # back with the lease a registers again
+            old_lease = a.lease
+            etcd.revoke(old_lease)
+            wait_until(lambda: a.lease not in (0, old_lease), 10, 0.02, "a to register again")
+            wait_until(lambda: [k for k, _ in etcd.range_prefix(b"/s/~settled/")] == [
+                b"/s/~settled/" + d.encode() + b"/a"], 5, 0.02, "a's marker under its new lease")
             a.stop()                                      # the lease revoked: its marker goes with it
             assert etcd.range_prefix(b"/s/~settled/") == []
         finally:

@@ -85,6 +85,7 @@ class MemberView:
         self._lock = threading.Lock()
         self._current: frozenset[str] = frozenset({me})
         self._digest = set_digest(self._current)
+        self._epoch = 0  # one more at every change: a set that comes back (a node leaves and rejoins) is a new epoch
         self._earlier: list[tuple[float, frozenset[str]]] = []  # (time it stopped being current, set), newest first
 
     def apply(self, members: Iterable[str]) -> MemberChange | None:
@@ -104,6 +105,7 @@ class MemberView:
                 self._earlier.insert(0, (now, after - {self.me}))
             self._current = after
             self._digest = set_digest(after)
+            self._epoch += 1
             self._trim(now)
         return MemberChange(before, after)
 
@@ -114,10 +116,10 @@ class MemberView:
         with self._lock:
             return self._current
 
-    def current_digest(self) -> tuple[frozenset[str], str]:
-        """The current set and its set_digest, read together."""
+    def state(self) -> tuple[frozenset[str], str, int]:
+        """The current set, its set_digest and its epoch (changes applied so far), read together."""
         with self._lock:
-            return self._current, self._digest
+            return self._current, self._digest, self._epoch
 
     def previous(self) -> list[frozenset[str]]:
         """The member sets of the hand-off window before the current one, newest first."""

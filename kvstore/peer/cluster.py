@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -217,6 +218,7 @@ class PeerCluster:
         self.plane = make_plane(cfg, self.local, self.counters, meter)
         self._engine = engine
         self.membership: Membership | None = None
+        self._all_placed = True  # no member is leaving (one that is still holds blocks it is handing over)
         copies = COPIES[cfg.replication]
         self.view = MemberView(cfg.node_id, copies, cfg.handoff_window_s)
         guests = Guests(self.local, self.view, self.counters, cfg.local_copies if copies else "keep")
@@ -260,16 +262,22 @@ class PeerCluster:
         """The watch saw a new member set: record the change, hand off what moved (in the background)."""
         self._check_planes(members)
         change = self.view.apply(m for m, rec in members.items() if not rec.leaving)
+        self._all_placed = not any(rec.leaving for rec in members.values())
         if change is not None:  # this node's own join too: blocks it recovered from disk may belong elsewhere
             log.info("member change %s: %d members", change.describe(), len(change.after))
             if self.membership is not None:
-                self.membership.unsettle()
-                self.membership.await_settled(self.view.current_digest()[1], len(change.after))
+                _, digest, epoch = self.view.state()
+                try:
+                    self.membership.unsettle(also=digest)
+                except Exception:  # a bug here must not cost the change its hand-off
+                    log.exception("could not take this node's settle marker back")
+                self.membership.await_settled(digest, len(change.after), epoch,
+                                              time.monotonic() + self.cfg.handoff_window_s)
             self.handoff.schedule(change)
 
     def _settled(self, after: frozenset[str]) -> None:
         """The hand-off thread has moved everything for `after`: say so in etcd, if `after` is still current."""
-        current, digest = self.view.current_digest()
+        current, digest, _ = self.view.state()
         if self.membership is not None and after == current:
             self.membership.publish_settled(digest)
 
@@ -277,10 +285,9 @@ class PeerCluster:
         """No earlier member set to ask: the window holds none, or every member (none leaving) has handed off
         everything for the current set (its settle marker is in etcd: membership.py), so no earlier owner holds
         a block the current owners lack."""
-        current, digest = self.view.current_digest()
-        if self.membership is not None and self.membership.settled_digest == digest \
-                and self._members().keys() == current:
-            return True
+        if self.membership is not None and self._all_placed \
+                and self.membership.settled_token == self.view.state()[2]:
+            return True  # counted for this very change (epoch): a set seen again later is settled again
         return not self.view.previous()
 
     def read_previous(self) -> list[frozenset[str]]:

@@ -154,11 +154,12 @@ class HandOff:
                 cut = self._superseded(generation)
                 self._running = True
             seen: dict[str, set[bytes]] = {}
+            broke = False
             try:
                 report = self._pass(change, cut, seen)
             except Exception:  # the hand-off thread must outlive a bug in one pass
                 log.exception("hand-off pass failed")
-                report = PassReport(change.describe(), finished=True, dropped=-1)  # finished, never settled
+                report, broke = PassReport(change.describe(), finished=True), True  # finished, never settled
             with self._cond:
                 self._running = False
                 if not report.finished and not self._stopping:  # a newer change: one pass covers both
@@ -168,14 +169,17 @@ class HandOff:
                 log.info("hand-off after %s: %d blocks handed over (%d bytes), %d already there, "
                          "%d not delivered, %d keys looked at, %.2fs", report.change, report.sent,
                          report.sent_bytes, report.present, report.dropped, report.scanned, report.seconds)
-                if not report.dropped:
+                if not report.dropped and not broke:
                     self._settle(change, generation, seen)
 
     def _settle(self, change: MemberChange, generation: int, seen: dict[str, set[bytes]]) -> None:
-        """After a complete pass: the grace, the catch-up pass, then `settled` unless anything moved meanwhile."""
+        """After a complete pass: the grace, the catch-up pass, then `settled` unless anything moved meanwhile. A
+        newer change during them takes this one along (composed, as a cut pass does): a block that arrived in
+        the grace, which this node must hand on under this change, is then still its to hand on."""
         cut = self._superseded(generation)
         with self._cond:
             if self._cond.wait_for(cut, timeout=self._grace):
+                self._requeue(change)
                 return
             self._running = True
         try:
@@ -189,9 +193,21 @@ class HandOff:
         if report.scanned:
             log.info("hand-off catch-up after %s: %d blocks that arrived meanwhile handed over, %d not delivered",
                      report.change, report.sent, report.dropped)
-        if report.finished and not report.dropped and not cut():
+        if not report.finished or cut():
+            with self._cond:
+                self._requeue(change)
+            return
+        if not report.dropped:
             self._counters.add("handoff_settles")
-            self._settled(change.after)
+            try:
+                self._settled(change.after)
+            except Exception:  # the hand-off thread must outlive a bug in the callback
+                log.exception("publishing the settle failed")
+
+    def _requeue(self, change: MemberChange) -> None:
+        """Under _cond: `change` again, before the newer one queued (the next pass covers both)."""
+        if not self._stopping:
+            self._pending = change if self._pending is None else change.compose(self._pending)
 
     def _superseded(self, generation: int) -> Callable[[], bool]:
         """The cut test of a pass started at `generation`: a newer change, or a stop, ends it."""

@@ -26,9 +26,12 @@ set; PeerCluster turns it into a change.MemberChange for placement, hand-off and
 says `leaving` (mark_leaving: a node draining on SIGTERM) is still in the set, so it can still be read from,
 but placement leaves it out: nothing new is pushed to it and its blocks' next owners are their owners now.
 Settle markers (change.py says what settling means): a node that has handed off everything for the member set
-named `digest` puts `<prefix>~settled/<digest>/<node_id>` under its lease (publish_settled) and deletes it at
-the next change it sees (unsettle). Every node counts the markers of its current set's digest on its keepalive
-tick while it waits (await_settled; etcd answers a count, no keys): N markers of one set -> `settled_digest`.
+named `digest` puts `<prefix>~settled/<digest>/<node_id>` under its lease (publish_settled) and deletes it, and
+the marker of the set it changes to, at the next change it sees (unsettle: a set that comes back must be
+settled again). A marker whose put or delete failed, or that a lost lease took along, is mended on the next
+keepalive tick. Every node counts the markers of its current set's digest on its keepalive tick while it waits
+(await_settled, until the hand-off window ends; etcd answers a count, no keys): N markers -> `settled_token`
+is the waited-for token (the view's epoch), so a set seen again later is not settled by an earlier count.
 Member records are the keys below `<prefix>~` (node ids never start with '~' or a byte above it: PeerConfig
 checks), so the member watch never sees a marker: settling costs O(N) etcd calls per change, not an event to
 every watcher for every node (O(N^2)).
@@ -40,6 +43,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -100,9 +104,12 @@ class Membership:
         self.connected = False
         self._logged: set[str] = set()  # failures logged during this outage (cleared when etcd answers)
         self._members_end = self._prefix + b"~"  # member records: [prefix, prefix~); settle markers above
-        self._published = ""   # the digest of this node's settle marker in etcd ("" none)
-        self._settle_wait: tuple[str, int] | None = None
-        self._settled = ""
+        self._marker_lock = threading.Lock()   # publish, unsettle and the tick's mending, one at a time
+        self._published = ""     # the digest of this node's settle marker ("" none)
+        self._marker_lease = 0   # the lease it was put under (a re-granted lease needs it put again)
+        self._stale: set[str] = set()  # digests of markers whose delete failed (retried each tick)
+        self._settle_wait: tuple[str, int, int, float] | None = None  # digest, members, token, until
+        self._settled_token = -1
         self._keeper = threading.Thread(target=self._keep_loop, name="kvstore-membership", daemon=True)
         self._watcher = threading.Thread(target=self._watch_loop, name="kvstore-member-watch", daemon=True)
 
@@ -142,64 +149,6 @@ class Membership:
         return self._rewrite_record(dataclasses.replace(self.me, leaving=True),
                                     "peers learn it from the lease revoke")
 
-    # -- settle markers -----------------------------------------------------------------------------------
-    def _marker(self, digest: str) -> bytes:
-        return self._prefix + SETTLED + digest.encode() + b"/" + self.me.node_id.encode()
-
-    def publish_settled(self, digest: str) -> bool:
-        """Say (a marker under this node's lease) that it has handed off everything for the member set named
-        `digest` (change.set_digest). False when etcd did not take it: reads then keep asking previous owners
-        until the hand-off window ends."""
-        if not self._lease:
-            return False
-        try:
-            self._etcd.put(self._marker(digest), b"", self._lease)
-        except EtcdUnavailable as exc:
-            log.warning("could not publish this node's settle marker (%s): peers keep asking previous owners "
-                        "until peer_handoff_window_s ends", exc)
-            return False
-        with self._lock:
-            old, self._published = self._published, digest
-        if old and old != digest:
-            self._drop_marker(old)
-        return True
-
-    def unsettle(self) -> None:
-        """A change was seen: this node's marker (of the set before) goes, so no set is counted settled with it
-        while its hand-off runs (the same set can come back: a node leaves and rejoins)."""
-        with self._lock:
-            old, self._published = self._published, ""
-        if old:
-            self._drop_marker(old)
-
-    def _drop_marker(self, digest: str) -> None:
-        try:
-            self._etcd.delete(self._marker(digest))
-        except EtcdUnavailable as exc:  # it leaves with this node's lease at the latest
-            log.info("could not delete the settle marker of set %s: %s", digest, exc)
-
-    def await_settled(self, digest: str, members: int) -> None:
-        """Count `digest`'s markers on every keepalive tick until there are `members` of them; then
-        `settled_digest` is `digest`. A newer call replaces the wait."""
-        with self._lock:
-            self._settle_wait = (digest, members)
-
-    @property
-    def settled_digest(self) -> str:
-        """The last set every member was counted settled for ("" before any)."""
-        return self._settled
-
-    def _count_settled(self) -> None:
-        with self._lock:
-            wait = self._settle_wait
-        if wait is None:
-            return
-        digest, members = wait
-        n = self._etcd.count_prefix(self._prefix + SETTLED + digest.encode() + b"/")
-        with self._lock:
-            if n >= members and self._settle_wait == wait:
-                self._settled, self._settle_wait = digest, None
-
     def _rewrite_record(self, me: Member, otherwise: str) -> bool:
         self.me = me
         with self._lock:
@@ -212,6 +161,88 @@ class Membership:
             log.warning("could not update this node's record in etcd (%s): %s", exc, otherwise)
             return False
         return True
+
+    # -- settle markers -----------------------------------------------------------------------------------
+    def _marker(self, digest: str) -> bytes:
+        return self._prefix + SETTLED + digest.encode() + b"/" + self.me.node_id.encode()
+
+    def publish_settled(self, digest: str) -> bool:
+        """Say (a marker under this node's lease) that it has handed off everything for the member set named
+        `digest` (change.set_digest). False when etcd did not take it now (the keepalive tick puts it)."""
+        with self._marker_lock:
+            old, self._published, self._marker_lease = self._published, digest, 0
+            if old and old != digest:
+                self._stale.add(old)
+            return self._mend()
+
+    def unsettle(self, also: str = "") -> None:
+        """A change was seen: this node's marker goes, and so does any of its markers for `also` (the set it
+        changed to: a marker of an earlier time that set was current, or a publish that raced the change), so no
+        set is counted settled with it while its hand-off runs."""
+        with self._marker_lock:
+            self._stale.update(d for d in (self._published, also) if d)
+            self._published, self._marker_lease = "", 0
+            self._mend()
+
+    def _mend(self) -> bool:
+        """Under _marker_lock: delete the stale markers, put the published one under the current lease. True when
+        etcd has exactly what it should."""
+        ok = True
+        for digest in sorted(self._stale):
+            try:
+                self._etcd.delete(self._marker(digest))
+                self._stale.discard(digest)
+            except EtcdUnavailable as exc:  # kept: retried on the next tick (it leaves with the lease at the latest)
+                log.info("could not delete the settle marker of set %s (retried): %s", digest, exc)
+                ok = False
+        if self._published and self._marker_lease != self._lease:
+            if not self._lease:
+                return False
+            try:
+                self._etcd.put(self._marker(self._published), b"", self._lease)
+                self._marker_lease = self._lease
+            except EtcdUnavailable as exc:
+                log.warning("could not publish this node's settle marker (%s): retried on the next tick; peers "
+                            "ask previous owners meanwhile", exc)
+                return False
+        return ok
+
+    def await_settled(self, digest: str, members: int, token: int, until: float) -> None:
+        """Count `digest`'s markers on every keepalive tick until there are `members` (then `settled_token` is
+        `token`) or the clock passes `until` (the hand-off window's end: nothing to settle after it). A newer
+        call replaces the wait."""
+        with self._lock:
+            self._settle_wait = (digest, members, token, until)
+
+    @property
+    def settled_token(self) -> int:
+        """The token of the last wait whose set every member was counted settled for (-1 before any)."""
+        return self._settled_token
+
+    def _settle_tick(self) -> None:
+        """The keepalive tick's settle work: mend this node's markers, count the awaited set's. A failure here is
+        logged and retried; it does not make etcd count as down (the keepalive answered)."""
+        try:
+            with self._marker_lock:
+                self._mend()
+            with self._lock:
+                wait = self._settle_wait
+            if wait is None:
+                return
+            digest, members, token, until = wait
+            if time.monotonic() > until:
+                with self._lock:
+                    if self._settle_wait == wait:
+                        self._settle_wait = None
+                return
+            n = self._etcd.count_prefix(self._prefix + SETTLED + digest.encode() + b"/")
+        except EtcdUnavailable as exc:
+            self._counters.add("etcd_errors")
+            log.info("settle markers: %s (retried on the next tick)", exc)
+            return
+        with self._lock:
+            if n >= members and self._settle_wait == wait:
+                self._settled_token, self._settle_wait = token, None
 
     def stop(self, revoke: bool = True) -> None:
         """Leave at once (revoke the lease) so peers stop routing here without waiting for the TTL. `revoke`
@@ -232,7 +263,6 @@ class Membership:
         while not self._stop.wait(self._refresh):
             try:
                 self._keep_registered()
-                self._count_settled()
             except EtcdUnavailable as exc:
                 self._failed(exc)
                 self._end_watch()  # the watcher reads again (and says what changed) once etcd answers
@@ -241,6 +271,7 @@ class Membership:
                 log.exception("membership keepalive failed")
                 continue
             self._answered()
+            self._settle_tick()
 
     def _keep_registered(self) -> None:
         if self._lease and self._etcd.keepalive(self._lease) > 0:
