@@ -38,9 +38,13 @@ def test_the_set_digest_names_a_set_whatever_its_order() -> None:
     assert v.state() == (frozenset({"a", "b"}), set_digest(["a", "b"]), 3)
 
 
-def _handoff(node, members: dict, settled: list, grace_s: float) -> HandOff:
-    return HandOff(node.local, node.plane, lambda: members, node.member.node_id, copies=1, bytes_per_s=1 << 30,
-                   counters=node.counters, batch_keys=8, settled=settled.append, settle_grace_s=grace_s)
+def _x_joined(node, members: dict, settled: list, grace_s: float) -> HandOff:
+    """`node`'s hand-off thread, started on the change {a} -> {a, x}; each settle is appended to `settled`."""
+    h = HandOff(node.local, node.plane, lambda: members, node.member.node_id, copies=1, bytes_per_s=1 << 30,
+                counters=node.counters, batch_keys=8, settled=settled.append, settle_grace_s=grace_s)
+    h.schedule(MemberChange(frozenset({"a"}), frozenset({"a", "x"})))
+    h.start()
+    return h
 
 
 def test_a_complete_pass_settles_after_a_catch_up_that_hands_over_what_arrived_meanwhile(nodes) -> None:
@@ -54,9 +58,7 @@ def test_a_complete_pass_settles_after_a_catch_up_that_hands_over_what_arrived_m
     for k in first:
         a.put(k, b"f" * 900)
     settled: list[frozenset[str]] = []
-    h = _handoff(a, members, settled, grace_s=3.0)
-    h.schedule(MemberChange(frozenset({"a"}), frozenset({"a", "x"})))
-    h.start()
+    h = _x_joined(a, members, settled, grace_s=3.0)
     try:
         wait_until(lambda: a.counters.get("handoff_scans") == 1 and h.pending == 0, 10, 0.01, "the first pass")
         assert settled == [] and x.engine.exists(NS, first) == [True] * 12
@@ -78,9 +80,7 @@ def test_a_block_not_delivered_keeps_the_node_unsettled(nodes) -> None:
     for k in _owned_by(["a", "x"], "x")[:5]:
         a.put(k, b"v" * 100)
     settled: list[frozenset[str]] = []
-    h = _handoff(a, gone, settled, grace_s=0.05)
-    h.schedule(MemberChange(frozenset({"a"}), frozenset({"a", "x"})))
-    h.start()
+    h = _x_joined(a, gone, settled, grace_s=0.05)
     try:
         wait_until(lambda: a.counters.get("handoff_dropped") == 5 and h.pending == 0, 10, 0.01, "the pass")
         threading.Event().wait(0.3)  # well past the grace: nothing may settle
@@ -93,9 +93,7 @@ def test_a_newer_change_during_the_grace_takes_the_older_along_and_settles_the_n
     a, x, y = nodes("a"), nodes("x"), nodes("y")
     members = {n.member.node_id: n.member for n in (a, x, y)}
     settled: list[frozenset[str]] = []
-    h = _handoff(a, members, settled, grace_s=3.0)
-    h.schedule(MemberChange(frozenset({"a"}), frozenset({"a", "x"})))
-    h.start()
+    h = _x_joined(a, members, settled, grace_s=3.0)
     try:
         wait_until(lambda: a.counters.get("handoff_scans") == 1 and h.pending == 0, 10, 0.01, "the first pass")
         h.schedule(MemberChange(frozenset({"a", "x"}), frozenset({"a", "x", "y"})))

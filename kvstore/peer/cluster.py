@@ -281,18 +281,20 @@ class PeerCluster:
         if self.membership is not None and after == current:
             self.membership.publish_settled(digest)
 
+    def _counted(self) -> bool:
+        """Every member (none leaving) has handed off everything for the current set (its settle marker is in
+        etcd: membership.py), counted for this very change (epoch): a set seen again later is settled again."""
+        return self.membership is not None and self._all_placed \
+            and self.membership.settled_token == self.view.state()[2]
+
     def settled(self) -> bool:
-        """No earlier member set to ask: the window holds none, or every member (none leaving) has handed off
-        everything for the current set (its settle marker is in etcd: membership.py), so no earlier owner holds
-        a block the current owners lack."""
-        if self.membership is not None and self._all_placed \
-                and self.membership.settled_token == self.view.state()[2]:
-            return True  # counted for this very change (epoch): a set seen again later is settled again
-        return not self.view.previous()
+        """No earlier member set to ask: counted settled, or the window holds none, so no earlier owner holds a
+        block the current owners lack."""
+        return self._counted() or not self.view.previous()
 
     def read_previous(self) -> list[frozenset[str]]:
         """The earlier member sets reads ask (newest first): those of the hand-off window until settled()."""
-        return [] if self.settled() else self.view.previous()
+        return [] if self._counted() else self.view.previous()
 
     def _check_planes(self, members: dict[str, Member]) -> None:
         for m in members.values():
