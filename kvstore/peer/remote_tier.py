@@ -276,9 +276,12 @@ class RemoteTier:
 
         def fetch_round(calls: list[tuple[Member, list[bytes]]]) -> set[bytes]:
             nonlocal stored
-            stored += sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
-                                                             self._pool))
+            got = sum(int(n) for _, _, n in self._run_all(lambda m, b: self._fetch_one(m, namespace, b), calls,
+                                                         self._pool))
+            stored += got
             asked = [k for _, ks in calls for k in ks]
+            if got == len(asked):  # every key asked (each once) was stored by these calls: no need to look again
+                return set(asked)
             missing_now = self._missing(namespace, asked)
             still = set(asked if missing_now is None else missing_now)
             return {k for k in asked if k not in still}
