@@ -41,6 +41,7 @@ from kvstore.engine.engine import Engine
 from kvstore.engine.key_mirror import KeyIndexMirror
 from kvstore.errors import ConfigError
 from kvstore.fastpath.key_index import IndexTable
+from kvstore.server import heap
 from kvstore.server.gate import GateInterceptor
 from kvstore.server.handover.fdstore import Notifier
 from kvstore.server.handover.holds import stage_hook
@@ -287,6 +288,7 @@ class Daemon(HandoverHostMixin):
         if not self.taking_over:
             self.start_late()
         self._store_files()
+        heap.settle(self.cfg.gc_young_threshold)  # after every startup structure is built, before the first request
         self.notifier.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving")
         lay = self.arena.layout
         log.info("serving node=%s unix=%s tcp=%s%s tokens=%s arena=%s bytes=%d locked=%s policy=%s disk=%s pid=%d",

@@ -15,6 +15,7 @@ from kvstore.fastpath.sockets import MAX_SPIN_US
 from kvstore.policies.admission import check_write_mode
 from kvstore.policies.write_budget import MAX_WINDOW_S, MIN_WINDOW_S, check_budget
 from kvstore.server.config.settings import ServerConfig
+from kvstore.server.heap import MAX_GEN0, MIN_GEN0
 
 __all__ = ["require", "check_listeners", "check_arena", "check_disk_geometry", "check_restarts", "check_disk_writes"]
 
@@ -55,6 +56,8 @@ def check_listeners(cfg: ServerConfig) -> None:
             f"max_subscribers={cfg.max_subscribers} must be below grpc_workers={cfg.grpc_workers}")
     require(cfg.log_level in LOG_LEVELS, f"log_level={cfg.log_level!r}: use debug, info, warning or error")
     require(cfg.log_format in LOG_FORMATS, f"log_format={cfg.log_format!r}: use text or json")
+    require(cfg.gc_young_threshold == 0 or MIN_GEN0 <= cfg.gc_young_threshold <= MAX_GEN0,
+            f"gc_young_threshold={cfg.gc_young_threshold}: use 0 (CPython's defaults) or {MIN_GEN0}..{MAX_GEN0}")
 
 
 def check_arena(cfg: ServerConfig) -> None:

@@ -29,6 +29,7 @@ from kvstore.policies import POLICY_NAMES
 from kvstore.policies.admission import ADMISSION_HELP, WRITE_HELP
 from kvstore.security.etcd import EtcdSecurity
 from kvstore.security.tls import TlsFiles
+from kvstore.server.heap import GEN0_THRESHOLD
 from kvstore.server.kv_events.config import KvEventsConfig
 from kvstore.server.config.units import parse_quotas, parse_size
 from kvstore.tiers.disk.config import CODECS, DiskConfig
@@ -222,6 +223,10 @@ class ServerConfig:
                               "and subscribers get AllBlocksCleared and what the store holds now", 100_000)
     log_level: str = _s("node", "debug, info, warning, error", "info")
     log_format: str = _s("node", "text or json (one object a line)", "text")
+    gc_young_threshold: int = _s("node", "Python's young-generation collection threshold once serving, after "
+                                 "freezing the objects built at startup (no pass walks them again): fewer collector "
+                                 "pauses in Lookups (python -m bench.gc_pauses); 0 keeps CPython's defaults (700, "
+                                 "nothing frozen)", GEN0_THRESHOLD)
 
     # -- derived values ---------------------------------------------------------------------------------------
     @property
