@@ -9,6 +9,7 @@ table and, as its last line, one JSON object. A development tool: docs/benchmark
     copy_limit.py        the copy limit: kvstore's native copy of the same bytes at 1 and 2 threads
     engine_ops.py        the engine's hot operations in-process: what one control-plane call costs the CPU
     fast_profile.py      `python -m bench.fast_profile`: one fast-path call followed stage by stage
+    gc_pauses.py         `python -m bench.gc_pauses`: loads over 3 daemons, collector settled / defaults / off
     disk.py              `python -m bench.disk`: the disk tier against raw O_DIRECT on the same directory
     disk_phases.py       where the disk tier's time goes: one instrumented write and read pass
     connector.py         `python -m bench.connector`: the connector's worker side against the copy limit

@@ -23,6 +23,7 @@
     sockio.py        deadline-bounded recv / drain / send helpers
     deadline.py      one fixed point in time per frame or call (socket timeouts recomputed before each I/O)
     ucx_plane.py     UCX through ucxx
+    ucx_runtime.py   the process's one UCX event loop, ucxx initialised on it with Python futures
     grpc_plane.py    the daemon's own Get/Put streams, the last fallback
     counters.py      the tier's counters
 """

@@ -24,6 +24,7 @@
     metric_collectors.py  the small collectors read at scrape time: transfers, peer tier, fast path, gauges
     metric_labels.py   namespace / tenant names as label values: names, keyed hashes, or none
     logs.py            structured logs: key=value text or one JSON object a line
+    heap.py            the collector once serving: startup objects frozen, young threshold raised
     handover/          restarts that keep the RAM tier: the hand-over protocol, both sides, systemd's fd store
     handover_host.py   the running daemon's part in a hand-over: offer, prepare, freeze, resume, commit, decline
     gate.py            gRPC's front door during a hand-over: calls in flight finish, new ones retry at the successor
