@@ -288,7 +288,7 @@ def test_a_read_that_misses_at_the_new_owner_is_served_by_the_previous_one(nodes
         assert [len(ks) for _, ks in plain.locate(NS, keys)] == []      # outside a window: x is asked only
         found = tier.locate(NS, keys)
         assert [(m.node_id, sorted(ks)) for m, ks in found] == [("a", sorted(keys))]
-        assert tier.fill(NS, keys) == 6
+        assert tier.fill(NS, keys).stored == 6
     finally:
         tier.close()
         plain.close()
@@ -318,3 +318,62 @@ def test_pipelined_probes_answer_each_peer_in_its_slot_and_a_dead_one_with_its_e
     assert out[0] == [True, False] and out[2] == [True, False]
     assert isinstance(out[1], PeerError) and "dead" in str(out[1])
     assert a.plane.probe_many([(b.member, NS, [b"kb"])] * 3) == [[True]] * 3   # three connections, one peer
+
+
+class _HandOffLandsBetween:
+    """r's data plane, with a hand-off landing (the block moves from `old` to `new`) right after r's first
+    fetch from `new` came back empty: the race a read in a hand-off window can meet."""
+
+    def __init__(self, plane, new, old, values: dict[bytes, bytes]) -> None:
+        self._plane, self._new, self._old, self._values = plane, new, old, values
+        self.asked: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._plane, name)
+
+    def fetch(self, member, namespace: str, keys: list[bytes]) -> int:
+        self.asked.append(member.node_id)
+        got = self._plane.fetch(member, namespace, keys)
+        if self.asked == ["x"]:
+            for k in keys:
+                self._new.put(k, self._values[k])
+                assert self._old.engine.let_go(NS, [k], drop=True) == 1
+        return got
+
+
+def test_a_read_that_misses_at_the_owner_and_then_at_the_previous_one_asks_the_owner_once_more(nodes) -> None:
+    a, x, r = nodes("a"), nodes("x"), nodes("r")
+    members = {n.member.node_id: n.member for n in (a, x, r)}
+    keys = _ids_owning(["a", "x", "r"], "x", ["a", "r"], "a")[:3]
+    values = {k: bytes([40 + i]) * 2048 for i, k in enumerate(keys)}
+    for k, v in values.items():
+        a.put(k, v)
+    plane = _HandOffLandsBetween(r.plane, x, a, values)
+    tier = RemoteTier(r.engine, plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,  # type: ignore[arg-type]  # a wrapper, not a DataPlane subclass
+                      counters=r.counters, previous=lambda: [frozenset({"a", "r"})])
+    try:
+        filled = tier.fill(NS, keys)
+    finally:
+        tier.close()
+    assert plane.asked == ["x", "a", "x"]       # the owner, the previous owner (dropped it meanwhile), the owner
+    assert (filled.stored, filled.here) == (3, frozenset(keys))
+    assert [r.read(k) for k in keys] == [values[k] for k in keys]
+    pc = r.counters.snapshot()
+    assert (pc["fallback_keys"], pc["fallback_hits"], pc["fetched_blocks"]) == (6, 3, 3)
+
+
+def test_a_read_outside_a_window_that_misses_asks_the_owner_once(nodes) -> None:
+    a, x, r = nodes("a"), nodes("x"), nodes("r")
+    members = {n.member.node_id: n.member for n in (a, x, r)}
+    keys = _ids_owning(["a", "x", "r"], "x")[:3]      # held nowhere
+    plane = _HandOffLandsBetween(r.plane, x, a, {})
+    plane.asked.append("-")                           # never moves anything
+    tier = RemoteTier(r.engine, plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,  # type: ignore[arg-type]  # a wrapper, not a DataPlane subclass
+                      counters=r.counters)
+    try:
+        filled = tier.fill(NS, keys)
+    finally:
+        tier.close()
+    assert plane.asked == ["-", "x"]                  # one candidate: no second ask of a genuine miss
+    assert (filled.stored, filled.here) == (0, frozenset())
+    assert r.counters.snapshot()["fallback_keys"] == 0

@@ -2,7 +2,8 @@
 leaves gracefully (SIGTERM) and one is killed (-9). After each event every block that a live node still holds is
 found from every live node, with exact bytes, and no call fails; the blocks the dead node alone held are exactly
 the ones lost (replication "owner"). Under "owner+1", the killed node's own blocks survive too and two copies
-are restored (re-replication from the survivor).
+are restored (re-replication from the survivor). And a restart under load: two nodes read every block back to
+back while the third leaves and rejoins with the same id, and not one read misses.
 
 Placement is computed here with the same rendezvous hash, so every expectation is exact. The daemons drop the
 copies of blocks they do not own once the owner has them (peer_local_copies = "drop", the default): a writer's
@@ -13,6 +14,7 @@ pass by leaving copies behind.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from contextlib import ExitStack
 
@@ -178,3 +180,79 @@ def test_a_new_member_is_seen_by_watch_well_before_the_refresh_tick() -> None:
         assert time.monotonic() - t1 < 2.0, "a revoked lease reaches the others by watch, not by its TTL (10 s)"
         with Client(cl.nodes["b"].address) as b:
             assert len(b.health().peers.members) == 2
+
+
+class _Reader:
+    """A thread reading every block from one node, over and over, in batches of 8: counts reads, misses, wrong
+    blocks and failed calls (with the first few of each), until stopped."""
+
+    def __init__(self, address: str, data: dict[bytes, tuple[str, bytes]]) -> None:
+        self.client = Client(address)
+        self.data = data
+        self.keys = sorted(data)
+        self.reads = self.misses = self.wrong = self.errors = 0
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i in range(0, len(self.keys), 8):
+                batch = self.keys[i:i + 8]
+                try:
+                    got = self.client.get_many(NS, batch)
+                except Exception as exc:  # noqa: BLE001 - a failed call is what this counts
+                    self.errors += 1
+                    self.seen.append(f"error: {exc}")
+                    continue
+                for k, g in zip(batch, got):
+                    self.reads += 1
+                    if g is None:
+                        self.misses += 1
+                        self.seen.append(f"miss {k!r} at {time.monotonic():.3f}")
+                    elif g != self.data[k][1]:
+                        self.wrong += 1
+                        self.seen.append(f"wrong {k!r}")
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(30)
+            self.client.close()
+
+
+def test_reads_under_load_through_a_restart_find_every_block_with_exact_bytes() -> None:
+    """b restarts (SIGTERM: its leave hand-off, then a new process with the same node id, empty) while a and c
+    read every block back to back: no read fails, none is wrong, none misses: before b leaves it owns its blocks,
+    after its leave hand-off their next owners do, after it rejoins the reads ask b and then, until the hand-off
+    back to b lands and the cluster settles, the previous owners."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, timeout_s=5.0, names=("a", "b", "c"))
+        register(cl.clients, NS)
+        data = _write_all(cl, "abc")
+        keys = sorted(data)
+        _check_found(cl, "abc", data, keys)
+        readers = [_Reader(cl.nodes[n].address, data) for n in "ac"]
+        stack.callback(lambda: [r.stop() for r in readers])
+        time.sleep(1.0)
+        assert cl.nodes["b"].stop(signal.SIGTERM) == 0
+        cl.clients.pop("b").close()
+        cl.wait_members(2, on=tuple("ac"), timeout_s=5.0)
+        time.sleep(1.0)
+        cl.join("b")                                      # the same node id: a restart
+        register({"b": cl.clients["b"]}, NS)
+        cl.wait_members(3)
+        _wait_handoffs(cl, "abc")
+        wait_until(lambda: all(cl.clients[n].stats().peers.settled for n in "abc"), 30, 0.1,
+                   "the cluster to settle")
+        time.sleep(1.0)
+        for r in readers:
+            r.stop()
+        for name, r in zip("ac", readers):
+            assert r.reads > 3 * len(keys), f"{name} read only {r.reads} blocks"
+            assert (r.errors, r.wrong, r.misses) == (0, 0, 0), f"{name}: {r.seen[:6]}"
+        ids = _ids(cl, "abc")
+        name_of = {cl.nodes[n].node_id: n for n in "abc"}
+        assert _holders(cl, "abc", keys) == {k: {name_of[owners(NS, k, ids, 1)[0]]} for k in keys}
+        _check_found(cl, "abc", data, keys)

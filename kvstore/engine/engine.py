@@ -254,8 +254,14 @@ class Engine(EngineQueries, EngineRestarts):
         remote = self._writes.remote
         if remote is not None and not local_only:  # peer tier first (no lock held)
             if lease:
-                remote.fill(ns_name, keys)       # fetch local misses (joins prefetches in flight)
+                filled = remote.fill(ns_name, keys)  # fetch local misses (joins prefetches in flight)
                 res = self._lookup(ns_name, keys, prefix, lease, summary, at_peers)
+                gone = [keys[i] for i, p in enumerate(res.present) if not p and keys[i] in filled.here]
+                if gone:  # let go here (its owner has it: peer/guests.py) after fill looked: fetch it, once
+                    remote.fill(ns_name, gone)
+                    if res.lease_id:
+                        self.release([res.lease_id])
+                    res = self._lookup(ns_name, keys, prefix, lease, summary, at_peers)
                 remote.loaded(ns_name, keys)     # the blocks it fetched are leased now: guests from here on
                 return res
             at_peers = remote.prefetch(ns_name, keys, prefix)  # probe; fetch in the background

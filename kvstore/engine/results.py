@@ -58,6 +58,15 @@ class HitColumns:
     checksums: np.ndarray    # uint64
 
 
+@dataclass(frozen=True)
+class Filled:
+    """What the peer tier's fill did before a leased Lookup: blocks it stored here, and the keys it found here
+    already (each a copy that may be let go before the Lookup's lease takes it: Engine.lookup asks again)."""
+
+    stored: int
+    here: frozenset[bytes] = frozenset()
+
+
 @dataclass
 class LookupResult:
     num_prefix: int

@@ -23,7 +23,7 @@ from kvstore.engine.events import STORED, EventBus
 from kvstore.engine.hints import Hints
 from kvstore.engine.ram_space import RamSpace
 from kvstore.engine.reservations import ReservationTable, plan
-from kvstore.engine.results import ReserveResult, StoreResult
+from kvstore.engine.results import Filled, ReserveResult, StoreResult
 from kvstore.engine.spares import SpareSlots
 from kvstore.vocab import ReserveOutcome, Tier
 
@@ -33,7 +33,7 @@ __all__ = ["Writes", "RemoteHooks"]
 class RemoteHooks(Protocol):
     """What the engine asks of the peer tier (kvstore.peer.PeerCluster); both are called with keys only."""
 
-    def fill(self, namespace: str, keys: Sequence[bytes]) -> int: ...    # before a leased Lookup, no lock held
+    def fill(self, namespace: str, keys: Sequence[bytes]) -> Filled: ...  # before a leased Lookup, no lock held
     def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool) -> list[bool]: ...  # one without lease
     def committed(self, reservation_id: int, namespace: str, keys: Sequence[bytes]) -> None: ...  # under the lock
     def held_elsewhere(self, namespace: str, keys: Sequence[bytes]) -> list[bool]: ...  # Exists(cluster), no lock

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvstore.addresses import is_wildcard, parse_host_port
+from kvstore.engine.results import Filled
 from kvstore.errors import ConfigError
 from kvstore.peer.change import MemberView
 from kvstore.peer.counters import PeerCounters
@@ -330,7 +331,7 @@ class PeerCluster:
         self.plane.stop()
 
     # -- engine hooks ---------------------------------------------------------------------------------------
-    def fill(self, namespace: str, keys: Sequence[bytes]) -> int:
+    def fill(self, namespace: str, keys: Sequence[bytes]) -> Filled:
         return self.remote.fill(namespace, list(keys))
 
     def prefetch(self, namespace: str, keys: Sequence[bytes], prefix: bool = False) -> list[bool]:

@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
 from kvstore.engine.claims import CLAIMED, PENDING
+from kvstore.engine.results import Filled
 from kvstore.errors import KVStoreError
 from kvstore.peer.counters import PeerCounters
 from kvstore.peer.membership import Member
@@ -259,20 +260,28 @@ class RemoteTier:
                         del self._inflight[(namespace, k)]
         fut.add_done_callback(untrack)
 
-    def fill(self, namespace: str, keys: list[bytes]) -> int:
+    def fill(self, namespace: str, keys: list[bytes]) -> Filled:
         """Wait for this Lookup's prefetches in flight, then fetch the keys still missing here, from their owners
-        and then (hand-off window) their previous owners; returns blocks stored by this call."""
+        and then (hand-off window) their previous owners; the blocks stored by this call, and the keys found here
+        (held before, or fetched now: either may be let go before the Lookup's lease, Engine.lookup asks again).
+
+        A key that every candidate missed while earlier owners were asked is asked of its owner once more: a
+        previous owner lets its copy go only once the owner confirmed holding it, so a read that reached the
+        owner just before the hand-off landed and the previous owner just after finds it there now."""
         members = self._members()
         if len(members) < 2 or not keys:
-            return 0
+            return Filled(0)
         with self._lock:
             pending = {f for f in (self._inflight.get((namespace, k)) for k in keys) if f is not None}
         if pending:
             wait(pending, timeout=self._timeout + 0.5)
         missing = self._missing(namespace, keys)
+        if missing is None:
+            return Filled(0)
         if not missing:
-            return 0
+            return Filled(0, frozenset(keys))
         stored = 0
+        found: set[bytes] = set()
 
         def fetch_round(calls: list[tuple[Member, list[bytes]]]) -> set[bytes]:
             nonlocal stored
@@ -281,13 +290,23 @@ class RemoteTier:
             stored += got
             asked = [k for _, ks in calls for k in ks]
             if got == len(asked):  # every key asked (each once) was stored by these calls: no need to look again
-                return set(asked)
-            missing_now = self._missing(namespace, asked)
-            still = set(asked if missing_now is None else missing_now)
-            return {k for k in asked if k not in still}
+                hit = set(asked)
+            else:
+                missing_now = self._missing(namespace, asked)
+                still = set(asked if missing_now is None else missing_now)
+                hit = {k for k in asked if k not in still}
+            found.update(hit)
+            return hit
 
-        self._rounds(self.orders(namespace, missing, members), members, fetch_round)
-        return stored
+        orders = self.orders(namespace, missing, members)
+        self._rounds(orders, members, fetch_round)
+        again = [k for k, order in orders.items() if len(order) > 1 and k not in found]
+        if again:
+            calls = self._calls(self._round(orders, again, 0), members)
+            if calls:
+                self._counters.add("fallback_keys", len(again))
+                self._counters.add("fallback_hits", len(fetch_round(calls)))
+        return Filled(stored, frozenset(keys).difference(missing) | found)
 
     def _probe_all(self, namespace: str,
                    calls: list[tuple[Member, list[bytes]]]) -> list[tuple[Member, list[bytes], list[bool]]]:
