@@ -273,17 +273,28 @@ def _view(me: str, members: dict) -> MemberView:
     return v
 
 
+def _stocked(node, keys: list[bytes], first: int) -> dict[bytes, bytes]:
+    """One 2 KiB block per key put on `node` (bytes first, first + 1, ...); key -> value."""
+    values = {k: bytes([first + i]) * 2048 for i, k in enumerate(keys)}
+    for k, v in values.items():
+        node.put(k, v)
+    return values
+
+
+def _reader_tier(r, members: dict, plane=None, counters=None, previous=None) -> RemoteTier:
+    """r's RemoteTier over `members` (on r's own plane unless given); `previous`: the window's earlier sets."""
+    return RemoteTier(r.engine, plane or r.plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,
+                      counters=r.counters if counters is None else counters,
+                      **({} if previous is None else {"previous": lambda: previous}))
+
+
 def test_a_read_that_misses_at_the_new_owner_is_served_by_the_previous_one(nodes) -> None:
     a, x, r = nodes("a"), nodes("x"), nodes("r")
     members = {n.member.node_id: n.member for n in (a, x, r)}
     keys = _ids_owning(["a", "x", "r"], "x", ["a", "r"], "a")[:6]
-    values = {k: bytes([7 + i]) * 2048 for i, k in enumerate(keys)}
-    for k, v in values.items():
-        a.put(k, v)
-    tier = RemoteTier(r.engine, r.plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,
-                      counters=r.counters, previous=lambda: [frozenset({"a", "r"})])
-    plain = RemoteTier(r.engine, r.plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,
-                       counters=PeerCounters())
+    values = _stocked(a, keys, 7)
+    tier = _reader_tier(r, members, previous=[frozenset({"a", "r"})])
+    plain = _reader_tier(r, members, counters=PeerCounters())
     try:
         assert [len(ks) for _, ks in plain.locate(NS, keys)] == []      # outside a window: x is asked only
         found = tier.locate(NS, keys)
@@ -345,12 +356,9 @@ def test_a_read_that_misses_at_the_owner_and_then_at_the_previous_one_asks_the_o
     a, x, r = nodes("a"), nodes("x"), nodes("r")
     members = {n.member.node_id: n.member for n in (a, x, r)}
     keys = _ids_owning(["a", "x", "r"], "x", ["a", "r"], "a")[:3]
-    values = {k: bytes([40 + i]) * 2048 for i, k in enumerate(keys)}
-    for k, v in values.items():
-        a.put(k, v)
+    values = _stocked(a, keys, 40)
     plane = _HandOffLandsBetween(r.plane, x, a, values)
-    tier = RemoteTier(r.engine, plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,  # type: ignore[arg-type]  # a wrapper, not a DataPlane subclass
-                      counters=r.counters, previous=lambda: [frozenset({"a", "r"})])
+    tier = _reader_tier(r, members, plane, previous=[frozenset({"a", "r"})])
     try:
         filled = tier.fill(NS, keys)
     finally:
@@ -368,8 +376,7 @@ def test_a_read_outside_a_window_that_misses_asks_the_owner_once(nodes) -> None:
     keys = _ids_owning(["a", "x", "r"], "x")[:3]      # held nowhere
     plane = _HandOffLandsBetween(r.plane, x, a, {})
     plane.asked.append("-")                           # never moves anything
-    tier = RemoteTier(r.engine, plane, lambda: members, "r", copies=1, timeout_s=2.0, max_keys=64,  # type: ignore[arg-type]  # a wrapper, not a DataPlane subclass
-                      counters=r.counters)
+    tier = _reader_tier(r, members, plane)
     try:
         filled = tier.fill(NS, keys)
     finally:
